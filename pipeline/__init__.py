@@ -1,0 +1,58 @@
+"""dplr: differentially private low-rank factorization of Zarr matrices on Dask.
+
+Public API
+----------
+factorize
+    One-pass (epsilon, delta)-DP factorization ``A ~ U diag(S) V^T`` of a Zarr
+    path, zarr array, dask array or numpy array.
+Factorization
+    Its result (``U``, ``S``, ``V``, ``report``).
+Ledger
+    A dataset's persistent privacy ledger.
+read_release, generate_store
+    Reading a published release; writing a synthetic matrix with a known spectrum.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.accounting.ledger import Ledger
+from pipeline.algorithms.base import Factorization
+from pipeline.api import factorize
+from pipeline.errors import (
+    BudgetExceededError,
+    InvalidParameterError,
+    NonFiniteInputError,
+    PipelineError,
+    PrivacyConfigError,
+    SchedulerUnavailableError,
+    StoreLayoutError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BudgetExceededError",
+    "Factorization",
+    "InvalidParameterError",
+    "Ledger",
+    "NonFiniteInputError",
+    "PipelineError",
+    "PrivacyConfigError",
+    "SchedulerUnavailableError",
+    "StoreLayoutError",
+    "__version__",
+    "factorize",
+    "generate_store",
+    "read_release",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # io imports zarr and dask; keep `import pipeline` light for the core
+    if name in ("read_release", "generate_store"):
+        from pipeline import io
+
+        return getattr(io, name)
+    raise AttributeError(f"module 'pipeline' has no attribute {name!r}")

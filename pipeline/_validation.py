@@ -1,0 +1,69 @@
+"""Argument checks run at the public boundary, before any data is read.
+
+Messages follow one template: the parameter, the constraint, the value received.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+from pipeline.errors import InvalidParameterError, PrivacyConfigError
+
+
+def check_int_in_range(
+    value: Any, name: str, low: int, high: int | None = None, *, what: str = ""
+) -> int:
+    """Return ``value`` as an int if ``low <= value <= high``, else raise.
+
+    ``what`` optionally spells the bound symbolically, e.g. ``"[1, t - 1]"``.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise InvalidParameterError(
+            f"{name} must be an integer, got {name}={value!r}."
+        )
+    value = int(value)
+    if value < low or (high is not None and value > high):
+        bound = f"[{low}, {high}]" if high is not None else f">= {low}"
+        prefix = f"{what} = " if what else ""
+        raise InvalidParameterError(
+            f"{name} must be in {prefix}{bound}, got {name}={value}."
+        )
+    return value
+
+
+def check_float_in_interval(
+    value: Any,
+    name: str,
+    low: float,
+    high: float,
+    *,
+    low_open: bool = True,
+    high_open: bool = True,
+    privacy: bool = False,
+) -> float:
+    """Return ``value`` as a float if it lies in the interval, else raise."""
+    error = PrivacyConfigError if privacy else InvalidParameterError
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise error(f"{name} must be a real number, got {name}={value!r}.")
+    value = float(value)
+    too_low = value <= low if low_open else value < low
+    too_high = value >= high if high_open else value > high
+    if math.isnan(value) or too_low or too_high:
+        left = "(" if low_open else "["
+        right = ")" if high_open else "]"
+        high_txt = "inf" if math.isinf(high) else f"{high:g}"
+        raise error(
+            f"{name} must be in {left}{low:g}, {high_txt}{right}, got {name}={value!r}."
+        )
+    return value
+
+
+def check_privacy_pair(epsilon: Any, delta: Any) -> tuple[float, float]:
+    """Validate an (epsilon, delta) pair of a private release."""
+    eps = check_float_in_interval(
+        epsilon, "epsilon", 0.0, math.inf, privacy=True
+    )
+    dlt = check_float_in_interval(delta, "delta", 0.0, 1.0, privacy=True)
+    return eps, dlt

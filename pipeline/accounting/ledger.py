@@ -1,0 +1,545 @@
+"""Persistent per-dataset privacy ledger with a lifetime budget.
+
+Problem. Releases computed from the same dataset compose. Given the dataset's
+lifetime budget ``(epsilon_B, delta_B)`` and the releases already charged, each
+a Gaussian mechanism with unit sensitivity and noise multiplier ``z_i`` plus a
+sketch-failure probability ``delta_JL,i`` (spec section 4.4), decide whether a
+new release still fits, and record it durably if so.
+
+Composition is exact for Gaussians: k Gaussian mechanisms with multipliers
+``z_i`` are together one Gaussian with ``z_tot = (sum_i z_i^-2)^(-1/2)``
+(their sensitivities add in squares), so the composed delta at ``epsilon_B``
+is ``gaussian_delta(z_tot, epsilon_B) + sum_i delta_JL,i`` [BW18, Thm 8]. The
+``delta_JL`` terms are added, which is conservative when releases reuse the
+same sketch matrices (then one good event covers them all).
+
+File format (JSON, mode 0600)::
+
+    {"format": "dplr-ledger/1", "dataset": str,
+     "budget": {"epsilon": E, "delta": D},
+     "releases": [{"release_id", "time", "algorithm", "epsilon", "delta",
+                   "delta_jl", "noise_multiplier_total", "details"}, ...]}
+
+No seed or noise key is ever stored: the API has no argument that carries one,
+and ``details`` keys that name a seed or key (other than a hash) are refused.
+Writers serialise on an exclusive ``fcntl.flock`` of ``<path>.lock`` and
+replace the file atomically, so readers never see a partial file.
+
+References
+----------
+.. [BW18] Balle, Wang. Improving the Gaussian mechanism for differential
+   privacy. ICML 2018, arXiv:1805.06530.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import fcntl
+import json
+import math
+import os
+import pathlib
+import tempfile
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from pipeline._validation import check_privacy_pair
+from pipeline.accounting.calibration import ReleaseCalibration
+from pipeline.accounting.gaussian import gaussian_delta, gaussian_epsilon
+from pipeline.errors import (
+    BudgetExceededError,
+    InvalidParameterError,
+    StoreLayoutError,
+)
+
+__all__ = ["LEDGER_FORMAT", "Ledger", "default_ledger_path"]
+
+LEDGER_FORMAT = "dplr-ledger/1"
+_LEDGER_SUFFIX = ".dplr-ledger.json"
+_FILE_MODE = 0o600
+# Same slack as LEDGER_CHECK (spec section 4.4): rounding in z_tot only.
+_BUDGET_RTOL = 1e-9
+_RECORD_KEYS = (
+    "release_id",
+    "time",
+    "algorithm",
+    "epsilon",
+    "delta",
+    "delta_jl",
+    "noise_multiplier_total",
+    "details",
+)
+# Key fragments refused in ``details`` (spec section 4.6, item 3: the noise key
+# and the sketch seed are never logged); "hash" marks an allowed digest.
+_SECRET_FRAGMENTS = ("seed", "key", "secret", "entropy")
+
+
+def default_ledger_path(store_path: str | os.PathLike[str]) -> pathlib.Path:
+    """Ledger file next to a store: ``<store name>.dplr-ledger.json``.
+
+    Parameters
+    ----------
+    store_path : str or path-like
+        The dataset's store directory, e.g. ``data/sample.zarr``.
+
+    Returns
+    -------
+    pathlib.Path
+        Sibling of the store, e.g. ``data/sample.zarr.dplr-ledger.json``.
+
+    Examples
+    --------
+    >>> default_ledger_path("data/sample.zarr/").as_posix()
+    'data/sample.zarr.dplr-ledger.json'
+    """
+    raw = os.fspath(store_path)
+    stripped = raw.rstrip("/" + os.sep) or raw
+    store = pathlib.Path(stripped)
+    if not store.name:
+        raise InvalidParameterError(
+            f"store_path must name a store directory, got store_path={raw!r}."
+        )
+    return store.with_name(store.name + _LEDGER_SUFFIX)
+
+
+def _compose_multipliers(multipliers: list[float]) -> float:
+    """``(sum z_i^-2)^(-1/2)``; ``inf`` (no mechanism) for an empty list."""
+    inv_sq = math.fsum(z**-2 for z in multipliers)
+    return math.inf if inv_sq == 0.0 else inv_sq**-0.5
+
+
+def _release_multiplier(calibration: ReleaseCalibration) -> float:
+    if not isinstance(calibration, ReleaseCalibration):
+        raise InvalidParameterError(
+            "calibration must be a ReleaseCalibration, got "
+            f"calibration={type(calibration).__name__}."
+        )
+    if math.isinf(calibration.epsilon):
+        raise InvalidParameterError(
+            "calibration.epsilon must be finite to charge a ledger, got "
+            f"epsilon={calibration.epsilon!r}; non-private releases are not "
+            "ledger entries."
+        )
+    # Bug guard before anything is charged: the recorded sigmas must give the
+    # release's own (epsilon, delta) [spec section 4.4, LEDGER_CHECK].
+    calibration.check()
+    return 1.0 / calibration.effective_sensitivity
+
+
+def _check_details(details: object, where: str = "details") -> None:
+    if not isinstance(details, Mapping):
+        raise InvalidParameterError(
+            f"{where} must be a dict, got {where}={type(details).__name__}."
+        )
+    for key, value in details.items():
+        if not isinstance(key, str):
+            raise InvalidParameterError(
+                f"{where} keys must be strings, got key={key!r}."
+            )
+        low = key.lower()
+        if any(f in low for f in _SECRET_FRAGMENTS) and "hash" not in low:
+            raise InvalidParameterError(
+                f"{where} must not carry seeds or keys, got key {key!r}; "
+                "record a hash (e.g. 'sketch_seed_hash') instead."
+            )
+        if isinstance(value, Mapping):
+            _check_details(value, f"{where}[{key!r}]")
+
+
+def _fsync_dir(directory: pathlib.Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(path: pathlib.Path, data: Mapping[str, Any]) -> None:
+    """Write JSON via a temporary sibling, fsync, ``os.replace``, fsync dir."""
+    text = json.dumps(data, indent=2, allow_nan=False) + "\n"
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, _FILE_MODE)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    # The rename itself must survive a crash, not only the file contents.
+    _fsync_dir(path.parent)
+
+
+@contextlib.contextmanager
+def _exclusive_lock(path: pathlib.Path) -> Iterator[None]:
+    lock_path = path.with_name(path.name + ".lock")
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, _FILE_MODE)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        # Closing the descriptor releases the flock.
+        os.close(fd)
+
+
+def _read_ledger(path: pathlib.Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise StoreLayoutError(
+            f"Privacy ledger not found at {str(path)!r}. Create it with "
+            "Ledger.create(path, dataset=..., epsilon=..., delta=...)."
+        ) from None
+    except OSError as exc:
+        raise StoreLayoutError(
+            f"Privacy ledger at {str(path)!r} could not be read: {exc.strerror}."
+        ) from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise StoreLayoutError(
+            f"Privacy ledger at {str(path)!r} is not valid JSON (line {exc.lineno}, "
+            f"column {exc.colno}); restore it from a backup, never delete it."
+        ) from None
+    _check_layout(data, path)
+    return data  # type: ignore[no-any-return]
+
+
+def _check_layout(data: object, path: pathlib.Path) -> None:
+    where = f"Privacy ledger at {str(path)!r}"
+    if not isinstance(data, dict) or data.get("format") != LEDGER_FORMAT:
+        found = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise StoreLayoutError(
+            f"{where} must have format {LEDGER_FORMAT!r}, found format={found!r}."
+        )
+    budget = data.get("budget")
+    if (
+        not isinstance(data.get("dataset"), str)
+        or not isinstance(budget, dict)
+        or not isinstance(data.get("releases"), list)
+    ):
+        raise StoreLayoutError(
+            f"{where} must hold 'dataset' (str), 'budget' (object) and "
+            "'releases' (list)."
+        )
+    try:
+        check_privacy_pair(budget.get("epsilon"), budget.get("delta"))
+    except InvalidParameterError as exc:
+        raise StoreLayoutError(f"{where} has an invalid budget: {exc}") from None
+    for i, rec in enumerate(data["releases"]):
+        if not isinstance(rec, dict) or any(k not in rec for k in _RECORD_KEYS):
+            raise StoreLayoutError(
+                f"{where}: releases[{i}] must have the keys {list(_RECORD_KEYS)}."
+            )
+        z, djl = rec["noise_multiplier_total"], rec["delta_jl"]
+        if not (_positive(z) and isinstance(djl, int | float) and djl >= 0):
+            raise StoreLayoutError(
+                f"{where}: releases[{i}] has an invalid noise_multiplier_total "
+                f"or delta_jl (got {z!r}, {djl!r})."
+            )
+
+
+def _positive(value: object) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and 0.0 < value < math.inf
+    )
+
+
+class Ledger:
+    """The privacy ledger of one dataset, stored as a JSON file.
+
+    Use :meth:`create` once per dataset and :meth:`open` afterwards. Reads
+    (:meth:`spent`, :meth:`check`, :meth:`remaining_summary`) first reload the
+    file, so they see releases charged by other processes; :attr:`releases`
+    and :attr:`budget` are the snapshot of the last reload.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     p = pathlib.Path(d) / "d.dplr-ledger.json"
+    ...     Ledger.create(p, dataset="d", epsilon=2.0, delta=1e-5).spent()
+    (0.0, 0.0)
+    """
+
+    __slots__ = ("_data", "_path")
+
+    def __init__(self, path: pathlib.Path, data: dict[str, Any]) -> None:
+        self._path = path
+        self._data = data
+
+    @classmethod
+    def create(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        dataset: str,
+        epsilon: float,
+        delta: float,
+    ) -> Ledger:
+        """Create a new, empty ledger with a lifetime budget.
+
+        Parameters
+        ----------
+        path : str or path-like
+            The ledger file; it must not exist. Its directory must.
+        dataset : str
+            Non-empty dataset identifier.
+        epsilon, delta : float
+            Lifetime budget, ``epsilon > 0``, ``delta`` in ``(0, 1)``.
+
+        Returns
+        -------
+        Ledger
+
+        Raises
+        ------
+        StoreLayoutError
+            If the file already exists (a budget is never reset silently).
+        PrivacyConfigError
+            If the budget is invalid.
+        """
+        eps, dlt = check_privacy_pair(epsilon, delta)
+        if not isinstance(dataset, str) or not dataset:
+            raise InvalidParameterError(
+                f"dataset must be a non-empty string, got dataset={dataset!r}."
+            )
+        p = pathlib.Path(path)
+        if not p.parent.is_dir():
+            raise StoreLayoutError(
+                f"Privacy ledger directory {str(p.parent)!r} does not exist; "
+                "create the dataset's directory first."
+            )
+        data = {
+            "format": LEDGER_FORMAT,
+            "dataset": dataset,
+            "budget": {"epsilon": eps, "delta": dlt},
+            "releases": [],
+        }
+        with _exclusive_lock(p):
+            if p.exists():
+                raise StoreLayoutError(
+                    f"Privacy ledger already exists at {str(p)!r}; open it with "
+                    "Ledger.open(path). Its budget cannot be reset."
+                )
+            _write_atomic(p, data)
+        return cls(p, data)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> Ledger:
+        """Open an existing ledger.
+
+        Raises
+        ------
+        StoreLayoutError
+            If the file is missing, not valid JSON, or not a
+            ``dplr-ledger/1`` ledger.
+        """
+        p = pathlib.Path(path)
+        return cls(p, _read_ledger(p))
+
+    @property
+    def path(self) -> pathlib.Path:
+        """The ledger file."""
+        return self._path
+
+    @property
+    def dataset(self) -> str:
+        """Dataset identifier."""
+        return str(self._data["dataset"])
+
+    @property
+    def budget(self) -> tuple[float, float]:
+        """Lifetime budget ``(epsilon_B, delta_B)``."""
+        b = self._data["budget"]
+        return float(b["epsilon"]), float(b["delta"])
+
+    @property
+    def releases(self) -> tuple[dict[str, Any], ...]:
+        """Copies of the release records, oldest first."""
+        return tuple(json.loads(json.dumps(r)) for r in self._data["releases"])
+
+    def reload(self) -> None:
+        """Re-read the file (done by every accounting method)."""
+        self._data = _read_ledger(self._path)
+
+    def _composed_delta(self, extra_z: list[float], extra_jl: float) -> float:
+        """Composed delta at ``epsilon_B`` of the ledger plus extra releases."""
+        recs = self._data["releases"]
+        z_tot = _compose_multipliers(
+            [float(r["noise_multiplier_total"]) for r in recs] + extra_z
+        )
+        jl = math.fsum([float(r["delta_jl"]) for r in recs] + [extra_jl])
+        return gaussian_delta(z_tot, self.budget[0]) + jl
+
+    def spent(self) -> tuple[float, float]:
+        """Budget used so far, as ``(epsilon_used, delta_used)``.
+
+        Returns
+        -------
+        tuple of float
+            ``delta_used = gaussian_delta(z_tot, epsilon_B) + sum delta_JL``,
+            the composed delta at the budget's epsilon, with
+            ``z_tot = (sum z_i^-2)^(-1/2)``. ``epsilon_used`` is the smallest
+            epsilon at which all releases together are ``(epsilon, delta_B)``-DP:
+            ``gaussian_epsilon(z_tot, delta_B - sum delta_JL)``, or ``inf``
+            when the delta_JL terms alone use up ``delta_B`` (no epsilon then
+            works). ``(0.0, 0.0)`` for an empty ledger.
+        """
+        self.reload()
+        recs = self._data["releases"]
+        if not recs:
+            return 0.0, 0.0
+        eps_b, delta_b = self.budget
+        z_tot = _compose_multipliers([float(r["noise_multiplier_total"]) for r in recs])
+        jl = math.fsum(float(r["delta_jl"]) for r in recs)
+        delta_used = gaussian_delta(z_tot, eps_b) + jl
+        room = delta_b - jl
+        eps_used = gaussian_epsilon(z_tot, room) if room > 0.0 else math.inf
+        return eps_used, delta_used
+
+    def _check_loaded(self, calibration: ReleaseCalibration) -> None:
+        z_new = _release_multiplier(calibration)
+        eps_b, delta_b = self.budget
+        composed = self._composed_delta([z_new], calibration.delta_jl)
+        if not composed <= delta_b * (1 + _BUDGET_RTOL):
+            raise BudgetExceededError(
+                f"Release (epsilon={calibration.epsilon!r}, "
+                f"delta={calibration.delta!r}) would exceed the dataset's lifetime "
+                f"budget (epsilon={eps_b!r}, delta={delta_b!r}): composed delta at "
+                f"epsilon={eps_b!r} would be {composed:.6g} after "
+                f"{len(self._data['releases'])} earlier release(s)."
+            )
+
+    def check(self, calibration: ReleaseCalibration) -> None:
+        """Raise if charging ``calibration`` would exceed the lifetime budget.
+
+        Raises
+        ------
+        BudgetExceededError
+            If the composed delta at ``epsilon_B`` with the new release would
+            exceed ``delta_B (1 + 1e-9)``.
+        InvalidParameterError
+            If ``calibration.epsilon`` is infinite (non-private).
+        PrivacyConfigError
+            If the calibration fails its own LEDGER_CHECK (a bug).
+        """
+        self.reload()
+        self._check_loaded(calibration)
+
+    def charge(
+        self,
+        calibration: ReleaseCalibration,
+        *,
+        release_id: str,
+        algorithm: str,
+        details: Mapping[str, Any],
+    ) -> dict[str, Any]:
+        """Check the budget and append a release record, atomically.
+
+        Parameters
+        ----------
+        calibration : ReleaseCalibration
+            The release's noise; its ``1/Delta_eff`` and ``delta_jl`` are charged.
+        release_id : str
+            Unique within this ledger.
+        algorithm : str
+            Name of the algorithm, e.g. ``"spectral"``.
+        details : dict
+            JSON-serialisable free-form record (shapes, k, t, v, the
+            calibration's ``to_dict()``, a hash of the sketch seed). Keys naming
+            a seed or key are refused.
+
+        Returns
+        -------
+        dict
+            The record written.
+
+        Raises
+        ------
+        BudgetExceededError
+            If the release does not fit; nothing is written.
+        InvalidParameterError
+            For a duplicate ``release_id``, non-serialisable ``details`` or
+            an infinite epsilon.
+        """
+        for name, value in (("release_id", release_id), ("algorithm", algorithm)):
+            if not isinstance(value, str) or not value:
+                raise InvalidParameterError(
+                    f"{name} must be a non-empty string, got {name}={value!r}."
+                )
+        _check_details(details)
+        try:
+            details_copy = json.loads(json.dumps(dict(details), allow_nan=False))
+        except (TypeError, ValueError) as exc:
+            raise InvalidParameterError(
+                f"details must be JSON-serialisable with finite floats: {exc}."
+            ) from None
+        z_new = _release_multiplier(calibration)
+        with _exclusive_lock(self._path):
+            # Re-read under the lock: another process may have charged meanwhile.
+            self.reload()
+            if any(r["release_id"] == release_id for r in self._data["releases"]):
+                raise InvalidParameterError(
+                    f"release_id must be unique in the ledger, got "
+                    f"release_id={release_id!r} (already charged)."
+                )
+            self._check_loaded(calibration)
+            record = {
+                "release_id": release_id,
+                "time": datetime.datetime.now(datetime.UTC).isoformat(),
+                "algorithm": algorithm,
+                "epsilon": calibration.epsilon,
+                "delta": calibration.delta,
+                "delta_jl": calibration.delta_jl,
+                "noise_multiplier_total": z_new,
+                "details": details_copy,
+            }
+            new_data = dict(self._data)
+            new_data["releases"] = [*self._data["releases"], record]
+            _write_atomic(self._path, new_data)
+            self._data = new_data
+        return json.loads(json.dumps(record))  # type: ignore[no-any-return]
+
+    def remaining_summary(self) -> dict[str, Any]:
+        """Display summary: budget, spent, release count, composed multiplier.
+
+        Returns
+        -------
+        dict
+            Keys ``dataset``, ``budget_epsilon``, ``budget_delta``,
+            ``n_releases``, ``epsilon_used``, ``delta_used``,
+            ``delta_remaining_at_budget_epsilon`` (``delta_B - delta_used``,
+            floored at 0) and ``noise_multiplier_total`` (``z_tot``, ``inf``
+            when empty).
+        """
+        eps_used, delta_used = self.spent()
+        eps_b, delta_b = self.budget
+        recs = self._data["releases"]
+        return {
+            "dataset": self.dataset,
+            "budget_epsilon": eps_b,
+            "budget_delta": delta_b,
+            "n_releases": len(recs),
+            "epsilon_used": eps_used,
+            "delta_used": delta_used,
+            "delta_remaining_at_budget_epsilon": max(delta_b - delta_used, 0.0),
+            "noise_multiplier_total": _compose_multipliers(
+                [float(r["noise_multiplier_total"]) for r in recs]
+            ),
+        }
+
+    def __repr__(self) -> str:
+        """Path, dataset, budget and release count (no record contents)."""
+        eps_b, delta_b = self.budget
+        return (
+            f"Ledger(path={str(self._path)!r}, dataset={self.dataset!r}, "
+            f"budget=(epsilon={eps_b!r}, delta={delta_b!r}), "
+            f"n_releases={len(self._data['releases'])})"
+        )

@@ -1,0 +1,104 @@
+"""What an algorithm needs from a matrix, and the numpy reference implementation.
+
+An algorithm never sees ``A`` itself: it asks a :class:`MatrixSource` for one pass
+of exact sketches (:class:`~pipeline.sketches.apply.PassRequest`) and then works on
+*tall* arrays (size growing with the number of rows) only through four operations
+that a distributed source runs where the rows live. Everything else is small and
+dense on the client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from pipeline._types import FloatArray, Shape2D
+from pipeline.linalg.core import orth
+from pipeline.sketches.apply import PassRequest, block_partials
+from pipeline.sketches.gaussian import GaussianOperator
+
+#: A function of a row block ``(start, block) -> new block``, e.g. adding noise.
+RowBlockFn = Callable[[int, FloatArray], FloatArray]
+
+
+class MatrixSource(Protocol):
+    """A matrix ``A`` of shape (n_rows, n_cols) that can be sketched in one pass."""
+
+    @property
+    def shape(self) -> Shape2D: ...
+
+    def sketch(self, request: PassRequest) -> dict[str, Any]:
+        """Exact sketches of one pass: right sketches tall, the others numpy."""
+
+    def tall_map_rows(self, Y: Any, fn: RowBlockFn) -> Any:
+        """``fn`` applied to every row block of the tall ``Y`` (e.g. add noise)."""
+
+    def tall_qr(self, Y: Any) -> Any:
+        """Orthonormal ``Q`` (tall) with the column space of ``Y`` (TSQR)."""
+
+    def tall_left_sketch(self, Q: Any, op: GaussianOperator) -> FloatArray:
+        """``G.T @ Q``, of shape (d, t), with ``G`` = ``op`` along Q's rows."""
+
+    def tall_matmul(self, Q: Any, M: FloatArray) -> Any:
+        """``Q @ M`` (tall) for a small ``M`` of shape (t, k)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Factorization:
+    """A released rank-k factorization ``A ~ U diag(S) V^T``.
+
+    Attributes
+    ----------
+    U : array of shape (n_rows, rank)
+        Orthonormal columns (numpy, or a dask array before it is written).
+    S : ndarray of shape (rank,)
+        Non-negative, non-increasing.
+    V : array of shape (n_cols, rank)
+        Orthonormal columns.
+    report : dict
+        The privacy report and run metadata (JSON-serialisable).
+    """
+
+    U: Any
+    S: FloatArray
+    V: Any
+    report: dict[str, Any] = field(default_factory=dict)
+
+
+class ArraySource:
+    """In-memory numpy :class:`MatrixSource` (the reference for every test).
+
+    Parameters
+    ----------
+    A : ndarray of shape (n_rows, n_cols)
+        Any real numeric dtype.
+    """
+
+    def __init__(self, A: FloatArray) -> None:
+        self._A = np.asarray(A)
+        self.n_passes = 0
+
+    @property
+    def shape(self) -> Shape2D:
+        r, c = self._A.shape
+        return int(r), int(c)
+
+    def sketch(self, request: PassRequest) -> dict[str, Any]:
+        self.n_passes += 1
+        parts = block_partials(self._A, 0, 0, request, where="the input array")
+        return dict(zip(request.names, parts, strict=True))
+
+    def tall_map_rows(self, Y: FloatArray, fn: RowBlockFn) -> FloatArray:
+        return fn(0, Y)
+
+    def tall_qr(self, Y: FloatArray) -> FloatArray:
+        return orth(Y)
+
+    def tall_left_sketch(self, Q: FloatArray, op: GaussianOperator) -> FloatArray:
+        return op.dense().T @ Q  # type: ignore[no-any-return]
+
+    def tall_matmul(self, Q: FloatArray, M: FloatArray) -> FloatArray:
+        return Q @ M  # type: ignore[no-any-return]

@@ -1,0 +1,412 @@
+"""One-pass differentially private low-rank factorization: Spectral-LRF and Low-Space-LRF.
+
+Problem. Given ``A`` (n_rows, n_cols), a rank ``k`` and a budget ``(epsilon, delta)``,
+release ``U_k`` (n_rows, k), ``s_k`` (k,), ``V_k`` (n_cols, k) such that
+``||A - U_k diag(s_k) V_k^T||_2`` is close to ``sigma_{k+1}(A)`` plus an additive
+noise term of order ``(sqrt(n_rows) + sqrt(n_cols)) / epsilon``, reading ``A`` once.
+
+Method [Upa18, Fig. 1 and Fig. 2], as corrected by spec sketch-lrf.md:
+
+* Spectral-LRF (default): ``Y = X Phi + N_1`` (M x t), ``Z = S X + N_2`` (v x N) with
+  ``X`` = ``A`` oriented so that M >= N; ``U = orth(Y)``; core solve
+  ``(S U)^+ [P Z]_k`` [spec 3.2].
+* Low-Space-LRF: ``Y_c = X Phi_c + N``, ``Y_r = Psi X + N``, ``Z = S X T + N``;
+  two-sided core solve [spec 3.3]. ``padded=True`` reproduces the paper's
+  ``(A, sigma_min I)`` construction with the padding block drawn from the secret
+  noise stream (the paper's public padding would carry no noise at all).
+
+Privacy [spec 4.4]: all noisy sketches of a release form ONE Gaussian mechanism,
+calibrated with the analytic Gaussian mechanism [BW18]; sketch sensitivities are
+``Delta_F * Delta_JL(d, beta)`` from the actual sizes [spec 4.2], with the JL
+failure probabilities charged to delta. (epsilon, delta)-DP for neighbours with
+``||A - A'||_F <= Delta_F`` (Priv1, hence Priv2).
+
+Passes over A: 1 (plus one norm pass when clipping rows of a column-split store).
+
+References
+----------
+.. [Upa18] J. Upadhyay, "The price of privacy for low-rank factorization",
+   NeurIPS 2018, arXiv:1612.04740 (v5).
+.. [BW18] B. Balle, Y.-X. Wang, ICML 2018, arXiv:1805.06530.
+.. [TYUC17] Tropp, Yurtsever, Udell, Cevher, SIMAX 2017, arXiv:1609.00048.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pipeline._types import FloatArray, Shape2D
+from pipeline._validation import check_int_in_range
+from pipeline.accounting.calibration import (
+    ReleaseCalibration,
+    SketchRequest,
+    calibrate_release,
+)
+from pipeline.algorithms.base import Factorization, MatrixSource
+from pipeline.errors import InvalidParameterError
+from pipeline.linalg.core import core_one_sided, core_two_sided, orth, sign_convention
+from pipeline.mechanisms.clipping import ClipSpec, Neighboring, PrivacyUnit
+from pipeline.mechanisms.noise import GaussianNoise, NoiseCode, NoiseKey
+from pipeline.sketches.apply import PassRequest
+from pipeline.sketches.gaussian import DEFAULT_TILE_SIZE, GaussianOperator, OperatorCode
+
+
+class Algorithm(enum.Enum):
+    """The two one-pass factorizations."""
+
+    SPECTRAL = "spectral"
+    LOW_SPACE = "low-space"
+
+
+def default_sketch_sizes(rank: int, *, private: bool) -> tuple[int, int]:
+    """Default ``(t, v)`` for rank ``k`` [spec 2.3, with its measured addendum].
+
+    DP: ``t = max(4k, k + 20)``, ``v = 4t`` -- the noise that reaches the output is
+    amplified by ``||(S U)^+|| ~ 1/(1 - sqrt(t/v))``, 2 at ``v = 4t``.
+    Non-private: ``t = max(2k, k + 10)``, ``v = 4t + 1`` -- the addendum of spec 2.3
+    measured that a co-range sketch of ~4t, not 2t, buys one-pass accuracy on
+    slowly decaying spectra.
+
+    Examples
+    --------
+    >>> default_sketch_sizes(10, private=True), default_sketch_sizes(10, private=False)
+    ((40, 160), (20, 81))
+    """
+    if private:
+        t = max(4 * rank, rank + 20)
+        return t, 4 * t
+    t = max(2 * rank, rank + 10)
+    return t, 4 * t + 1
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LrfParams:
+    """Public parameters of one factorization release (never chosen from data).
+
+    Parameters
+    ----------
+    algorithm : Algorithm
+    rank : int
+        Target rank k.
+    sketch_size, core_size : int or None
+        ``t`` and ``v``; None picks :func:`default_sketch_sizes` (clamped to the
+        shape when the matrix is small).
+    private : bool
+        False gives the non-private variant [spec 3.5]: no clipping, no noise.
+    epsilon, delta : float or None
+        The release's budget (required when private).
+    clip : ClipSpec
+        Privacy unit and clip norm C.
+    neighboring : Neighboring
+        add/remove (``Delta_F = C``) or replace-one (``Delta_F = 2C``).
+    padded : bool
+        Low-Space-LRF only: the paper's padded construction (comparison mode).
+    delta_jl_fraction : float
+        Share of delta charged to the sketch-norm failure events [spec 2.2].
+    tile_size : int
+        Rows per RNG tile.
+    """
+
+    algorithm: Algorithm
+    rank: int
+    sketch_size: int | None = None
+    core_size: int | None = None
+    private: bool = True
+    epsilon: float | None = None
+    delta: float | None = None
+    clip: ClipSpec = ClipSpec(unit=PrivacyUnit.ROW, clip_norm=1.0)
+    neighboring: Neighboring = Neighboring.ADD_REMOVE
+    padded: bool = False
+    delta_jl_fraction: float = 0.5
+    tile_size: int = DEFAULT_TILE_SIZE
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LrfPlan:
+    """A validated release plan: orientation, sizes and calibration. No data."""
+
+    params: LrfParams
+    shape: Shape2D
+    transpose: bool
+    t: int
+    v: int
+    calibration: ReleaseCalibration | None
+
+    @property
+    def oriented_shape(self) -> Shape2D:
+        """Shape (M, N) of the matrix X actually sketched."""
+        m, n = self.shape
+        return (n, m) if self.transpose else (m, n)
+
+    def sigma(self, name: str) -> float:
+        """Noise std of released statistic ``name`` (0.0 when not private)."""
+        if self.calibration is None:
+            return 0.0
+        return next(s.sigma for s in self.calibration.sketches if s.name == name)
+
+
+def _resolve_sizes(p: LrfParams, M: int, N: int) -> tuple[int, int]:
+    """Validate (t, v) against ``k < t <= min(M, N)``, ``t < v`` (``v <= M`` for Spectral)."""
+    small = min(M, N)
+    v_cap = M if p.algorithm is Algorithm.SPECTRAL else None
+    k = check_int_in_range(
+        p.rank, "rank", 1, small - 1, what="[1, min(n_rows, n_cols) - 1]"
+    )
+    t0, v0 = default_sketch_sizes(k, private=p.private)
+    if p.sketch_size is None:
+        t = min(t0, small)  # defaults shrink to fit a small matrix; user values never do
+    else:
+        t = check_int_in_range(p.sketch_size, "sketch_size", k + 1, small, what="[rank + 1, min(n_rows, n_cols)]")
+    if p.core_size is None:
+        v = v0 if p.sketch_size is None else (4 * t + (0 if p.private else 1))
+        v = min(v, v_cap) if v_cap is not None else v
+    else:
+        v = p.core_size
+    hi_txt = "[sketch_size + 1, max(n_rows, n_cols)]" if v_cap else "[sketch_size + 1, inf)"
+    v = check_int_in_range(v, "core_size", t + 1, v_cap, what=hi_txt)
+    return t, v
+
+
+def plan_lrf(params: LrfParams, shape: Shape2D) -> LrfPlan:
+    """Validate ``params`` for a matrix of ``shape`` and calibrate the noise.
+
+    Reads no data: everything here is public (plan-then-execute, style B.3.1).
+
+    Parameters
+    ----------
+    params : LrfParams
+    shape : tuple (n_rows, n_cols)
+
+    Returns
+    -------
+    LrfPlan
+
+    Raises
+    ------
+    InvalidParameterError
+        If rank or sketch sizes are inconsistent with each other or the shape.
+
+    Notes
+    -----
+    Privacy. Emits one Gaussian mechanism over all released sketches: for
+    Spectral-LRF ``Y`` (M x t, ``Delta_JL(t, beta)``) and ``Z`` (v x N,
+    ``Delta_JL(v, beta)``), ``beta = delta_JL / 2`` [spec 3.2, S3]; for
+    Low-Space-LRF ``Y_c``, ``Y_r`` and ``Z`` (``Delta_JL(v, beta)^2``),
+    ``beta = delta_JL / 4`` [spec 3.3, S3].
+
+    Examples
+    --------
+    >>> plan = plan_lrf(LrfParams(algorithm=Algorithm.SPECTRAL, rank=2, epsilon=1.0,
+    ...                           delta=1e-6), (500, 300))
+    >>> plan.t, plan.v, plan.transpose
+    (22, 88, False)
+    """
+    m, n = (check_int_in_range(x, nm, 1) for x, nm in zip(shape, ("n_rows", "n_cols"), strict=True))
+    if params.padded and params.algorithm is not Algorithm.LOW_SPACE:
+        raise InvalidParameterError("padded=True applies to algorithm='low-space' only.")
+    # Spectral and unpadded Low-Space put the t-sized sketch on the longer side
+    # (memory m t + v n, spec 3.2); padded mode follows the paper's m <= n [spec 3.3]
+    transpose = (m > n) if params.padded else (m < n)
+    M, N = (n, m) if transpose else (m, n)
+    t, v = _resolve_sizes(params, M, N)
+    calibration = None
+    if params.private:
+        if params.epsilon is None or params.delta is None:
+            raise InvalidParameterError("a private release needs epsilon and delta.")
+        calibration = calibrate_release(
+            _requests(params.algorithm, M, N, t, v),
+            epsilon=params.epsilon,
+            delta=params.delta,
+            frobenius_bound=params.neighboring.frobenius_bound(params.clip.clip_norm),
+            n_sketch_matrices=2 if params.algorithm is Algorithm.SPECTRAL else 4,
+            delta_jl_fraction=params.delta_jl_fraction,
+        )
+        calibration.check()
+    return LrfPlan(params=params, shape=(m, n), transpose=transpose, t=t, v=v, calibration=calibration)
+
+
+def _requests(alg: Algorithm, M: int, N: int, t: int, v: int) -> list[SketchRequest]:
+    if alg is Algorithm.SPECTRAL:
+        return [
+            SketchRequest(name="Y", shape=(M, t), jl_dims=(t,), weight=0.5),
+            SketchRequest(name="Z", shape=(v, N), jl_dims=(v,), weight=0.5),
+        ]
+    w = 1.0 / 3.0
+    return [
+        SketchRequest(name="Yc", shape=(M, t), jl_dims=(t,), weight=w),
+        SketchRequest(name="Yr", shape=(t, N), jl_dims=(t,), weight=w),
+        SketchRequest(name="Z", shape=(v, v), jl_dims=(v, v), weight=w),
+    ]
+
+
+def _operators(plan: LrfPlan, root: int) -> dict[str, GaussianOperator]:
+    M, N = plan.oriented_shape
+    t, v, b = plan.t, plan.v, plan.params.tile_size
+
+    def op(code: OperatorCode, length: int, dim: int) -> GaussianOperator:
+        return GaussianOperator(root=root, code=code, length=length, dim=dim, tile_size=b)
+
+    if plan.params.algorithm is Algorithm.SPECTRAL:
+        return {"Phi": op(OperatorCode.PHI, N, t), "S": op(OperatorCode.S, M, v)}
+    ops = {
+        "PhiC": op(OperatorCode.PHI_C, N, t),
+        "Psi": op(OperatorCode.PSI, M, t),
+        "S": op(OperatorCode.S, M, v),
+        "T": op(OperatorCode.T, N, v),
+    }
+    if plan.params.padded:
+        ops["Tpad"] = op(OperatorCode.T_PAD, M, v)
+    return ops
+
+
+def pass_request(plan: LrfPlan, root: int) -> PassRequest:
+    """The single pass over ``A`` that ``plan`` needs, for sketch seed ``root``."""
+    ops = _operators(plan, root)
+    p = plan.params
+    clip = p.clip if p.private else None
+    # DP sketches are float64 [spec 4.6, item 7]; a non-private float32 input keeps
+    # float32 block products (partials are still summed in float64)
+    dtype: type = np.float64
+    common: dict[str, Any] = {"transpose": plan.transpose, "clip": clip, "compute_dtype": dtype}
+    if p.algorithm is Algorithm.SPECTRAL:
+        return PassRequest(right=(("Y", ops["Phi"]),), left=(("Z", ops["S"]),), **common)
+    return PassRequest(
+        right=(("Yc", ops["PhiC"]),),
+        left=(("Yr", ops["Psi"]),),
+        two_sided=(("Z", ops["S"], ops["T"]),),
+        **common,
+    )
+
+
+def _row_noise(noise: GaussianNoise) -> Callable[[int, FloatArray], FloatArray]:
+    return noise.add_to_block
+
+
+def run_lrf(
+    source: MatrixSource,
+    plan: LrfPlan,
+    *,
+    sketch_seed: int,
+    noise_key: NoiseKey | None,
+    before_noise: Callable[[], None] | None = None,
+    request: PassRequest | None = None,
+) -> Factorization:
+    """Execute ``plan`` on ``source``: one pass, noise once, post-processing.
+
+    Parameters
+    ----------
+    source : MatrixSource of shape (n_rows, n_cols)
+    plan : LrfPlan
+        From :func:`plan_lrf` for this shape.
+    sketch_seed : int
+        Root of the sketch operators (data-independent, confidential).
+    noise_key : NoiseKey or None
+        Secret key of this release (required when private).
+    before_noise : callable or None
+        Called after the pass and before any noise is drawn: the ledger charge.
+    request : PassRequest or None
+        Override of :func:`pass_request` (e.g. a different compute dtype).
+
+    Returns
+    -------
+    Factorization
+        ``U`` (n_rows, k) and ``V`` (n_cols, k), one of them tall in the source's
+        array type; ``S`` (k,); an empty report (the caller fills it).
+
+    Notes
+    -----
+    Privacy. Noise is added exactly once to each entry of each globally reduced
+    sketch [design 3.1]; the factorization reads only the noisy sketches
+    [spec 3.2, R2]. Emits ``plan.calibration`` (one Gaussian mechanism).
+    """
+    if plan.calibration is not None and noise_key is None:
+        raise InvalidParameterError("a private release needs a noise key.")
+    request = request or pass_request(plan, sketch_seed)
+    exact = source.sketch(request)
+    if before_noise is not None:
+        before_noise()
+    ops = _operators(plan, sketch_seed)
+    if plan.params.algorithm is Algorithm.SPECTRAL:
+        Ux, s, Vx = _spectral_post(source, plan, exact, ops, noise_key)
+    else:
+        Ux, s, Vx = _low_space_post(source, plan, exact, ops, noise_key)
+    U, V = (Vx, Ux) if plan.transpose else (Ux, Vx)
+    return Factorization(U=U, S=s, V=V)
+
+
+def _noise(plan: LrfPlan, key: NoiseKey | None, name: str, code: NoiseCode, length: int, dim: int) -> GaussianNoise | None:
+    if plan.calibration is None or key is None:
+        return None
+    sigma = plan.sigma(name)
+    return GaussianNoise(key=key.derive(int(code)), sigma=sigma, length=length, dim=dim, tile_size=plan.params.tile_size)
+
+
+def _spectral_post(source: MatrixSource, plan: LrfPlan, exact: dict[str, Any], ops: dict[str, GaussianOperator], key: NoiseKey | None) -> tuple[Any, FloatArray, FloatArray]:
+    M, N = plan.oriented_shape
+    Y, Z = exact["Y"], exact["Z"]
+    ny = _noise(plan, key, "Y", NoiseCode.Y, M, plan.t)
+    nz = _noise(plan, key, "Z", NoiseCode.Z, N, plan.v)
+    if ny is not None and nz is not None:
+        Y = source.tall_map_rows(Y, _row_noise(ny))  # [Upa18, Fig. 1, step 3]: Y = A Phi + N_1
+        Z = Z + nz.dense().T  # Z = S A + N_2, noise tiled along the columns of Z
+    Q = source.tall_qr(Y)  # [spec 3.2, F1]
+    SQ = source.tall_left_sketch(Q, ops["S"])  # v x t, summed over row blocks [spec 6.1]
+    W, s, Vx = core_one_sided(SQ, Z, plan.params.rank)  # [spec 3.2, F2]
+    signs = sign_convention(Vx)
+    return source.tall_matmul(Q, W * signs), s, Vx * signs  # [spec 3.2, F3]
+
+
+def _low_space_post(source: MatrixSource, plan: LrfPlan, exact: dict[str, Any], ops: dict[str, GaussianOperator], key: NoiseKey | None) -> tuple[Any, FloatArray, FloatArray]:
+    M, N = plan.oriented_shape
+    k, padded = plan.params.rank, plan.params.padded
+    Yc, Yr, Z = exact["Yc"], exact["Yr"], exact["Z"]
+    nc = _noise(plan, key, "Yc", NoiseCode.Y_C, M, plan.t)
+    nr = _noise(plan, key, "Yr", NoiseCode.Y_R, N, plan.t)
+    nz = _noise(plan, key, "Z", NoiseCode.Z_CORE, plan.v, plan.v)
+    T = ops["T"].dense()  # N x v, regenerated on the client (O(N v))
+    if nc is not None and nr is not None and nz is not None:
+        # [spec 3.3, R1]: explicit noise on Y_c is the paper's sigma_min Phi_bot padding
+        # with a SECRET Phi_bot; a public one would leave Y_c noise-free
+        Yc = source.tall_map_rows(Yc, _row_noise(nc))
+        Yr = Yr + nr.dense().T
+        Z = Z + nz.dense()
+    if padded:
+        Yr, Z, T = _pad(plan, Yr, Z, T, ops, key)
+    U = source.tall_qr(Yc)  # [spec 3.3, F1]
+    V = orth(Yr.T)
+    SU = source.tall_left_sketch(U, ops["S"])
+    WL, s, WR = core_two_sided(SU, T.T @ V, Z, k)  # [spec 3.3, F2]
+    Vx = V @ WR
+    if padded:
+        # [spec 3.3, F4]: drop the padding coordinates, re-orthonormalise
+        Qv, Rv = np.linalg.qr(Vx[:N])
+        P2, s, W2h = np.linalg.svd(s[:, None] * Rv.T)
+        WL, Vx = WL @ P2, Qv @ W2h.T
+    signs = sign_convention(Vx)
+    return source.tall_matmul(U, WL * signs), s, Vx * signs
+
+
+def _pad(plan: LrfPlan, Yr: FloatArray, Z: FloatArray, T: FloatArray, ops: dict[str, GaussianOperator], key: NoiseKey | None) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """The paper's padding ``(A, sigma_min I_M)`` as public additions [spec 3.3, R2]."""
+    M, _ = plan.oriented_shape
+    cal = plan.calibration
+    sigma_min = 0.0 if cal is None else float(np.sqrt(plan.t)) * plan.sigma("Yc")
+    Psi = ops["Psi"].dense()  # M x t
+    pad_cols = sigma_min * Psi.T
+    npad = _noise(plan, key, "Yr", NoiseCode.PAD, M, plan.t)
+    if npad is not None:
+        pad_cols = pad_cols + npad.dense().T  # the paper's N_1 also covers these columns
+    Tpad = ops["Tpad"].dense()  # M x v, public
+    Z = Z + sigma_min * (ops["S"].dense().T @ Tpad)
+    return np.hstack([Yr, pad_cols]), Z, np.vstack([T, Tpad])
+
+
+def seed_fingerprint(seed: int) -> str:
+    """One-way tag of a sketch seed, for reports and ledgers (spec 4.4)."""
+    return hashlib.sha256(f"dplr-sketch-seed:{seed}".encode()).hexdigest()[:16]

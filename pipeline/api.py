@@ -1,0 +1,342 @@
+"""``pipeline.factorize``: plan, check the budget, one pass, noise once, publish.
+
+The order is the privacy contract [design 3; style B.3]:
+
+1. validate every parameter and open the input from metadata only;
+2. plan the release (sizes, orientation, calibration) -- public inputs only;
+3. refuse an existing output and an over-budget plan, **before any data is read**;
+4. one pass over the data on the cluster (clipping first, NaN/Inf refused);
+5. charge the ledger (locked, re-checked, fsynced) -- before any noise exists;
+6. add the noise once, post-process, publish atomically.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.metadata as _md
+import math
+import os
+import platform
+import secrets
+import sys
+import time
+import uuid
+from typing import Any, TextIO
+
+import numpy as np
+
+from pipeline._validation import check_float_in_interval, check_int_in_range, check_privacy_pair
+from pipeline.accounting.ledger import Ledger, default_ledger_path
+from pipeline.algorithms.base import ArraySource, Factorization
+from pipeline.algorithms.lrf import (
+    Algorithm,
+    LrfParams,
+    LrfPlan,
+    plan_lrf,
+    run_lrf,
+    seed_fingerprint,
+)
+from pipeline.errors import InvalidParameterError, PrivacyConfigError
+from pipeline.mechanisms.clipping import ClipSpec, Neighboring, PrivacyUnit
+from pipeline.mechanisms.noise import NoiseKey
+
+
+def _enum(cls: Any, value: Any, name: str) -> Any:
+    if isinstance(value, cls):
+        return value
+    try:
+        return cls(value)
+    except ValueError:
+        allowed = ", ".join(repr(m.value) for m in cls)
+        raise InvalidParameterError(f"{name} must be one of {allowed}, got {name}={value!r}.") from None
+
+
+def make_params(
+    rank: int,
+    *,
+    epsilon: float | None,
+    delta: float | None,
+    algorithm: str | Algorithm = "spectral",
+    private: bool = True,
+    sketch_size: int | None = None,
+    core_size: int | None = None,
+    clip_norm: float = 1.0,
+    unit: str | PrivacyUnit = "row",
+    neighboring: str | Neighboring = "add-remove",
+    padded: bool = False,
+) -> LrfParams:
+    """Validate user-facing parameters into :class:`LrfParams` (no data needed)."""
+    alg = _enum(Algorithm, algorithm, "algorithm")
+    rank = check_int_in_range(rank, "rank", 1)
+    if sketch_size is not None:
+        check_int_in_range(sketch_size, "sketch_size", 2)
+    if core_size is not None:
+        check_int_in_range(core_size, "core_size", 3)
+    if private:
+        eps, dlt = check_privacy_pair(epsilon, delta)
+    else:
+        if epsilon is not None or delta is not None:
+            raise PrivacyConfigError("a non-private run takes no epsilon or delta; drop them or drop non-private.")
+        eps = dlt = None
+    clip = ClipSpec(
+        unit=_enum(PrivacyUnit, unit, "unit"),
+        clip_norm=check_float_in_interval(clip_norm, "clip_norm", 0.0, math.inf, privacy=True),
+    )
+    return LrfParams(
+        algorithm=alg, rank=rank, sketch_size=sketch_size, core_size=core_size,
+        private=bool(private), epsilon=eps, delta=dlt, clip=clip,
+        neighboring=_enum(Neighboring, neighboring, "neighboring"), padded=bool(padded),
+    )
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for pkg in ("dplr", "numpy", "scipy", "dask", "distributed", "zarr", "dp-accounting", "randomgen"):
+        try:
+            out[pkg] = _md.version(pkg)
+        except _md.PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
+
+
+def build_report(plan: LrfPlan, *, release_id: str, insecure: bool, seed: int, info: Any, ledger: Ledger | None, passes: int, timings: dict[str, float], cluster: dict[str, Any] | None) -> dict[str, Any]:
+    """The privacy report and run metadata of a release (public values only)."""
+    p, cal = plan.params, plan.calibration
+    m, n = plan.shape
+    report: dict[str, Any] = {
+        "format": "dplr-release/1",
+        "release_id": release_id,
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "private": cal is not None and not insecure,
+        "algorithm": p.algorithm.value,
+        "rank": p.rank,
+        "shape": [m, n],
+        "parameters": {
+            "sketch_size": plan.t, "core_size": plan.v, "transposed": plan.transpose,
+            "padded": p.padded, "tile_size": p.tile_size,
+        },
+        "n_passes": passes,
+        "timings_seconds": {k: round(v, 4) for k, v in timings.items()},
+        "input": {"path": info.path, "dtype": info.dtype, "store_chunks": info.store_chunks,
+                  "n_chunks": [len(c) for c in info.dask_chunks]},
+        "cluster": cluster,
+        "sketch_seed_fingerprint": seed_fingerprint(seed),
+        "versions": _versions(),
+    }
+    if cal is None:
+        report.update({"mechanism": None, "epsilon": None, "delta": None,
+                       "note": "non-private run: no clipping, no noise; NOT PRIVATE"})
+        return report
+    report.update({
+        "mechanism": "Gaussian, one joint mechanism over all released sketches (analytic calibration [BW18])",
+        "epsilon": cal.epsilon,
+        "delta": cal.delta,
+        "accountant": "analytic Gaussian mechanism; releases on one dataset compose exactly in the ledger",
+        "idealized_numerics": True,
+        "insecure_noise_seed": insecure,
+        "privacy_unit": p.clip.unit.value,
+        "neighboring": p.neighboring.value,
+        "clip_norm": p.clip.clip_norm,
+        "calibration": cal.to_dict(),
+        "sketches": [
+            {"name": s.name, "shape": list(s.shape), "sensitivity": s.sensitivity, "sigma": s.sigma, "weight": s.weight}
+            for s in cal.sketches
+        ],
+        # spec 7.3: public pre-flight estimate of the additive error
+        "noise_floor_estimate": max(s.sigma for s in cal.sketches) * (math.sqrt(m) + math.sqrt(n)),
+        "ledger": None if ledger is None else {"path": str(ledger.path), **ledger.remaining_summary()},
+    })
+    if insecure:
+        report["note"] = "noise drawn from a public seed (--insecure-noise-seed): NOT PRIVATE"
+    return report
+
+
+def factorize(
+    source: Any,
+    rank: int,
+    *,
+    epsilon: float | None = None,
+    delta: float | None = None,
+    algorithm: str = "spectral",
+    private: bool = True,
+    sketch_size: int | None = None,
+    core_size: int | None = None,
+    clip_norm: float = 1.0,
+    unit: str = "row",
+    neighboring: str = "add-remove",
+    padded: bool = False,
+    seed: int | None = None,
+    out: str | os.PathLike[str] | None = None,
+    overwrite: bool = False,
+    ledger: str | os.PathLike[str] | Ledger | None = None,
+    budget: tuple[float, float] | None = None,
+    scheduler: str | None = None,
+    insecure_noise_seed: int | None = None,
+    progress: TextIO | None = None,
+) -> Factorization:
+    """Differentially private rank-``rank`` factorization ``A ~ U diag(S) V^T`` in one pass.
+
+    Parameters
+    ----------
+    source : str, zarr.Array, dask.array.Array or numpy.ndarray of shape (n_rows, n_cols)
+        The private matrix. Zarr paths and dask arrays run on a Dask cluster (the
+        active client, ``scheduler``, ``DASK_SCHEDULER_ADDRESS``, or an embedded
+        LocalCluster); numpy arrays run in memory.
+    rank : int
+        Target rank k, ``1 <= k <= min(n_rows, n_cols) - 1``.
+    epsilon, delta : float
+        Budget of this release; required unless ``private=False``.
+    algorithm : {"spectral", "low-space"}
+    private : bool
+        False runs the non-private variant (no clipping, no noise, no ledger).
+    sketch_size, core_size : int or None
+        ``t`` and ``v`` [spec 2.3]; None picks the defaults.
+    clip_norm : float
+        ``C``: every individual's contribution is clipped to norm ``<= C``.
+    unit : {"row", "column", "entry"}
+        Who an individual is.
+    neighboring : {"add-remove", "replace"}
+        ``Delta_F = C`` or ``2C``.
+    padded : bool
+        Low-Space-LRF in the paper's padded form (comparison only).
+    seed : int or None
+        Sketch seed (data-independent; None draws a fresh secret one). Never
+        seeds the noise.
+    out : path or None
+        Zarr v3 group to publish to (atomically); None returns arrays only.
+    overwrite : bool
+        Replace an existing ``out``.
+    ledger : path, Ledger or None
+        The dataset's privacy ledger; for a Zarr path it defaults to
+        ``<store>.dplr-ledger.json`` beside the store.
+    budget : (epsilon, delta) or None
+        Lifetime budget declared when the ledger does not exist yet.
+    scheduler : str or None
+        Dask scheduler address.
+    insecure_noise_seed : int or None
+        Test-only: reproducible noise; the report says ``"private": false``.
+    progress : text stream or None
+        Where progress bars go.
+
+    Returns
+    -------
+    Factorization
+        ``U`` (n_rows, rank), ``S`` (rank,), ``V`` (n_cols, rank) as numpy arrays,
+        and ``report``.
+
+    Raises
+    ------
+    InvalidParameterError, StoreLayoutError, SchedulerUnavailableError
+        Bad input; nothing read, written or charged.
+    BudgetExceededError
+        The plan exceeds the dataset's budget; refused before any read.
+
+    Notes
+    -----
+    Privacy. (epsilon, delta)-DP for neighbours differing in one individual's
+    clipped contribution (``||A - A'||_F <= Delta_F``) [spec 4.4]. Emits one
+    Gaussian mechanism, recorded in the ledger before noise is drawn.
+
+    Passes over A: 1 (2 when rows must be clipped across column chunks that are
+    too wide to read together).
+
+    Examples
+    --------
+    >>> A = np.random.default_rng(0).normal(size=(60, 40)) / 10
+    >>> f = factorize(A, 3, private=False, seed=1)
+    >>> f.U.shape, f.S.shape, f.V.shape
+    ((60, 3), (3,), (40, 3))
+    """
+    from pipeline.io import check_output_path, open_input, write_release
+
+    t0 = time.perf_counter()
+    params = make_params(
+        rank, epsilon=epsilon, delta=delta, algorithm=algorithm, private=private,
+        sketch_size=sketch_size, core_size=core_size, clip_norm=clip_norm, unit=unit,
+        neighboring=neighboring, padded=padded,
+    )
+    if seed is not None:
+        seed = check_int_in_range(seed, "seed", 0, 2**128 - 1)
+    if insecure_noise_seed is not None:
+        insecure_noise_seed = check_int_in_range(insecure_noise_seed, "insecure_noise_seed", 0)
+    array, info = open_input(source, unit=params.clip.unit.value if params.private else None)
+    plan = plan_lrf(params, info.shape)
+    if out is not None:
+        check_output_path(out, overwrite=overwrite, inputs=(info.path,))
+    book = _resolve_ledger(ledger, info.path, budget, plan)
+    if book is not None and plan.calibration is not None:
+        book.check(plan.calibration)  # refused here, before the first read
+    sketch_seed = seed if seed is not None else secrets.randbits(128)
+    noise_key = None
+    if plan.calibration is not None:
+        noise_key = NoiseKey.insecure_from_seed(insecure_noise_seed) if insecure_noise_seed is not None else NoiseKey.fresh()
+    release_id = uuid.uuid4().hex
+    timings: dict[str, float] = {"plan": time.perf_counter() - t0}
+
+    def charge() -> None:
+        timings["pass"] = time.perf_counter() - t0 - timings["plan"]
+        if book is not None and plan.calibration is not None:
+            book.charge(plan.calibration, release_id=release_id, algorithm=params.algorithm.value,
+                        details={"rank": params.rank, "sketch_size": plan.t, "core_size": plan.v,
+                                 "output": None if out is None else os.fspath(out),
+                                 "noise_reproducible_not_private": insecure_noise_seed is not None})
+
+    if isinstance(array, np.ndarray):
+        src = ArraySource(array)
+        result = run_lrf(src, plan, sketch_seed=sketch_seed, noise_key=noise_key, before_noise=charge)
+        timings["total"] = time.perf_counter() - t0
+        report = build_report(plan, release_id=release_id, insecure=insecure_noise_seed is not None, seed=sketch_seed, info=info, ledger=book, passes=src.n_passes, timings=timings, cluster=None)
+        final = Factorization(U=result.U, S=result.S, V=result.V, report=report)
+        if out is not None:
+            write_release(out, final, overwrite=overwrite)
+        return final
+    from pipeline.execution import DaskSource, cluster_client
+
+    with cluster_client(scheduler) as (client, cinfo):
+        if progress is not None and cinfo.dashboard:
+            print(f"dask cluster: {cinfo.kind}, {cinfo.n_workers} workers, dashboard {cinfo.dashboard}", file=progress)
+        dsrc = DaskSource(array, client, progress=progress)
+        result = run_lrf(dsrc, plan, sketch_seed=sketch_seed, noise_key=noise_key, before_noise=charge)
+        timings["post"] = time.perf_counter() - t0 - timings["plan"] - timings.get("pass", 0.0)
+        cluster = {"kind": cinfo.kind, "n_workers": cinfo.n_workers, "n_graph_tasks_pass": dsrc.n_tasks}
+        report = build_report(plan, release_id=release_id, insecure=insecure_noise_seed is not None, seed=sketch_seed, info=info, ledger=book, passes=dsrc.n_passes, timings=timings, cluster=cluster)
+        staged = Factorization(U=result.U, S=result.S, V=result.V, report=report)
+        if out is not None:
+            write_release(out, staged, overwrite=overwrite, client=client)
+            t_end = time.perf_counter() - t0
+            from pipeline.io import read_release
+
+            final = read_release(out)
+            final.report["timings_seconds"]["total"] = round(t_end, 4)
+            return final
+        U = _gather(result.U, client)
+        V = _gather(result.V, client)
+        timings["total"] = time.perf_counter() - t0
+        report["timings_seconds"]["total"] = round(timings["total"], 4)
+        return Factorization(U=U, S=result.S, V=V, report=report)
+
+
+def _gather(x: Any, client: Any) -> np.ndarray:
+    if isinstance(x, np.ndarray):
+        return x
+    return np.asarray(client.compute(x, sync=True))
+
+
+def _resolve_ledger(ledger: Any, path: str | None, budget: tuple[float, float] | None, plan: LrfPlan) -> Ledger | None:
+    if plan.calibration is None:
+        return None  # non-private runs are not accounted (and say NOT PRIVATE)
+    if isinstance(ledger, Ledger):
+        return ledger
+    where = ledger if ledger is not None else (default_ledger_path(path) if path is not None else None)
+    if where is None:
+        return None
+    if os.path.exists(where):
+        return Ledger.open(where)
+    if budget is None:
+        raise PrivacyConfigError(
+            f"no privacy ledger at {os.fspath(where)!r}; declare the dataset's lifetime budget "
+            "with --budget-epsilon/--budget-delta (budget=(epsilon, delta)) or `dplr budget init`."
+        )
+    beps, bdelta = check_privacy_pair(*budget)
+    name = os.path.basename(os.path.normpath(path)) if path else "in-memory"
+    return Ledger.create(where, dataset=name, epsilon=beps, delta=bdelta)

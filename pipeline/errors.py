@@ -1,0 +1,66 @@
+"""Exceptions and warnings raised by dplr.
+
+Every message names the parameter, the constraint and the value received, or the
+chunk and the problem found -- never a data value (design.md section 3, rule 6).
+
+The command line maps these to exit codes: :class:`PipelineError` -> 2,
+:class:`BudgetExceededError` -> 3, anything else -> 1 (with a traceback).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BudgetExceededError",
+    "InvalidParameterError",
+    "NonFiniteInputError",
+    "NumericalWarning",
+    "PerformanceWarning",
+    "PipelineError",
+    "PipelineWarning",
+    "PrivacyConfigError",
+    "SchedulerUnavailableError",
+    "StoreLayoutError",
+]
+
+
+class PipelineError(Exception):
+    """Base class of every error that is the user's to fix (exit code 2)."""
+
+
+class InvalidParameterError(PipelineError, ValueError):
+    """A parameter is out of range or inconsistent with another one."""
+
+
+class PrivacyConfigError(InvalidParameterError):
+    """A privacy parameter (epsilon, delta, clip norm, unit) is invalid."""
+
+
+class StoreLayoutError(PipelineError, ValueError):
+    """An input or output store is missing, malformed, or laid out unusably."""
+
+
+class NonFiniteInputError(StoreLayoutError):
+    """The input holds NaN or Inf; the message names the chunk, never the values."""
+
+
+class SchedulerUnavailableError(PipelineError, ConnectionError):
+    """The requested Dask scheduler could not be reached."""
+
+
+class BudgetExceededError(PipelineError):
+    """The plan would exceed the dataset's declared lifetime privacy budget.
+
+    Raised before any data is read; nothing is charged (exit code 3).
+    """
+
+
+class PipelineWarning(UserWarning):
+    """Base class of dplr's warnings."""
+
+
+class NumericalWarning(PipelineWarning):
+    """A numerical quantity is poorly conditioned; the result may be inaccurate."""
+
+
+class PerformanceWarning(PipelineWarning):
+    """A choice of layout or size will make the job slower than it needs to be."""

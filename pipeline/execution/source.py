@@ -1,0 +1,243 @@
+"""A :class:`~pipeline.algorithms.base.MatrixSource` over a chunked dask array.
+
+Graph of one pass (``A`` with row blocks r and column blocks c)::
+
+    (partial, r, c) = block_partials(A[r, c], ...)     one task per chunk; reads it once
+    Y[r]  = tree-sum over c of partial[r, c][i]        tall right sketches, stay distributed
+    Z[c]  = tree-sum over r of partial[r, c][j]        left sketches, gathered (small)
+    W     = tree-sum over all (r, c)                   two-sided sketches, gathered
+
+The reduction trees have a fixed shape (fan-in :data:`SPLIT_EVERY`), so for a
+fixed chunking the floating-point summation order -- hence the result, bit for
+bit -- does not depend on the number of workers or on retries.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
+
+import dask.array as da
+import numpy as np
+from dask.highlevelgraph import HighLevelGraph
+
+from pipeline._types import FloatArray, Shape2D
+from pipeline.algorithms.base import RowBlockFn
+from pipeline.execution.progress import show_progress
+from pipeline.mechanisms.clipping import PrivacyUnit, scale_factors_from_sumsq
+from pipeline.sketches.apply import PassRequest, block_partials, check_finite_block
+from pipeline.sketches.gaussian import GaussianOperator
+
+#: Fan-in of every reduction tree.
+SPLIT_EVERY = 8
+
+
+def _name(label: str) -> str:
+    # random names: never derived from arguments (which may hold key material)
+    return f"dplr-{label}-{uuid.uuid4().hex}"
+
+
+def _offsets(chunks: Sequence[int]) -> list[int]:
+    return [0, *np.cumsum(chunks).tolist()]
+
+
+def _block_task(block: Any, row0: int, col0: int, request: PassRequest, row_scale: Any, col_scale: Any, where: str) -> tuple[FloatArray, ...]:
+    return block_partials(block, row0, col0, request, row_scale=row_scale, col_scale=col_scale, where=where)
+
+
+def _block_sumsq(block: Any, axis: int, where: str) -> FloatArray:
+    a = np.asarray(block, dtype=np.float64)
+    check_finite_block(a, where)
+    return np.einsum("ij,ij->i" if axis == 1 else "ij,ij->j", a, a)
+
+
+def _sum_leaves(parts: list[Any], index: int | None) -> FloatArray:
+    arrays = [p if index is None else p[index] for p in parts]
+    total = np.array(arrays[0], dtype=np.float64, copy=True)
+    for a in arrays[1:]:
+        total += a
+    return total
+
+
+def _scale_from(parts: list[FloatArray], clip_norm: float) -> FloatArray:
+    return scale_factors_from_sumsq(_sum_leaves(parts, None), clip_norm)
+
+
+def _tree(layer: dict[Any, Any], name: str, out_key: Any, leaves: list[Any], index: int | None) -> None:
+    """Add tasks summing ``leaves`` (entry ``index`` of tuples) into ``out_key``."""
+    level, depth = leaves, 0
+    first = True
+    while len(level) > SPLIT_EVERY or first:
+        groups = [level[i : i + SPLIT_EVERY] for i in range(0, len(level), SPLIT_EVERY)]
+        if len(groups) == 1:
+            break
+        nxt = []
+        for g, grp in enumerate(groups):
+            key = (f"{name}-t{depth}", *out_key[1:], g)
+            layer[key] = (_sum_leaves, list(grp), index if first else None)
+            nxt.append(key)
+        level, depth, first = nxt, depth + 1, False
+    layer[out_key] = (_sum_leaves, list(level), index if first else None)
+
+
+class DaskSource:
+    """Matrix source over a 2-D dask array, run on a distributed client.
+
+    Parameters
+    ----------
+    A : dask.array.Array of shape (n_rows, n_cols)
+    client : distributed.Client
+    progress : text stream or None
+        Where pass progress bars go (None: silent).
+    """
+
+    def __init__(self, A: da.Array, client: Any, *, progress: TextIO | None = None) -> None:
+        self.A = A
+        self.client = client
+        self.progress = progress
+        self.n_passes = 0
+        self.n_tasks = 0
+
+    @property
+    def shape(self) -> Shape2D:
+        return int(self.A.shape[0]), int(self.A.shape[1])
+
+    # -- the pass over A --------------------------------------------------------
+    def _scale_keys(self, request: PassRequest, layer: dict[Any, Any]) -> tuple[dict[int, Any], dict[int, Any]]:
+        """Norm pre-pass for row/column clipping when a row/column spans chunks."""
+        A, clip = self.A, request.clip
+        rows: dict[int, Any] = {}
+        cols: dict[int, Any] = {}
+        if clip is None or clip.unit is PrivacyUnit.ENTRY:
+            return rows, cols
+        nr, nc = A.numblocks
+        if clip.unit is PrivacyUnit.ROW and nc > 1:
+            nname, sname = _name("rownorm"), _name("rowscale")
+            for r in range(nr):
+                leaves = []
+                for c in range(nc):
+                    layer[(nname, r, c)] = (_block_sumsq, (A.name, r, c), 1, f"chunk ({r}, {c})")
+                    leaves.append((nname, r, c))
+                layer[(sname, r)] = (_scale_from, leaves, clip.clip_norm)
+                rows[r] = (sname, r)
+            self.n_passes += 1
+        if clip.unit is PrivacyUnit.COLUMN and nr > 1:
+            nname, sname = _name("colnorm"), _name("colscale")
+            for c in range(nc):
+                leaves = []
+                for r in range(nr):
+                    layer[(nname, r, c)] = (_block_sumsq, (A.name, r, c), 0, f"chunk ({r}, {c})")
+                    leaves.append((nname, r, c))
+                layer[(sname, c)] = (_scale_from, leaves, clip.clip_norm)
+                cols[c] = (sname, c)
+            self.n_passes += 1
+        return rows, cols
+
+    def sketch(self, request: PassRequest) -> dict[str, Any]:
+        A = self.A
+        layer: dict[Any, Any] = {}
+        row_keys, col_keys = self._scale_keys(request, layer)
+        nr, nc = A.numblocks
+        roff, coff = _offsets(A.chunks[0]), _offsets(A.chunks[1])
+        pname = _name("partials")
+        for r in range(nr):
+            for c in range(nc):
+                layer[(pname, r, c)] = (
+                    _block_task, (A.name, r, c), roff[r], coff[c], request,
+                    row_keys.get(r), col_keys.get(c), f"chunk ({r}, {c})",
+                )
+        tr = request.transpose
+        # X = A.T when transposed: X row block R is A column block R
+        x_row_chunks, x_col_chunks = (A.chunks[1], A.chunks[0]) if tr else (A.chunks[0], A.chunks[1])
+
+        def parts_of_x_row(R: int) -> list[Any]:
+            return [(pname, c, R) if tr else (pname, R, c) for c in range(nc if not tr else nr)]
+
+        def parts_of_x_col(C: int) -> list[Any]:
+            return [(pname, C, r) if tr else (pname, r, C) for r in range(nr if not tr else nc)]
+
+        out_names: dict[str, tuple[str, tuple[tuple[int, ...], tuple[int, ...]]]] = {}
+        index = 0
+        for name, op in request.right:
+            oname = _name(f"sketch-{name}")
+            for R in range(len(x_row_chunks)):
+                _tree(layer, oname, (oname, R, 0), parts_of_x_row(R), index)
+            out_names[name] = (oname, (tuple(x_row_chunks), (op.dim,)))
+            index += 1
+        for name, op in request.left:
+            oname = _name(f"sketch-{name}")
+            for C in range(len(x_col_chunks)):
+                _tree(layer, oname, (oname, 0, C), parts_of_x_col(C), index)
+            out_names[name] = (oname, ((op.dim,), tuple(x_col_chunks)))
+            index += 1
+        all_parts = [(pname, r, c) for r in range(nr) for c in range(nc)]
+        for name, s_op, t_op in request.two_sided:
+            oname = _name(f"sketch-{name}")
+            _tree(layer, oname, (oname, 0, 0), all_parts, index)
+            out_names[name] = (oname, ((s_op.dim,), (t_op.dim,)))
+            index += 1
+        self.n_tasks += len(layer)
+        arrays = {}
+        for name, (oname, chunks) in out_names.items():
+            graph = HighLevelGraph.from_collections(oname, layer, dependencies=[A])
+            arrays[name] = da.Array(graph, oname, chunks=chunks, dtype=np.float64)
+        self.n_passes += 1
+        persisted = self.client.persist(list(arrays.values()))
+        show_progress(self.client, persisted, f"pass over the input: {nr * nc} chunks", self.progress)
+        result = dict(zip(arrays, persisted, strict=True))
+        tall = {n for n, _ in request.right}
+        small = [n for n in result if n not in tall]
+        gathered = self.client.compute([result[n] for n in small], sync=True)
+        for n, value in zip(small, gathered, strict=True):
+            result[n] = np.asarray(value)
+        return result
+
+    # -- operations on tall arrays ---------------------------------------------
+    def tall_map_rows(self, Y: da.Array, fn: RowBlockFn) -> da.Array:
+        out = Y.map_blocks(_block_map_rows, fn, dtype=np.float64, name=_name("rows"))
+        return self.client.persist(out)
+
+    def tall_qr(self, Y: da.Array) -> da.Array:
+        t = Y.shape[1]
+        if min(Y.chunks[0]) < t:  # TSQR needs every block at least as tall as wide
+            Y = Y.rechunk({0: max(t, max(Y.chunks[0]))})
+        Q, _ = da.linalg.tsqr(Y)
+        (Q,) = self.client.persist([Q])
+        show_progress(self.client, [Q], "orthonormalising the range sketch (TSQR)", self.progress)
+        return Q
+
+    def tall_left_sketch(self, Q: da.Array, op: GaussianOperator) -> FloatArray:
+        lname, oname = _name("left-partial"), _name("left")
+        offs = _offsets(Q.chunks[0])
+        layer: dict[Any, Any] = {}
+        leaves = []
+        for r in range(Q.numblocks[0]):
+            layer[(lname, r)] = (_block_left, (Q.name, r, 0), op, offs[r], offs[r + 1])
+            leaves.append((lname, r))
+        _tree(layer, oname, (oname, 0, 0), leaves, None)
+        graph = HighLevelGraph.from_collections(oname, layer, dependencies=[Q])
+        total = da.Array(graph, oname, chunks=((op.dim,), (Q.shape[1],)), dtype=np.float64)
+        return np.asarray(self.client.compute(total, sync=True))
+
+    def tall_matmul(self, Q: da.Array, M: FloatArray) -> da.Array:
+        return Q.map_blocks(
+            _block_matmul, np.ascontiguousarray(M), chunks=(Q.chunks[0], (M.shape[1],)),
+            dtype=np.float64, name=_name("matmul"),
+        )
+
+
+def _block_map_rows(y: FloatArray, fn: Callable[[int, FloatArray], FloatArray], block_info: Any = None) -> FloatArray:
+    start = block_info[0]["array-location"][0][0]
+    return fn(int(start), y)
+
+
+def _block_left(q: FloatArray, op: GaussianOperator, start: int, stop: int) -> FloatArray:
+    return op.block(start, stop).T @ q  # type: ignore[no-any-return]
+
+
+def _block_matmul(q: FloatArray, M: FloatArray) -> FloatArray:
+    return q @ M
+
+
+__all__ = ["SPLIT_EVERY", "DaskSource"]

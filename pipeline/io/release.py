@@ -1,0 +1,126 @@
+"""Atomic publication of releases as Zarr v3 groups."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from typing import Any
+
+import dask.array as da
+import numpy as np
+import zarr
+
+from pipeline.algorithms.base import Factorization
+from pipeline.errors import StoreLayoutError
+
+#: Rows per chunk of the released U and V.
+OUTPUT_ROW_CHUNK = 65536
+
+
+def check_output_path(out: str | os.PathLike[str], *, overwrite: bool, inputs: tuple[str | None, ...] = ()) -> str:
+    """Refuse an unusable destination before anything is read or charged.
+
+    Raises
+    ------
+    StoreLayoutError
+        If ``out`` exists and ``overwrite`` is false, its directory is missing or
+        not writable, or it is one of the inputs.
+    """
+    out = os.fspath(out)
+    parent = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(parent):
+        raise StoreLayoutError(f"the directory of the output {out!r} does not exist.")
+    if not os.access(parent, os.W_OK):
+        raise StoreLayoutError(f"the directory of the output {out!r} is not writable.")
+    for path in inputs:
+        if path is not None and os.path.abspath(path) == os.path.abspath(out):
+            raise StoreLayoutError(f"the output {out!r} is the input store; choose another path.")
+    if os.path.lexists(out) and not overwrite:
+        raise StoreLayoutError(f"the output {out!r} already exists; pass --overwrite (overwrite=True) to replace it.")
+    return out
+
+
+def _write_array(group: zarr.Group, name: str, x: Any, client: Any) -> None:
+    if isinstance(x, da.Array):
+        rows = int(min(max(x.chunks[0]), OUTPUT_ROW_CHUNK))
+        x = x.rechunk({0: rows, 1: -1})
+        z = group.create_array(name, shape=x.shape, dtype="float64", chunks=(rows, x.shape[1]))
+        # dask chunks equal the zarr chunks, so no two tasks write one chunk (no
+        # sharding: sharded writes from unaligned chunks corrupt data silently)
+        stored = da.store(x, z, lock=False, compute=False)
+        if client is not None:
+            client.compute(stored, sync=True)
+        else:
+            stored.compute()
+        return
+    arr = np.asarray(x, dtype=np.float64)
+    chunks = (min(max(arr.shape[0], 1), OUTPUT_ROW_CHUNK), *arr.shape[1:]) if arr.ndim == 2 else arr.shape
+    z = group.create_array(name, shape=arr.shape, dtype="float64", chunks=chunks)
+    z[...] = arr
+
+
+def write_release(out: str | os.PathLike[str], result: Factorization, *, overwrite: bool, client: Any = None) -> str:
+    """Write ``U``, ``S``, ``V`` and ``attrs["report"]`` to the Zarr v3 group ``out``.
+
+    Everything goes to a hidden temporary group beside ``out``, which is renamed
+    into place last (atomic on POSIX); a crash leaves at most a hidden directory,
+    never a group at ``out`` that looks complete.
+    """
+    out = os.fspath(out)
+    parent, base = os.path.split(os.path.abspath(out))
+    tmp = os.path.join(parent, f".{base}.tmp-{uuid.uuid4().hex}")
+    try:
+        group = zarr.open_group(store=tmp, mode="w-", zarr_format=3)
+        _write_array(group, "U", result.U, client)
+        _write_array(group, "S", result.S, client)
+        _write_array(group, "V", result.V, client)
+        # round-trip through json so a non-serialisable report fails here, not later
+        group.attrs["report"] = json.loads(json.dumps(result.report))
+        _fsync_tree(tmp)
+        if os.path.lexists(out):
+            if not overwrite:
+                raise StoreLayoutError(f"the output {out!r} appeared while the job ran; nothing was replaced.")
+            old = os.path.join(parent, f".{base}.old-{uuid.uuid4().hex}")
+            os.rename(out, old)
+            os.rename(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, out)
+        _fsync_dir(parent)
+    finally:
+        if os.path.exists(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: str) -> None:
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            fd = os.open(os.path.join(dirpath, f), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(dirpath)
+
+
+def read_release(path: str | os.PathLike[str]) -> Factorization:
+    """Read a release written by :func:`write_release` into memory."""
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise StoreLayoutError(f"release {path!r} does not exist.")
+    g = zarr.open_group(store=path, mode="r")
+    try:
+        return Factorization(U=np.asarray(g["U"][...]), S=np.asarray(g["S"][...]), V=np.asarray(g["V"][...]), report=dict(g.attrs["report"]))
+    except KeyError as exc:
+        raise StoreLayoutError(f"{path!r} is not a dplr release (missing {exc}).") from None

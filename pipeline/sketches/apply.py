@@ -1,0 +1,190 @@
+"""Per-block partial sketches: the only kernel that touches the input data.
+
+For a block ``A_rc = A[R_r, C_c]`` the partials of [spec 6.1] are
+
+* right sketch ``A Phi``:   ``A_rc @ Phi[C_c, :]``          -> rows R_r, summed over c;
+* left sketch ``S A``:      ``S[:, R_r] @ A_rc``            -> columns C_c, summed over r;
+* two-sided ``S A T``:      ``S[:, R_r] @ A_rc @ T[C_c, :]`` -> summed over all blocks.
+
+Linearity makes the partials summable in any grouping, so one pass over the chunks,
+in any order on any number of workers, yields the exact sketches. The kernel also
+validates (finite values) and clips (privacy unit) each block before any product.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pipeline._types import FloatArray
+from pipeline.errors import NonFiniteInputError
+from pipeline.mechanisms.clipping import (
+    ClipSpec,
+    PrivacyUnit,
+    clip_entries,
+    scale_factors_from_sumsq,
+)
+from pipeline.sketches.gaussian import GaussianOperator
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PassRequest:
+    """Everything one pass over ``A`` must produce, described without data.
+
+    The sketches are of the *oriented* matrix ``X`` = ``A`` or ``A.T``
+    (``transpose``); clipping always follows ``A``'s own rows and columns.
+
+    Parameters
+    ----------
+    transpose : bool
+        Sketch ``X = A.T`` instead of ``A``.
+    clip : ClipSpec or None
+        Clipping of ``A`` (None: non-private mode, no clipping).
+    right : tuple of (name, GaussianOperator)
+        Right sketches ``X @ G``, of shape (X rows, d); ``G.length`` = X columns.
+    left : tuple of (name, GaussianOperator)
+        Left sketches ``G.T @ X``, of shape (d, X columns); ``G.length`` = X rows.
+    two_sided : tuple of (name, GaussianOperator, GaussianOperator)
+        ``S.T @ X @ T``, of shape (d_S, d_T).
+    compute_dtype : numpy dtype
+        Dtype of the block products (partials are accumulated in float64).
+    """
+
+    transpose: bool
+    clip: ClipSpec | None
+    right: tuple[tuple[str, GaussianOperator], ...] = ()
+    left: tuple[tuple[str, GaussianOperator], ...] = ()
+    two_sided: tuple[tuple[str, GaussianOperator, GaussianOperator], ...] = field(
+        default=()
+    )
+    compute_dtype: type = np.float64
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Names of the results, in the order :func:`block_partials` returns them."""
+        return (
+            tuple(n for n, _ in self.right)
+            + tuple(n for n, _ in self.left)
+            + tuple(n for n, _, _ in self.two_sided)
+        )
+
+
+def check_finite_block(block: FloatArray, where: str) -> None:
+    """Raise :class:`NonFiniteInputError` naming ``where`` if ``block`` has NaN/Inf.
+
+    The message names the chunk, never a value [design 3.6].
+    """
+    if not np.isfinite(block).all():
+        raise NonFiniteInputError(
+            f"the input holds NaN or Inf in {where}; clean or impute it before "
+            "factorizing (no value is shown here, by design)."
+        )
+
+
+def clip_block(
+    block: FloatArray,
+    clip: ClipSpec | None,
+    row_scale: FloatArray | None = None,
+    col_scale: FloatArray | None = None,
+) -> FloatArray:
+    """Clip one block of ``A`` for its privacy unit.
+
+    Parameters
+    ----------
+    block : ndarray of shape (b_rows, b_cols)
+    clip : ClipSpec or None
+    row_scale : ndarray of shape (b_rows,) or None
+        Precomputed row factors (unit ``row``); None when the block spans all
+        columns, so the factors are computed from the block itself.
+    col_scale : ndarray of shape (b_cols,) or None
+        Same for unit ``column``.
+
+    Returns
+    -------
+    ndarray of shape (b_rows, b_cols)
+
+    Notes
+    -----
+    Privacy. After this step every individual's contribution has Frobenius norm
+    ``<= clip.clip_norm`` [spec 1.3, rule 6]; the factors are never returned.
+    """
+    if clip is None:
+        return block
+    if clip.unit is PrivacyUnit.ENTRY:
+        return clip_entries(block, clip.clip_norm)
+    if clip.unit is PrivacyUnit.ROW:
+        if row_scale is None:
+            row_scale = scale_factors_from_sumsq(
+                np.einsum("ij,ij->i", block, block, dtype=np.float64), clip.clip_norm
+            )
+        return block * row_scale.astype(block.dtype, copy=False)[:, None]
+    if col_scale is None:
+        col_scale = scale_factors_from_sumsq(
+            np.einsum("ij,ij->j", block, block, dtype=np.float64), clip.clip_norm
+        )
+    return block * col_scale.astype(block.dtype, copy=False)[None, :]
+
+
+def block_partials(
+    block: FloatArray,
+    row0: int,
+    col0: int,
+    request: PassRequest,
+    *,
+    row_scale: FloatArray | None = None,
+    col_scale: FloatArray | None = None,
+    where: str = "the input",
+) -> tuple[FloatArray, ...]:
+    """Partial sketches of one block of ``A`` starting at ``(row0, col0)``.
+
+    Parameters
+    ----------
+    block : ndarray of shape (b_rows, b_cols)
+        ``A[row0:row0 + b_rows, col0:col0 + b_cols]``.
+    row0, col0 : int
+        Offsets of the block in ``A``.
+    request : PassRequest
+    row_scale, col_scale : ndarray or None
+        See :func:`clip_block`.
+    where : str
+        Name of the block for error messages, e.g. ``"chunk (3, 0)"``.
+
+    Returns
+    -------
+    tuple of float64 ndarrays, in ``request.names`` order
+        Right partials of shape (b_x_rows, d), left partials of shape
+        (d, b_x_cols), two-sided partials of shape (d_S, d_T).
+
+    Notes
+    -----
+    Privacy. Clips before any product [design 3.5]. The partials are as sensitive
+    as the data: they are only ever summed, then noised by the algorithm.
+    """
+    a = np.asarray(block)
+    if not np.issubdtype(a.dtype, np.number) or np.issubdtype(a.dtype, np.complexfloating):
+        raise NonFiniteInputError(f"{where} has non-numeric dtype {a.dtype}.")
+    a = a.astype(request.compute_dtype, copy=False)
+    check_finite_block(a, where)
+    a = clip_block(a, request.clip, row_scale, col_scale)
+    x, xr0, xc0 = (a.T, col0, row0) if request.transpose else (a, row0, col0)
+    xr1, xc1 = xr0 + x.shape[0], xc0 + x.shape[1]
+    dt = request.compute_dtype
+    out: list[FloatArray] = []
+    for _, op in request.right:
+        out.append(_f64(x @ op.block(xc0, xc1).astype(dt, copy=False)))
+    for _, op in request.left:
+        out.append(_f64(op.block(xr0, xr1).astype(dt, copy=False).T @ x))
+    for _, s_op, t_op in request.two_sided:
+        s_blk = s_op.block(xr0, xr1).astype(dt, copy=False)
+        t_blk = t_op.block(xc0, xc1).astype(dt, copy=False)
+        # contract the longer side of the block first: fewer flops [spec 6.1]
+        if x.shape[1] >= x.shape[0]:
+            out.append(_f64((s_blk.T @ x) @ t_blk))
+        else:
+            out.append(_f64(s_blk.T @ (x @ t_blk)))
+    return tuple(out)
+
+
+def _f64(x: FloatArray) -> FloatArray:
+    return np.asarray(x, dtype=np.float64)

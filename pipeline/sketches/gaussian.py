@@ -1,0 +1,130 @@
+"""Keyed Gaussian sketch operators on a canonical tile grid (spec section 5.4)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline._types import FloatArray, IntArray
+
+#: Rows per generation tile along the data axis; recorded in every report because
+#: changing it changes the operator [Upa18 spec, section 9, item 20].
+DEFAULT_TILE_SIZE = 1024
+
+
+class OperatorCode(enum.IntEnum):
+    """Fixed stream identifiers: two operators never share a code under one root.
+
+    Codes below 100 are sketch operators (root = sketch seed); noise streams use
+    their own codes under a different, secret root (``pipeline.mechanisms.noise``).
+    """
+
+    PHI = 1
+    S = 2
+    PSI = 3
+    T = 4
+    PHI_C = 5
+    T_PAD = 6
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GaussianOperator:
+    """Description of one JL-normalised Gaussian operator; cheap to pickle.
+
+    The operator is the array ``G`` of shape (length, dim) with i.i.d. N(0, 1/dim)
+    entries, indexed along the data axis. ``Phi = G`` multiplies ``A`` from the
+    right (data axis = columns of ``A``); ``S = G.T`` multiplies from the left
+    (data axis = rows of ``A``).
+
+    Parameters
+    ----------
+    root : int
+        128-bit sketch seed. Confidential until release [spec 4.6, item 4].
+    code : OperatorCode
+        Stream identifier of this operator.
+    length : int
+        Length of the data axis.
+    dim : int
+        Sketch dimension d; entries have variance ``1/dim``.
+    tile_size : int
+        Rows per generation tile.
+    """
+
+    root: int
+    code: int
+    length: int
+    dim: int
+    tile_size: int = DEFAULT_TILE_SIZE
+
+    def __repr__(self) -> str:
+        # the root seed is confidential until release: keep it out of reprs, task
+        # listings and logs
+        return (
+            f"GaussianOperator(code={int(self.code)}, length={self.length}, "
+            f"dim={self.dim}, tile_size={self.tile_size})"
+        )
+
+    def block(self, start: int, stop: int, dtype: type = np.float64) -> FloatArray:
+        """Rows ``start:stop`` of ``G``, of shape (stop - start, dim)."""
+        return operator_block(self, start, stop, dtype=dtype)
+
+    def rows(self, index: IntArray, dtype: type = np.float64) -> FloatArray:
+        """Rows ``index`` of ``G`` (any order, repeats allowed), of shape (len, dim)."""
+        return operator_rows(self, index, dtype=dtype)
+
+    def dense(self) -> FloatArray:
+        """The whole operator ``G`` of shape (length, dim); for tests and small sizes."""
+        return operator_block(self, 0, self.length)
+
+
+def operator_tile(op: GaussianOperator, tile: int) -> FloatArray:
+    """Tile ``tile`` of ``op``: a full (tile_size, dim) float64 block.
+
+    Deterministic in (root, code, tile, tile_size, dim) on any machine for a fixed
+    NumPy version; ``Generator.standard_normal`` streams are not promised stable
+    across NumPy releases (NEP 19), so reports record the NumPy version.
+    """
+    seq = np.random.SeedSequence(entropy=op.root, spawn_key=(int(op.code), tile))
+    rng = np.random.Generator(np.random.Philox(seq))
+    block = rng.standard_normal((op.tile_size, op.dim))
+    # JL normalisation N(0, 1/d) is part of the privacy contract: the sensitivity
+    # factor Delta_JL(d, beta) assumes exactly this variance [spec 5.3]
+    block *= 1.0 / np.sqrt(op.dim)
+    return block
+
+
+def operator_block(
+    op: GaussianOperator, start: int, stop: int, *, dtype: type = np.float64
+) -> FloatArray:
+    """Rows ``start:stop`` of ``op`` assembled from the tiles they overlap."""
+    if not 0 <= start <= stop <= op.length:
+        raise ValueError(
+            f"block [{start}, {stop}) is outside the operator's data axis "
+            f"[0, {op.length})."
+        )
+    b = op.tile_size
+    first, last = start // b, (stop - 1) // b if stop > start else start // b - 1
+    out = np.empty((stop - start, op.dim), dtype=dtype)
+    for g in range(first, last + 1):
+        lo, hi = max(start, g * b), min(stop, (g + 1) * b)
+        out[lo - start : hi - start] = operator_tile(op, g)[lo - g * b : hi - g * b]
+    return out
+
+
+def operator_rows(
+    op: GaussianOperator, index: IntArray, *, dtype: type = np.float64
+) -> FloatArray:
+    """Rows ``index`` of ``op``, generating each touched tile once."""
+    index = np.asarray(index, dtype=np.int64)
+    if index.size and (index.min() < 0 or index.max() >= op.length):
+        raise ValueError(
+            f"row indices must be in [0, {op.length}); got indices outside it."
+        )
+    out = np.empty((index.size, op.dim), dtype=dtype)
+    tiles = index // op.tile_size
+    for g in np.unique(tiles):
+        sel = np.flatnonzero(tiles == g)
+        out[sel] = operator_tile(op, int(g))[index[sel] - g * op.tile_size]
+    return out
