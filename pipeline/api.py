@@ -283,7 +283,7 @@ def factorize(
 
     if isinstance(array, np.ndarray):
         src = ArraySource(array)
-        result = run_lrf(src, plan, sketch_seed=sketch_seed, noise_key=noise_key, before_noise=charge)
+        result = run_lrf(src, plan, sketch_seed=sketch_seed, noise_key=noise_key, before_noise=charge, input_dtype=array.dtype)
         timings["total"] = time.perf_counter() - t0
         report = build_report(plan, release_id=release_id, insecure=insecure_noise_seed is not None, seed=sketch_seed, info=info, ledger=book, passes=src.n_passes, timings=timings, cluster=None)
         final = Factorization(U=result.U, S=result.S, V=result.V, report=report)
@@ -296,7 +296,7 @@ def factorize(
         if progress is not None and cinfo.dashboard:
             print(f"dask cluster: {cinfo.kind}, {cinfo.n_workers} workers, dashboard {cinfo.dashboard}", file=progress)
         dsrc = DaskSource(array, client, progress=progress)
-        result = run_lrf(dsrc, plan, sketch_seed=sketch_seed, noise_key=noise_key, before_noise=charge)
+        result = run_lrf(dsrc, plan, sketch_seed=sketch_seed, noise_key=noise_key, before_noise=charge, input_dtype=array.dtype)
         timings["post"] = time.perf_counter() - t0 - timings["plan"] - timings.get("pass", 0.0)
         cluster = {"kind": cinfo.kind, "n_workers": cinfo.n_workers, "n_graph_tasks_pass": dsrc.n_tasks}
         report = build_report(plan, release_id=release_id, insecure=insecure_noise_seed is not None, seed=sketch_seed, info=info, ledger=book, passes=dsrc.n_passes, timings=timings, cluster=cluster)

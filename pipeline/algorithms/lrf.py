@@ -265,7 +265,7 @@ def _operators(plan: LrfPlan, root: int) -> dict[str, GaussianOperator]:
     return ops
 
 
-def pass_request(plan: LrfPlan, root: int) -> PassRequest:
+def pass_request(plan: LrfPlan, root: int, input_dtype: Any = np.float64) -> PassRequest:
     """The single pass over ``A`` that ``plan`` needs, for sketch seed ``root``."""
     ops = _operators(plan, root)
     p = plan.params
@@ -273,6 +273,8 @@ def pass_request(plan: LrfPlan, root: int) -> PassRequest:
     # DP sketches are float64 [spec 4.6, item 7]; a non-private float32 input keeps
     # float32 block products (partials are still summed in float64)
     dtype: type = np.float64
+    if not p.private and np.dtype(input_dtype) == np.float32:
+        dtype = np.float32
     common: dict[str, Any] = {"transpose": plan.transpose, "clip": clip, "compute_dtype": dtype}
     if p.algorithm is Algorithm.SPECTRAL:
         return PassRequest(right=(("Y", ops["Phi"]),), left=(("Z", ops["S"]),), **common)
@@ -296,6 +298,7 @@ def run_lrf(
     noise_key: NoiseKey | None,
     before_noise: Callable[[], None] | None = None,
     request: PassRequest | None = None,
+    input_dtype: Any = np.float64,
 ) -> Factorization:
     """Execute ``plan`` on ``source``: one pass, noise once, post-processing.
 
@@ -311,7 +314,10 @@ def run_lrf(
     before_noise : callable or None
         Called after the pass and before any noise is drawn: the ledger charge.
     request : PassRequest or None
-        Override of :func:`pass_request` (e.g. a different compute dtype).
+        Override of :func:`pass_request`.
+    input_dtype : numpy dtype
+        Dtype of ``A``; a float32 input keeps float32 block products in the
+        non-private mode (DP mode always computes in float64).
 
     Returns
     -------
@@ -327,7 +333,7 @@ def run_lrf(
     """
     if plan.calibration is not None and noise_key is None:
         raise InvalidParameterError("a private release needs a noise key.")
-    request = request or pass_request(plan, sketch_seed)
+    request = request or pass_request(plan, sketch_seed, input_dtype)
     exact = source.sketch(request)
     if before_noise is not None:
         before_noise()
