@@ -81,12 +81,14 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--overwrite", action="store_true")
 
     d = sub.add_parser("demo", help="generate a sample matrix and factorize it on an embedded cluster",
-                       description="Generate a 20000 x 500 sample matrix, declare a budget, release a rank-5 DP factorization, print the report.")
+                       description="Generate a 20000 x 2000 sample matrix with entries of order 1 and a rank-2 signal, "
+                                   "declare a lifetime budget, release a (2, 1e-6)-DP rank-2 factorization with "
+                                   "entry-level privacy on an embedded LocalCluster, and print the report.")
     d.add_argument("--dir", help="working directory (default: a new temporary directory)")
     d.add_argument("--rows", type=int, default=20000)
-    d.add_argument("--cols", type=int, default=500)
-    d.add_argument("--rank", type=int, default=5)
-    d.add_argument("--epsilon", type=float, default=1.0)
+    d.add_argument("--cols", type=int, default=2000)
+    d.add_argument("--rank", type=int, default=2)
+    d.add_argument("--epsilon", type=float, default=2.0)
     d.add_argument("--delta", type=float, default=1e-6)
     d.add_argument("--scheduler", help="Dask scheduler address (default: an embedded LocalCluster)")
 
@@ -128,7 +130,7 @@ def _summary(report: dict[str, Any], out: str) -> str:
             lines.append(f"  sketch {s['name']:<3} shape={tuple(s['shape'])} sensitivity={s['sensitivity']:.4g} sigma={s['sigma']:.4g}")
         led = report.get("ledger")
         if led:
-            lines.append(f"  ledger: {led['path']}  spent {led.get('spent_epsilon', float('nan')):.4g} of epsilon {led.get('budget_epsilon', float('nan')):g}")
+            lines.append(f"  ledger: {led['path']}  lifetime budget (epsilon={led['budget_epsilon']:g}, delta={led['budget_delta']:g}); {led['n_releases']} release(s) compose to epsilon={led['epsilon_used']:.4g} at the budget's delta")
         if not report["private"]:
             lines.append("  NOT PRIVATE: noise drawn from --insecure-noise-seed")
     p = report["parameters"]
@@ -181,18 +183,24 @@ def _demo(args: argparse.Namespace) -> int:
     os.makedirs(work, exist_ok=True)
     store = os.path.join(work, "sample.zarr")
     out = os.path.join(work, "release.zarr")
-    print(f"1/3 generating a {args.rows} x {args.cols} matrix (geometric spectrum, row norms <= 1) at {store}")
-    generate_store(store, args.rows, args.cols, decay=0.7, chunks=(2500, -1), overwrite=True, seed=0)
+    print(f"1/3 generating a {args.rows} x {args.cols} matrix with a rank-{args.rank} signal, entries of order 1, at {store}")
+    # entry-level privacy: one individual owns one cell (|a_ij| <= C = 1 after clipping);
+    # a released U is per-row output, so row-level privacy would drown it in noise
+    meta = generate_store(store, args.rows, args.cols, spectrum="flat", head=args.rank, head_value=30.0,
+                          max_row_norm=0.8 * math.sqrt(args.cols), chunks=(2500, -1), overwrite=True, seed=0)
     ledger = store + ".dplr-ledger.json"
     for stale in (ledger, ledger + ".lock"):
         if os.path.exists(stale):
             os.remove(stale)  # the demo's store is new, so is its budget
     print(f"2/3 declaring a lifetime budget of (epsilon=10, delta=1e-5) in {ledger}")
-    print(f"3/3 releasing a rank-{args.rank} ({args.epsilon:g}, {args.delta:g})-DP factorization (Spectral-LRF)")
-    result = factorize(store, args.rank, epsilon=args.epsilon, delta=args.delta, out=out, overwrite=True,
-                       budget=(10.0, 1e-5), scheduler=args.scheduler, progress=sys.stderr)
-    print(_summary(result.report, out))
+    print(f"3/3 releasing a rank-{args.rank} ({args.epsilon:g}, {args.delta:g})-DP factorization (Spectral-LRF, unit=entry, C=1)")
+    result = factorize(store, args.rank, epsilon=args.epsilon, delta=args.delta, unit="entry", clip_norm=1.0,
+                       out=out, overwrite=True, budget=(10.0, 1e-5), scheduler=args.scheduler, progress=sys.stderr)
     print(json.dumps(result.report, indent=2))
+    print(_summary(result.report, out))
+    true = ", ".join(f"{x:.1f}" for x in meta["singular_values"][: args.rank + 1])
+    print(f"  released S = [{', '.join(f'{x:.1f}' for x in result.S)}]; the synthetic matrix's true "
+          f"singular values are [{true}] (known because the demo generated it)")
     return EXIT_OK
 
 
