@@ -23,7 +23,7 @@ def start_cluster(n_workers: int) -> LocalCluster:
         threads_per_worker=1,
         processes=True,
         host="127.0.0.1",
-        dashboard_address=None,
+        dashboard_address=":0",
         silence_logs=logging.ERROR,
     )
 
