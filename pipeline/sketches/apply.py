@@ -73,7 +73,10 @@ class PassRequest:
 def check_finite_block(block: FloatArray, where: str) -> None:
     """Raise :class:`NonFiniteInputError` naming ``where`` if ``block`` has NaN/Inf.
 
-    The message names the chunk, never a value [design 3.6].
+    Notes
+    -----
+    Privacy. Runs on raw data; the error names the chunk, never a value or a
+    count of bad entries [design 3.6].
     """
     if not np.isfinite(block).all():
         raise NonFiniteInputError(

@@ -31,10 +31,10 @@ from pipeline.io import read_release
 pytestmark = pytest.mark.distributed
 
 M, N, RANK = 400, 150, 5
-ROWS_PER_CHUNK = 2  # 200 chunks: a pass long enough to be interrupted
+ROWS_PER_CHUNK = 10  # 40 chunks
 N_CHUNKS = M // ROWS_PER_CHUNK
-READ_DELAY = 0.03  # seconds per chunk read: ~3 s per pass on 2 workers
-KILL_AFTER = 40  # chunk reads completed before the kill (of N_CHUNKS)
+READ_DELAY = 0.1  # seconds per chunk read (SlowStore): a pass of ~2 s on 2 workers
+KILL_AFTER = 10  # chunk reads completed before the kill (of N_CHUNKS)
 
 
 class SlowStore(LocalStore):
