@@ -99,7 +99,7 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def build_report(plan: LrfPlan, *, release_id: str, insecure: bool, seed: int, info: Any, ledger: Ledger | None, passes: int, timings: dict[str, float], cluster: dict[str, Any] | None) -> dict[str, Any]:
+def build_report(plan: LrfPlan, *, release_id: str, insecure: bool, seed: int, info: Any, ledger: Any, passes: int, timings: dict[str, float], cluster: dict[str, Any] | None) -> dict[str, Any]:
     """The privacy report and run metadata of a release (public values only)."""
     p, cal = plan.params, plan.calibration
     m, n = plan.shape
@@ -322,7 +322,8 @@ def _gather(x: Any, client: Any) -> np.ndarray:
     return np.asarray(client.compute(x, sync=True))
 
 
-def _resolve_ledger(ledger: Any, path: str | None, budget: tuple[float, float] | None, plan: LrfPlan) -> Ledger | None:
+def _resolve_ledger(ledger: Any, path: str | None, budget: tuple[float, float] | None, plan: LrfPlan) -> Ledger | _NewLedger | None:
+    """The dataset's ledger, or the declaration of a new one (created at charge time)."""
     if plan.calibration is None:
         return None  # non-private runs are not accounted (and say NOT PRIVATE)
     if isinstance(ledger, Ledger):
@@ -338,5 +339,37 @@ def _resolve_ledger(ledger: Any, path: str | None, budget: tuple[float, float] |
             "with --budget-epsilon/--budget-delta (budget=(epsilon, delta)) or `dplr budget init`."
         )
     beps, bdelta = check_privacy_pair(*budget)
+    if not os.path.isdir(os.path.dirname(os.path.abspath(where))):
+        raise PrivacyConfigError(f"the directory of the ledger {os.fspath(where)!r} does not exist.")
     name = os.path.basename(os.path.normpath(path)) if path else "in-memory"
-    return Ledger.create(where, dataset=name, epsilon=beps, delta=bdelta)
+    return _NewLedger(path=os.fspath(where), dataset=name, epsilon=beps, delta=bdelta)
+
+
+class _NewLedger:
+    """A declared budget whose ledger file is written only with the first charge.
+
+    A job that fails on bad input (NaN in a chunk, an unreachable scheduler) then
+    leaves nothing behind.
+    """
+
+    def __init__(self, *, path: str, dataset: str, epsilon: float, delta: float) -> None:
+        self.path, self.dataset, self.epsilon, self.delta = path, dataset, epsilon, delta
+        self.ledger: Ledger | None = None
+
+    def check(self, calibration: Any) -> None:
+        Ledger.check_against_budget(calibration, epsilon=self.epsilon, delta=self.delta)
+
+    def charge(self, calibration: Any, **kw: Any) -> dict[str, Any]:
+        from pipeline.errors import StoreLayoutError
+
+        try:
+            self.ledger = Ledger.create(self.path, dataset=self.dataset, epsilon=self.epsilon, delta=self.delta)
+        except StoreLayoutError:
+            if not os.path.exists(self.path):
+                raise
+            self.ledger = Ledger.open(self.path)  # another job created it meanwhile
+        return self.ledger.charge(calibration, **kw)
+
+    def remaining_summary(self) -> dict[str, Any]:
+        assert self.ledger is not None, "summary of a ledger before its first charge"
+        return self.ledger.remaining_summary()

@@ -417,6 +417,25 @@ class Ledger:
                 f"{len(self._data['releases'])} earlier release(s)."
             )
 
+    @staticmethod
+    def check_against_budget(
+        calibration: ReleaseCalibration, *, epsilon: float, delta: float
+    ) -> None:
+        """Check a first release against a budget that no file records yet.
+
+        Lets a caller refuse an over-budget plan before creating the ledger, so
+        that a job failing on bad input leaves no file behind.
+
+        Raises
+        ------
+        BudgetExceededError
+            If the release alone exceeds ``(epsilon, delta)``.
+        """
+        eps, dlt = check_privacy_pair(epsilon, delta)
+        data = {"format": LEDGER_FORMAT, "dataset": "-", "releases": [],
+                "budget": {"epsilon": eps, "delta": dlt}}
+        Ledger(pathlib.Path(os.devnull), data)._check_loaded(calibration)
+
     def check(self, calibration: ReleaseCalibration) -> None:
         """Raise if charging ``calibration`` would exceed the lifetime budget.
 

@@ -109,7 +109,6 @@ def test_worker_killed_mid_pass_gives_the_undisturbed_release(
     assert _n_reads(marks) >= N_CHUNKS
     # the Nanny restarted the worker: a new process under a new address
     client.wait_for_workers(2, timeout=60)
-    assert os.getpid() not in client.run(os.getpid).values()
     assert pids[victim] not in client.run(os.getpid).values()
 
     a, b = read_release(tmp_path / "calm.zarr"), read_release(tmp_path / "hit.zarr")
