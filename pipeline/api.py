@@ -332,7 +332,14 @@ def _resolve_ledger(ledger: Any, path: str | None, budget: tuple[float, float] |
     if where is None:
         return None
     if os.path.exists(where):
-        return Ledger.open(where)
+        book = Ledger.open(where)
+        if budget is not None and tuple(map(float, budget)) != tuple(book.budget):
+            raise PrivacyConfigError(
+                f"the ledger at {os.fspath(where)!r} already declares the lifetime budget "
+                f"(epsilon={book.budget[0]:g}, delta={book.budget[1]:g}); a budget is declared "
+                "once and never changed: drop --budget-epsilon/--budget-delta."
+            )
+        return book
     if budget is None:
         raise PrivacyConfigError(
             f"no privacy ledger at {os.fspath(where)!r}; declare the dataset's lifetime budget "

@@ -145,7 +145,7 @@ def _factorize(args: argparse.Namespace) -> int:
     private = not args.non_private
     result = factorize(
         args.input, args.rank,
-        epsilon=args.epsilon if private else None, delta=args.delta if private else None,
+        epsilon=args.epsilon, delta=args.delta,  # with --non-private, refused by factorize
         algorithm=args.algorithm, private=private, sketch_size=args.sketch_size,
         core_size=args.core_size, clip_norm=args.clip_norm, unit=args.unit,
         neighboring=args.neighboring, padded=args.padded, seed=args.seed, out=args.out,

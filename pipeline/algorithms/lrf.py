@@ -161,6 +161,13 @@ def _resolve_sizes(p: LrfParams, M: int, N: int) -> tuple[int, int]:
     t0, v0 = default_sketch_sizes(k, private=p.private)
     if p.sketch_size is None:
         t = min(t0, small)  # defaults shrink to fit a small matrix; user values never do
+        if v_cap is not None:
+            t = min(t, v_cap - 1)  # leave room for t < v <= M (square Spectral input)
+        if t <= k:  # only M = N = k + 1: no k < t < v <= M exists
+            raise InvalidParameterError(
+                "rank must be in [1, min(n_rows, n_cols) - 2] for algorithm='spectral' "
+                f"on a square matrix, got rank={k}."
+            )
     else:
         t = check_int_in_range(p.sketch_size, "sketch_size", k + 1, small, what="[rank + 1, min(n_rows, n_cols)]")
     if p.core_size is None:

@@ -28,9 +28,13 @@ def start_cluster(n_workers: int) -> LocalCluster:
     )
 
 
-def write_matrix(path: str | os.PathLike[str], A: np.ndarray, chunks: tuple[int, int]) -> str:
+def write_matrix(
+    path: str | os.PathLike[str], A: np.ndarray, chunks: tuple[int, int]
+) -> str:
     """Write ``A`` exactly (no generator in between) to a new Zarr v3 array."""
-    z = zarr.create_array(store=os.fspath(path), shape=A.shape, chunks=chunks, dtype=A.dtype)
+    z = zarr.create_array(
+        store=os.fspath(path), shape=A.shape, chunks=chunks, dtype=A.dtype
+    )
     z[...] = A
     return os.fspath(path)
 

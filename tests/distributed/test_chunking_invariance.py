@@ -15,7 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from dist_util import low_rank_product, rel_diff, seeded_matrix, start_cluster, write_matrix
+from dist_util import (
+    low_rank_product,
+    rel_diff,
+    seeded_matrix,
+    start_cluster,
+    write_matrix,
+)
 from distributed import Client, LocalCluster
 
 import pipeline.io.inputs
@@ -54,11 +60,19 @@ LAYOUTS = {
 def _run(source, algorithm: str, tmp: Path, name: str, **kw):
     out = tmp / f"release-{name}.zarr"
     f = factorize(
-        source, RANK, **PRIVACY, algorithm=algorithm, seed=SKETCH_SEED,
-        insecure_noise_seed=NOISE_SEED, out=out, budget=BUDGET, **kw,
+        source,
+        RANK,
+        **PRIVACY,
+        algorithm=algorithm,
+        seed=SKETCH_SEED,
+        insecure_noise_seed=NOISE_SEED,
+        out=out,
+        budget=BUDGET,
+        **kw,
     )
     released = read_release(out)
-    np.testing.assert_array_equal(released.S, f.S)  # what was returned is what was published
+    # what was returned is what was published
+    np.testing.assert_array_equal(released.S, f.S)
     return released
 
 
@@ -67,21 +81,33 @@ def stores(tmp_path: Path, global_seed: int) -> tuple[np.ndarray, dict[str, str]
     A = seeded_matrix(global_seed, M, N)
     paths = {}
     for chunks in {c for c, *_ in LAYOUTS.values()}:
-        paths[chunks] = write_matrix(tmp_path / f"A-{chunks[0]}x{chunks[1]}.zarr", A, chunks)
+        paths[chunks] = write_matrix(
+            tmp_path / f"A-{chunks[0]}x{chunks[1]}.zarr", A, chunks
+        )
     return A, paths
 
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("algorithm", ["spectral", "low-space"])
 def test_same_release_for_every_chunking_and_in_memory(
-    client: Client, stores, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, algorithm: str
+    client: Client,
+    stores,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    algorithm: str,
 ) -> None:
     A, paths = stores
     reference = factorize(
-        A, RANK, **PRIVACY, algorithm=algorithm, seed=SKETCH_SEED, insecure_noise_seed=NOISE_SEED
+        A,
+        RANK,
+        **PRIVACY,
+        algorithm=algorithm,
+        seed=SKETCH_SEED,
+        insecure_noise_seed=NOISE_SEED,
     )
     assert reference.report["n_passes"] == 1
-    assert reference.report["private"] is False  # insecure noise seed: stamped NOT PRIVATE
+    # an insecure noise seed is stamped NOT PRIVATE
+    assert reference.report["private"] is False
     ref_L = low_rank_product(reference.U, reference.S, reference.V)
 
     for name, (chunks, force_split, n_chunks, n_passes) in LAYOUTS.items():
@@ -93,20 +119,32 @@ def test_same_release_for_every_chunking_and_in_memory(
         assert rep["input"]["store_chunks"] == list(chunks), name
         assert rep["input"]["n_chunks"] == n_chunks, name
         assert rep["n_passes"] == n_passes, name
-        assert rep["cluster"]["kind"] == "active" and rep["cluster"]["n_workers"] == 2, name
-        assert rel.U.shape == (M, RANK) and rel.S.shape == (RANK,) and rel.V.shape == (N, RANK)
+        assert rep["cluster"]["kind"] == "active", name
+        assert rep["cluster"]["n_workers"] == 2, name
+        assert rel.U.shape == (M, RANK)
+        assert rel.S.shape == (RANK,)
+        assert rel.V.shape == (N, RANK)
         L = low_rank_product(rel.U, rel.S, rel.V)
         assert rel_diff(L, ref_L) < RTOL_CHUNKING, name
-        np.testing.assert_allclose(rel.S, reference.S, rtol=RTOL_CHUNKING, atol=0.0, err_msg=name)
+        np.testing.assert_allclose(
+            rel.S, reference.S, rtol=RTOL_CHUNKING, atol=0.0, err_msg=name
+        )
 
 
 @pytest.mark.timeout(60)
-def test_chunking_check_detects_a_different_noise_seed(client: Client, stores, tmp_path: Path) -> None:
+def test_chunking_check_detects_a_different_noise_seed(
+    client: Client, stores, tmp_path: Path
+) -> None:
     """Negative control: the tolerance above is far below a genuine difference."""
     A, paths = stores
     a = _run(paths[(64, N)], "spectral", tmp_path, "a")
-    b = factorize(A, RANK, **PRIVACY, seed=SKETCH_SEED, insecure_noise_seed=NOISE_SEED + 1)
-    assert rel_diff(low_rank_product(a.U, a.S, a.V), low_rank_product(b.U, b.S, b.V)) > 1e-3
+    b = factorize(
+        A, RANK, **PRIVACY, seed=SKETCH_SEED, insecure_noise_seed=NOISE_SEED + 1
+    )
+    assert (
+        rel_diff(low_rank_product(a.U, a.S, a.V), low_rank_product(b.U, b.S, b.V))
+        > 1e-3
+    )
 
 
 @pytest.fixture(scope="module")
@@ -119,29 +157,48 @@ def one_worker_cluster() -> Iterator[LocalCluster]:
 @pytest.mark.parametrize("algorithm", ["spectral", "low-space"])
 @pytest.mark.parametrize("layout", ["row-bands", "blocks-prepass"])
 def test_bitwise_identical_on_one_and_two_workers(
-    client: Client, one_worker_cluster: LocalCluster, stores, tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch, algorithm: str, layout: str,
+    client: Client,
+    one_worker_cluster: LocalCluster,
+    stores,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    algorithm: str,
+    layout: str,
 ) -> None:
     _, paths = stores
     chunks, force_split, n_chunks, n_passes = LAYOUTS[layout]
     if force_split:
         monkeypatch.setattr(pipeline.io.inputs, "ROW_BAND_LIMIT", 0)
     two = _run(paths[chunks], algorithm, tmp_path, "two")
-    one = _run(paths[chunks], algorithm, tmp_path, "one", scheduler=one_worker_cluster.scheduler_address)
+    one = _run(
+        paths[chunks],
+        algorithm,
+        tmp_path,
+        "one",
+        scheduler=one_worker_cluster.scheduler_address,
+    )
     assert two.report["cluster"]["n_workers"] == 2
-    assert one.report["cluster"]["n_workers"] == 1 and one.report["cluster"]["kind"] == "scheduler"
+    assert one.report["cluster"]["n_workers"] == 1
+    assert one.report["cluster"]["kind"] == "scheduler"
     for rep in (one.report, two.report):
-        assert rep["input"]["n_chunks"] == n_chunks and rep["n_passes"] == n_passes
+        assert rep["input"]["n_chunks"] == n_chunks
+        assert rep["n_passes"] == n_passes
     np.testing.assert_array_equal(one.S, two.S)
     np.testing.assert_array_equal(one.U, two.U)
     np.testing.assert_array_equal(one.V, two.V)
 
 
 @pytest.mark.timeout(60)
-def test_workers_run_single_threaded_blas(client: Client, one_worker_cluster: LocalCluster) -> None:
+def test_workers_run_single_threaded_blas(
+    client: Client, one_worker_cluster: LocalCluster
+) -> None:
     """Precondition of the bitwise test: BLAS threads pinned equal on every worker."""
+
     def blas_env() -> tuple[str | None, ...]:
-        return tuple(os.environ.get(v) for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"))
+        return tuple(
+            os.environ.get(v)
+            for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+        )
 
     with Client(one_worker_cluster, set_as_default=False) as other:
         for c in (client, other):

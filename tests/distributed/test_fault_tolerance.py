@@ -45,13 +45,22 @@ class SlowStore(LocalStore):
     inherit this directory on ``sys.path``.
     """
 
-    def __init__(self, root: str | Path, *, delay: float = 0.0, marks: str = "", read_only: bool = True) -> None:
+    def __init__(
+        self,
+        root: str | Path,
+        *,
+        delay: float = 0.0,
+        marks: str = "",
+        read_only: bool = True,
+    ) -> None:
         super().__init__(root, read_only=read_only)
         self.delay = delay
         self.marks = marks
 
     def with_read_only(self, read_only: bool = False) -> SlowStore:
-        return type(self)(self.root, delay=self.delay, marks=self.marks, read_only=read_only)
+        return type(self)(
+            self.root, delay=self.delay, marks=self.marks, read_only=read_only
+        )
 
     async def get(self, key, prototype, byte_range=None):  # type: ignore[no-untyped-def]
         value = await super().get(key, prototype, byte_range)
@@ -71,11 +80,18 @@ def _n_reads(marks: Path) -> int:
 def test_worker_killed_mid_pass_gives_the_undisturbed_release(
     client: Client, tmp_path: Path, global_seed: int, algorithm: str
 ) -> None:
-    path = write_matrix(tmp_path / "A.zarr", seeded_matrix(global_seed, M, N), (ROWS_PER_CHUNK, N))
+    path = write_matrix(
+        tmp_path / "A.zarr", seeded_matrix(global_seed, M, N), (ROWS_PER_CHUNK, N)
+    )
     ledger = tmp_path / "A.dplr-ledger.json"
     common = {
-        "epsilon": 1.0, "delta": 1e-6, "algorithm": algorithm, "seed": 1234,
-        "insecure_noise_seed": 99, "ledger": ledger, "budget": (10.0, 1e-4),
+        "epsilon": 1.0,
+        "delta": 1e-6,
+        "algorithm": algorithm,
+        "seed": 1234,
+        "insecure_noise_seed": 99,
+        "ledger": ledger,
+        "budget": (10.0, 1e-4),
     }
 
     quiet = zarr.open_array(store=SlowStore(path), mode="r")
@@ -84,9 +100,11 @@ def test_worker_killed_mid_pass_gives_the_undisturbed_release(
 
     marks = tmp_path / "marks"
     marks.mkdir()
-    slow = zarr.open_array(store=SlowStore(path, delay=READ_DELAY, marks=str(marks)), mode="r")
+    slow = zarr.open_array(
+        store=SlowStore(path, delay=READ_DELAY, marks=str(marks)), mode="r"
+    )
     pids = client.run(os.getpid)
-    victim = sorted(pids)[0]
+    victim = min(pids)
     killed: dict[str, int] = {}
 
     def kill_mid_pass() -> None:
@@ -112,11 +130,15 @@ def test_worker_killed_mid_pass_gives_the_undisturbed_release(
     assert pids[victim] not in client.run(os.getpid).values()
 
     a, b = read_release(tmp_path / "calm.zarr"), read_release(tmp_path / "hit.zarr")
+    assert b.report["release_id"] == hit.report["release_id"]
     assert b.report["n_passes"] == a.report["n_passes"] == 1  # retries are not passes
     np.testing.assert_array_equal(b.S, a.S)
     np.testing.assert_array_equal(b.U, a.U)
     np.testing.assert_array_equal(b.V, a.V)
 
     records = json.loads(ledger.read_text())["releases"]
-    assert [r["release_id"] for r in records] == [a.report["release_id"], b.report["release_id"]]
+    assert [r["release_id"] for r in records] == [
+        a.report["release_id"],
+        b.report["release_id"],
+    ]
     assert b.report["ledger"]["n_releases"] == 2

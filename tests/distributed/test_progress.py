@@ -27,10 +27,14 @@ def _assert_pass_bar(text: str) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_progress_to_a_stream_on_the_active_client(client: Client, tmp_path: Path, global_seed: int) -> None:
+def test_progress_to_a_stream_on_the_active_client(
+    client: Client, tmp_path: Path, global_seed: int
+) -> None:
     path = write_matrix(tmp_path / "A.zarr", seeded_matrix(global_seed, M, N), CHUNKS)
     stream = io.StringIO()
-    f = factorize(path, 5, epsilon=1.0, delta=1e-6, seed=3, budget=(10.0, 1e-4), progress=stream)
+    f = factorize(
+        path, 5, epsilon=1.0, delta=1e-6, seed=3, budget=(10.0, 1e-4), progress=stream
+    )
     text = stream.getvalue()
     _assert_pass_bar(text)
     assert "orthonormalising the range sketch" in text
@@ -41,7 +45,9 @@ def test_progress_to_a_stream_on_the_active_client(client: Client, tmp_path: Pat
 
 
 @pytest.mark.timeout(120)
-def test_no_progress_output_without_a_stream(client: Client, tmp_path: Path, global_seed: int, capsys: pytest.CaptureFixture[str]) -> None:
+def test_no_progress_output_without_a_stream(
+    client: Client, tmp_path: Path, global_seed: int, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = write_matrix(tmp_path / "A.zarr", seeded_matrix(global_seed, M, N), CHUNKS)
     factorize(path, 5, epsilon=1.0, delta=1e-6, seed=3, budget=(10.0, 1e-4))
     captured = capsys.readouterr()
@@ -50,16 +56,41 @@ def test_no_progress_output_without_a_stream(client: Client, tmp_path: Path, glo
 
 @pytest.mark.cli
 @pytest.mark.timeout(120)
-def test_cli_progress_on_stderr_against_a_running_scheduler(cluster: LocalCluster, tmp_path: Path, global_seed: int) -> None:
+def test_cli_progress_on_stderr_against_a_running_scheduler(
+    cluster: LocalCluster, tmp_path: Path, global_seed: int
+) -> None:
     path = write_matrix(tmp_path / "A.zarr", seeded_matrix(global_seed, M, N), CHUNKS)
     env = {k: v for k, v in os.environ.items() if k != "DASK_SCHEDULER_ADDRESS"}
     proc = subprocess.run(
-        [sys.executable, "-m", "pipeline", "factorize", path, "--rank", "5", "--out", str(tmp_path / "out.zarr"),
-         "--epsilon", "1", "--delta", "1e-6", "--budget-epsilon", "10", "--budget-delta", "1e-4",
-         "--scheduler", cluster.scheduler_address],
-        capture_output=True, text=True, timeout=100, env=env,
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "factorize",
+            path,
+            "--rank",
+            "5",
+            "--out",
+            str(tmp_path / "out.zarr"),
+            "--epsilon",
+            "1",
+            "--delta",
+            "1e-6",
+            "--budget-epsilon",
+            "10",
+            "--budget-delta",
+            "1e-4",
+            "--scheduler",
+            cluster.scheduler_address,
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=100,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr
     _assert_pass_bar(proc.stderr)
-    assert "pass over the input" not in proc.stdout  # bars go to stderr, the summary to stdout
+    # bars go to stderr, the summary to stdout
+    assert "pass over the input" not in proc.stdout
     assert "released rank-5 factorization" in proc.stdout

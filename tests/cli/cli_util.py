@@ -1,0 +1,70 @@
+"""Running ``python -m pipeline`` (the ``dplr`` command) as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def run_dplr(
+    *args: str | int | os.PathLike[str], timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
+    """``python -m pipeline ARGS`` with stdout/stderr captured.
+
+    ``DASK_SCHEDULER_ADDRESS`` is removed from the environment, so a run without
+    ``--scheduler`` always uses the embedded LocalCluster.
+    """
+    env = {k: v for k, v in os.environ.items() if k != "DASK_SCHEDULER_ADDRESS"}
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            *(str(a) if isinstance(a, int) else os.fspath(a) for a in args),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+def file_state(path: Path) -> bytes | None:
+    """The bytes of ``path``, or None if it does not exist."""
+    return path.read_bytes() if path.exists() else None
+
+
+def assert_one_line_error(
+    proc: subprocess.CompletedProcess[str], code: int, prefix: str
+) -> str:
+    """Exit ``code``, exactly one line on stderr starting with ``prefix``, no traceback."""
+    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip("\n").split("\n")
+    assert len(lines) == 1, proc.stderr
+    assert "\r" not in lines[0], proc.stderr  # no progress bar either
+    assert lines[0].startswith(prefix), lines[0]
+    assert proc.stdout == ""
+    return lines[0]
+
+
+def assert_nothing_at(out: Path) -> None:
+    """No release at ``out`` and no temporary publication left beside it."""
+    assert not os.path.lexists(out)
+    leftovers = [
+        p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")
+    ]
+    assert leftovers == []
+
+
+def leading_json(text: str) -> dict[str, Any]:
+    """The first JSON object printed in ``text`` (the report of --json or demo)."""
+    start = text.index("{\n")
+    obj, _ = json.JSONDecoder().raw_decode(text[start:])
+    assert isinstance(obj, dict)
+    return obj
