@@ -22,7 +22,6 @@ from pipeline.errors import NonFiniteInputError
 from pipeline.mechanisms.clipping import (
     ClipSpec,
     PrivacyUnit,
-    clip_entries,
     scale_factors_from_sumsq,
 )
 from pipeline.sketches.gaussian import GaussianOperator
@@ -90,6 +89,8 @@ def clip_block(
     clip: ClipSpec | None,
     row_scale: FloatArray | None = None,
     col_scale: FloatArray | None = None,
+    *,
+    inplace: bool = False,
 ) -> FloatArray:
     """Clip one block of ``A`` for its privacy unit.
 
@@ -102,6 +103,8 @@ def clip_block(
         columns, so the factors are computed from the block itself.
     col_scale : ndarray of shape (b_cols,) or None
         Same for unit ``column``.
+    inplace : bool
+        Overwrite ``block`` (when the caller owns it) instead of copying it.
 
     Returns
     -------
@@ -114,19 +117,20 @@ def clip_block(
     """
     if clip is None:
         return block
+    out = block if inplace else None
     if clip.unit is PrivacyUnit.ENTRY:
-        return clip_entries(block, clip.clip_norm)
+        return np.clip(block, -clip.clip_norm, clip.clip_norm, out=out)
     if clip.unit is PrivacyUnit.ROW:
         if row_scale is None:
             row_scale = scale_factors_from_sumsq(
                 np.einsum("ij,ij->i", block, block, dtype=np.float64), clip.clip_norm
             )
-        return block * row_scale.astype(block.dtype, copy=False)[:, None]
+        return np.multiply(block, row_scale.astype(block.dtype, copy=False)[:, None], out=out)
     if col_scale is None:
         col_scale = scale_factors_from_sumsq(
             np.einsum("ij,ij->j", block, block, dtype=np.float64), clip.clip_norm
         )
-    return block * col_scale.astype(block.dtype, copy=False)[None, :]
+    return np.multiply(block, col_scale.astype(block.dtype, copy=False)[None, :], out=out)
 
 
 def block_partials(
@@ -167,9 +171,14 @@ def block_partials(
     a = np.asarray(block)
     if not np.issubdtype(a.dtype, np.number) or np.issubdtype(a.dtype, np.complexfloating):
         raise NonFiniteInputError(f"{where} has non-numeric dtype {a.dtype}.")
+    owned = a.dtype != request.compute_dtype  # astype copies: clip in place then
     a = a.astype(request.compute_dtype, copy=False)
-    check_finite_block(a, where)
-    a = clip_block(a, request.clip, row_scale, col_scale)
+    if request.clip is not None and request.clip.unit is PrivacyUnit.ENTRY:
+        # entry clipping would turn +-Inf into +-C silently: look before clipping
+        check_finite_block(a, where)
+    # a NaN/Inf row makes 0 * Inf here; it is reported below as the chunk's error
+    with np.errstate(invalid="ignore", over="ignore"):
+        a = clip_block(a, request.clip, row_scale, col_scale, inplace=owned)
     x, xr0, xc0 = (a.T, col0, row0) if request.transpose else (a, row0, col0)
     xr1, xc1 = xr0 + x.shape[0], xc0 + x.shape[1]
     dt = request.compute_dtype
@@ -186,6 +195,11 @@ def block_partials(
             out.append(_f64((s_blk.T @ x) @ t_blk))
         else:
             out.append(_f64(s_blk.T @ (x @ t_blk)))
+    # Every partial is a dense Gaussian combination of the block's entries, so a NaN
+    # or Inf anywhere in the block (row clipping maps Inf rows to NaN) shows in each
+    # of them: checking the small outputs costs O(partials), not a pass over the block
+    for part in out:
+        check_finite_block(part, where)
     return tuple(out)
 
 
