@@ -18,14 +18,17 @@ import math
 import os
 import platform
 import secrets
-import sys
 import time
 import uuid
 from typing import Any, TextIO
 
 import numpy as np
 
-from pipeline._validation import check_float_in_interval, check_int_in_range, check_privacy_pair
+from pipeline._validation import (
+    check_float_in_interval,
+    check_int_in_range,
+    check_privacy_pair,
+)
 from pipeline.accounting.ledger import Ledger, default_ledger_path
 from pipeline.algorithms.base import ArraySource, Factorization
 from pipeline.algorithms.lrf import (
@@ -48,7 +51,9 @@ def _enum(cls: Any, value: Any, name: str) -> Any:
         return cls(value)
     except ValueError:
         allowed = ", ".join(repr(m.value) for m in cls)
-        raise InvalidParameterError(f"{name} must be one of {allowed}, got {name}={value!r}.") from None
+        raise InvalidParameterError(
+            f"{name} must be one of {allowed}, got {name}={value!r}."
+        ) from None
 
 
 def make_params(
@@ -76,22 +81,42 @@ def make_params(
         eps, dlt = check_privacy_pair(epsilon, delta)
     else:
         if epsilon is not None or delta is not None:
-            raise PrivacyConfigError("a non-private run takes no epsilon or delta; drop them or drop non-private.")
+            raise PrivacyConfigError(
+                "a non-private run takes no epsilon or delta; drop them or drop non-private."
+            )
         eps = dlt = None
     clip = ClipSpec(
         unit=_enum(PrivacyUnit, unit, "unit"),
-        clip_norm=check_float_in_interval(clip_norm, "clip_norm", 0.0, math.inf, privacy=True),
+        clip_norm=check_float_in_interval(
+            clip_norm, "clip_norm", 0.0, math.inf, privacy=True
+        ),
     )
     return LrfParams(
-        algorithm=alg, rank=rank, sketch_size=sketch_size, core_size=core_size,
-        private=bool(private), epsilon=eps, delta=dlt, clip=clip,
-        neighboring=_enum(Neighboring, neighboring, "neighboring"), padded=bool(padded),
+        algorithm=alg,
+        rank=rank,
+        sketch_size=sketch_size,
+        core_size=core_size,
+        private=bool(private),
+        epsilon=eps,
+        delta=dlt,
+        clip=clip,
+        neighboring=_enum(Neighboring, neighboring, "neighboring"),
+        padded=bool(padded),
     )
 
 
 def _versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
-    for pkg in ("dplr", "numpy", "scipy", "dask", "distributed", "zarr", "dp-accounting", "randomgen"):
+    for pkg in (
+        "dplr",
+        "numpy",
+        "scipy",
+        "dask",
+        "distributed",
+        "zarr",
+        "dp-accounting",
+        "randomgen",
+    ):
         try:
             out[pkg] = _md.version(pkg)
         except _md.PackageNotFoundError:
@@ -99,7 +124,18 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def build_report(plan: LrfPlan, *, release_id: str, insecure: bool, seed: int, info: Any, ledger: Any, passes: int, timings: dict[str, float], cluster: dict[str, Any] | None) -> dict[str, Any]:
+def build_report(
+    plan: LrfPlan,
+    *,
+    release_id: str,
+    insecure: bool,
+    seed: int,
+    info: Any,
+    ledger: Any,
+    passes: int,
+    timings: dict[str, float],
+    cluster: dict[str, Any] | None,
+) -> dict[str, Any]:
     """The privacy report and run metadata of a release (public values only)."""
     p, cal = plan.params, plan.calibration
     m, n = plan.shape
@@ -112,42 +148,68 @@ def build_report(plan: LrfPlan, *, release_id: str, insecure: bool, seed: int, i
         "rank": p.rank,
         "shape": [m, n],
         "parameters": {
-            "sketch_size": plan.t, "core_size": plan.v, "transposed": plan.transpose,
-            "padded": p.padded, "tile_size": p.tile_size,
+            "sketch_size": plan.t,
+            "core_size": plan.v,
+            "transposed": plan.transpose,
+            "padded": p.padded,
+            "tile_size": p.tile_size,
         },
         "n_passes": passes,
         "timings_seconds": {k: round(v, 4) for k, v in timings.items()},
-        "input": {"path": info.path, "dtype": info.dtype, "store_chunks": info.store_chunks,
-                  "n_chunks": [len(c) for c in info.dask_chunks]},
+        "input": {
+            "path": info.path,
+            "dtype": info.dtype,
+            "store_chunks": info.store_chunks,
+            "n_chunks": [len(c) for c in info.dask_chunks],
+        },
         "cluster": cluster,
         "sketch_seed_fingerprint": seed_fingerprint(seed),
         "versions": _versions(),
     }
     if cal is None:
-        report.update({"mechanism": None, "epsilon": None, "delta": None,
-                       "note": "non-private run: no clipping, no noise; NOT PRIVATE"})
+        report.update(
+            {
+                "mechanism": None,
+                "epsilon": None,
+                "delta": None,
+                "note": "non-private run: no clipping, no noise; NOT PRIVATE",
+            }
+        )
         return report
-    report.update({
-        "mechanism": "Gaussian, one joint mechanism over all released sketches (analytic calibration [BW18])",
-        "epsilon": cal.epsilon,
-        "delta": cal.delta,
-        "accountant": "analytic Gaussian mechanism; releases on one dataset compose exactly in the ledger",
-        "idealized_numerics": True,
-        "insecure_noise_seed": insecure,
-        "privacy_unit": p.clip.unit.value,
-        "neighboring": p.neighboring.value,
-        "clip_norm": p.clip.clip_norm,
-        "calibration": cal.to_dict(),
-        "sketches": [
-            {"name": s.name, "shape": list(s.shape), "sensitivity": s.sensitivity, "sigma": s.sigma, "weight": s.weight}
-            for s in cal.sketches
-        ],
-        # spec 7.3: public pre-flight estimate of the additive error
-        "noise_floor_estimate": max(s.sigma for s in cal.sketches) * (math.sqrt(m) + math.sqrt(n)),
-        "ledger": None if ledger is None else {"path": str(ledger.path), **ledger.remaining_summary()},
-    })
+    report.update(
+        {
+            "mechanism": "Gaussian, one joint mechanism over all released sketches (analytic calibration [BW18])",
+            "epsilon": cal.epsilon,
+            "delta": cal.delta,
+            "accountant": "analytic Gaussian mechanism; releases on one dataset compose exactly in the ledger",
+            "idealized_numerics": True,
+            "insecure_noise_seed": insecure,
+            "privacy_unit": p.clip.unit.value,
+            "neighboring": p.neighboring.value,
+            "clip_norm": p.clip.clip_norm,
+            "calibration": cal.to_dict(),
+            "sketches": [
+                {
+                    "name": s.name,
+                    "shape": list(s.shape),
+                    "sensitivity": s.sensitivity,
+                    "sigma": s.sigma,
+                    "weight": s.weight,
+                }
+                for s in cal.sketches
+            ],
+            # spec 7.3: public pre-flight estimate of the additive error
+            "noise_floor_estimate": max(s.sigma for s in cal.sketches)
+            * (math.sqrt(m) + math.sqrt(n)),
+            "ledger": None
+            if ledger is None
+            else {"path": str(ledger.path), **ledger.remaining_summary()},
+        }
+    )
     if insecure:
-        report["note"] = "noise drawn from a public seed (--insecure-noise-seed): NOT PRIVATE"
+        report["note"] = (
+            "noise drawn from a public seed (--insecure-noise-seed): NOT PRIVATE"
+        )
     return report
 
 
@@ -251,15 +313,27 @@ def factorize(
 
     t0 = time.perf_counter()
     params = make_params(
-        rank, epsilon=epsilon, delta=delta, algorithm=algorithm, private=private,
-        sketch_size=sketch_size, core_size=core_size, clip_norm=clip_norm, unit=unit,
-        neighboring=neighboring, padded=padded,
+        rank,
+        epsilon=epsilon,
+        delta=delta,
+        algorithm=algorithm,
+        private=private,
+        sketch_size=sketch_size,
+        core_size=core_size,
+        clip_norm=clip_norm,
+        unit=unit,
+        neighboring=neighboring,
+        padded=padded,
     )
     if seed is not None:
         seed = check_int_in_range(seed, "seed", 0, 2**128 - 1)
     if insecure_noise_seed is not None:
-        insecure_noise_seed = check_int_in_range(insecure_noise_seed, "insecure_noise_seed", 0)
-    array, info = open_input(source, unit=params.clip.unit.value if params.private else None)
+        insecure_noise_seed = check_int_in_range(
+            insecure_noise_seed, "insecure_noise_seed", 0
+        )
+    array, info = open_input(
+        source, unit=params.clip.unit.value if params.private else None
+    )
     plan = plan_lrf(params, info.shape)
     if out is not None:
         check_output_path(out, overwrite=overwrite, inputs=(info.path,))
@@ -269,23 +343,52 @@ def factorize(
     sketch_seed = seed if seed is not None else secrets.randbits(128)
     noise_key = None
     if plan.calibration is not None:
-        noise_key = NoiseKey.insecure_from_seed(insecure_noise_seed) if insecure_noise_seed is not None else NoiseKey.fresh()
+        noise_key = (
+            NoiseKey.insecure_from_seed(insecure_noise_seed)
+            if insecure_noise_seed is not None
+            else NoiseKey.fresh()
+        )
     release_id = uuid.uuid4().hex
     timings: dict[str, float] = {"plan": time.perf_counter() - t0}
 
     def charge() -> None:
         timings["pass"] = time.perf_counter() - t0 - timings["plan"]
         if book is not None and plan.calibration is not None:
-            book.charge(plan.calibration, release_id=release_id, algorithm=params.algorithm.value,
-                        details={"rank": params.rank, "sketch_size": plan.t, "core_size": plan.v,
-                                 "output": None if out is None else os.fspath(out),
-                                 "noise_reproducible_not_private": insecure_noise_seed is not None})
+            book.charge(
+                plan.calibration,
+                release_id=release_id,
+                algorithm=params.algorithm.value,
+                details={
+                    "rank": params.rank,
+                    "sketch_size": plan.t,
+                    "core_size": plan.v,
+                    "output": None if out is None else os.fspath(out),
+                    "noise_reproducible_not_private": insecure_noise_seed is not None,
+                },
+            )
 
     if isinstance(array, np.ndarray):
         src = ArraySource(array)
-        result = run_lrf(src, plan, sketch_seed=sketch_seed, noise_key=noise_key, before_noise=charge, input_dtype=array.dtype)
+        result = run_lrf(
+            src,
+            plan,
+            sketch_seed=sketch_seed,
+            noise_key=noise_key,
+            before_noise=charge,
+            input_dtype=array.dtype,
+        )
         timings["total"] = time.perf_counter() - t0
-        report = build_report(plan, release_id=release_id, insecure=insecure_noise_seed is not None, seed=sketch_seed, info=info, ledger=book, passes=src.n_passes, timings=timings, cluster=None)
+        report = build_report(
+            plan,
+            release_id=release_id,
+            insecure=insecure_noise_seed is not None,
+            seed=sketch_seed,
+            info=info,
+            ledger=book,
+            passes=src.n_passes,
+            timings=timings,
+            cluster=None,
+        )
         final = Factorization(U=result.U, S=result.S, V=result.V, report=report)
         if out is not None:
             write_release(out, final, overwrite=overwrite)
@@ -294,12 +397,38 @@ def factorize(
 
     with cluster_client(scheduler) as (client, cinfo):
         if progress is not None and cinfo.dashboard:
-            print(f"dask cluster: {cinfo.kind}, {cinfo.n_workers} workers, dashboard {cinfo.dashboard}", file=progress)
+            print(
+                f"dask cluster: {cinfo.kind}, {cinfo.n_workers} workers, dashboard {cinfo.dashboard}",
+                file=progress,
+            )
         dsrc = DaskSource(array, client, progress=progress)
-        result = run_lrf(dsrc, plan, sketch_seed=sketch_seed, noise_key=noise_key, before_noise=charge, input_dtype=array.dtype)
-        timings["post"] = time.perf_counter() - t0 - timings["plan"] - timings.get("pass", 0.0)
-        cluster = {"kind": cinfo.kind, "n_workers": cinfo.n_workers, "n_graph_tasks_pass": dsrc.n_tasks}
-        report = build_report(plan, release_id=release_id, insecure=insecure_noise_seed is not None, seed=sketch_seed, info=info, ledger=book, passes=dsrc.n_passes, timings=timings, cluster=cluster)
+        result = run_lrf(
+            dsrc,
+            plan,
+            sketch_seed=sketch_seed,
+            noise_key=noise_key,
+            before_noise=charge,
+            input_dtype=array.dtype,
+        )
+        timings["post"] = (
+            time.perf_counter() - t0 - timings["plan"] - timings.get("pass", 0.0)
+        )
+        cluster = {
+            "kind": cinfo.kind,
+            "n_workers": cinfo.n_workers,
+            "n_graph_tasks_pass": dsrc.n_tasks,
+        }
+        report = build_report(
+            plan,
+            release_id=release_id,
+            insecure=insecure_noise_seed is not None,
+            seed=sketch_seed,
+            info=info,
+            ledger=book,
+            passes=dsrc.n_passes,
+            timings=timings,
+            cluster=cluster,
+        )
         staged = Factorization(U=result.U, S=result.S, V=result.V, report=report)
         if out is not None:
             write_release(out, staged, overwrite=overwrite, client=client)
@@ -322,13 +451,19 @@ def _gather(x: Any, client: Any) -> np.ndarray:
     return np.asarray(client.compute(x, sync=True))
 
 
-def _resolve_ledger(ledger: Any, path: str | None, budget: tuple[float, float] | None, plan: LrfPlan) -> Ledger | _NewLedger | None:
+def _resolve_ledger(
+    ledger: Any, path: str | None, budget: tuple[float, float] | None, plan: LrfPlan
+) -> Ledger | _NewLedger | None:
     """The dataset's ledger, or the declaration of a new one (created at charge time)."""
     if plan.calibration is None:
         return None  # non-private runs are not accounted (and say NOT PRIVATE)
     if isinstance(ledger, Ledger):
         return ledger
-    where = ledger if ledger is not None else (default_ledger_path(path) if path is not None else None)
+    where = (
+        ledger
+        if ledger is not None
+        else (default_ledger_path(path) if path is not None else None)
+    )
     if where is None:
         return None
     if os.path.exists(where):
@@ -347,7 +482,9 @@ def _resolve_ledger(ledger: Any, path: str | None, budget: tuple[float, float] |
         )
     beps, bdelta = check_privacy_pair(*budget)
     if not os.path.isdir(os.path.dirname(os.path.abspath(where))):
-        raise PrivacyConfigError(f"the directory of the ledger {os.fspath(where)!r} does not exist.")
+        raise PrivacyConfigError(
+            f"the directory of the ledger {os.fspath(where)!r} does not exist."
+        )
     name = os.path.basename(os.path.normpath(path)) if path else "in-memory"
     return _NewLedger(path=os.fspath(where), dataset=name, epsilon=beps, delta=bdelta)
 
@@ -359,8 +496,15 @@ class _NewLedger:
     leaves nothing behind.
     """
 
-    def __init__(self, *, path: str, dataset: str, epsilon: float, delta: float) -> None:
-        self.path, self.dataset, self.epsilon, self.delta = path, dataset, epsilon, delta
+    def __init__(
+        self, *, path: str, dataset: str, epsilon: float, delta: float
+    ) -> None:
+        self.path, self.dataset, self.epsilon, self.delta = (
+            path,
+            dataset,
+            epsilon,
+            delta,
+        )
         self.ledger: Ledger | None = None
 
     def check(self, calibration: Any) -> None:
@@ -370,7 +514,9 @@ class _NewLedger:
         from pipeline.errors import StoreLayoutError
 
         try:
-            self.ledger = Ledger.create(self.path, dataset=self.dataset, epsilon=self.epsilon, delta=self.delta)
+            self.ledger = Ledger.create(
+                self.path, dataset=self.dataset, epsilon=self.epsilon, delta=self.delta
+            )
         except StoreLayoutError:
             if not os.path.exists(self.path):
                 raise

@@ -25,7 +25,9 @@ def _pair(text: str) -> tuple[int, int]:
     try:
         a, b = (int(x) for x in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected ROWS,COLS (e.g. 10000,-1), got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected ROWS,COLS (e.g. 10000,-1), got {text!r}"
+        ) from None
     return a, b
 
 
@@ -33,72 +35,191 @@ def _add_privacy(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("privacy")
     g.add_argument("--epsilon", type=float, help="epsilon of this release (> 0)")
     g.add_argument("--delta", type=float, help="delta of this release, in (0, 1)")
-    g.add_argument("--non-private", action="store_true", help="no clipping, no noise, no ledger: NOT PRIVATE (for comparison)")
-    g.add_argument("--clip-norm", type=float, default=1.0, help="C: each individual's contribution is clipped to norm <= C (default 1)")
-    g.add_argument("--unit", choices=("row", "column", "entry"), default="row", help="who one individual is (default: row)")
-    g.add_argument("--neighboring", choices=("add-remove", "replace"), default="add-remove", help="Delta_F = C (add-remove) or 2C (replace)")
-    g.add_argument("--ledger", help="the dataset's privacy ledger (default: <INPUT>.dplr-ledger.json beside the store)")
-    g.add_argument("--budget-epsilon", type=float, help="lifetime epsilon declared when the ledger is created")
-    g.add_argument("--budget-delta", type=float, help="lifetime delta declared when the ledger is created")
-    g.add_argument("--insecure-noise-seed", type=int, help="TESTS ONLY: reproducible noise; the report says private: false")
+    g.add_argument(
+        "--non-private",
+        action="store_true",
+        help="no clipping, no noise, no ledger: NOT PRIVATE (for comparison)",
+    )
+    g.add_argument(
+        "--clip-norm",
+        type=float,
+        default=1.0,
+        help="C: each individual's contribution is clipped to norm <= C (default 1)",
+    )
+    g.add_argument(
+        "--unit",
+        choices=("row", "column", "entry"),
+        default="row",
+        help="who one individual is (default: row)",
+    )
+    g.add_argument(
+        "--neighboring",
+        choices=("add-remove", "replace"),
+        default="add-remove",
+        help="Delta_F = C (add-remove) or 2C (replace)",
+    )
+    g.add_argument(
+        "--ledger",
+        help="the dataset's privacy ledger (default: <INPUT>.dplr-ledger.json beside the store)",
+    )
+    g.add_argument(
+        "--budget-epsilon",
+        type=float,
+        help="lifetime epsilon declared when the ledger is created",
+    )
+    g.add_argument(
+        "--budget-delta",
+        type=float,
+        help="lifetime delta declared when the ledger is created",
+    )
+    g.add_argument(
+        "--insecure-noise-seed",
+        type=int,
+        help="TESTS ONLY: reproducible noise; the report says private: false",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="dplr", description="Differentially private low-rank factorization of Zarr matrices on Dask.")
+    ap = argparse.ArgumentParser(
+        prog="dplr",
+        description="Differentially private low-rank factorization of Zarr matrices on Dask.",
+    )
     ap.add_argument("--version", action="version", version=f"dplr {_version()}")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    f = sub.add_parser("factorize", help="one-pass DP factorization U, S, V of a Zarr matrix",
-                       description="Factorize a Zarr matrix A ~ U diag(S) V^T with (epsilon, delta)-DP, reading it once.")
+    f = sub.add_parser(
+        "factorize",
+        help="one-pass DP factorization U, S, V of a Zarr matrix",
+        description="Factorize a Zarr matrix A ~ U diag(S) V^T with (epsilon, delta)-DP, reading it once.",
+    )
     f.add_argument("input", metavar="INPUT", help="path of a 2-D Zarr array")
     f.add_argument("--rank", "-k", type=int, required=True, help="target rank k")
-    f.add_argument("--out", "-o", required=True, help="Zarr group to publish U, S, V and the report to")
+    f.add_argument(
+        "--out",
+        "-o",
+        required=True,
+        help="Zarr group to publish U, S, V and the report to",
+    )
     f.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
-    f.add_argument("--algorithm", choices=("spectral", "low-space"), default="spectral", help="default: spectral")
-    f.add_argument("--padded", action="store_true", help="low-space only: the paper's padded construction (comparison)")
-    f.add_argument("--sketch-size", "-t", type=int, help="range sketch size t (default: max(4k, k+20) private, max(2k, k+10) not)")
-    f.add_argument("--core-size", "-v", type=int, help="co-range/core sketch size v (default: 4t private, 4t+1 not)")
-    f.add_argument("--seed", type=int, help="sketch seed (data-independent; default: fresh secret). Never seeds noise.")
-    f.add_argument("--scheduler", help="Dask scheduler address (default: DASK_SCHEDULER_ADDRESS, else an embedded LocalCluster)")
+    f.add_argument(
+        "--algorithm",
+        choices=("spectral", "low-space"),
+        default="spectral",
+        help="default: spectral",
+    )
+    f.add_argument(
+        "--padded",
+        action="store_true",
+        help="low-space only: the paper's padded construction (comparison)",
+    )
+    f.add_argument(
+        "--sketch-size",
+        "-t",
+        type=int,
+        help="range sketch size t (default: max(4k, k+20) private, max(2k, k+10) not)",
+    )
+    f.add_argument(
+        "--core-size",
+        "-v",
+        type=int,
+        help="co-range/core sketch size v (default: 4t private, 4t+1 not)",
+    )
+    f.add_argument(
+        "--seed",
+        type=int,
+        help="sketch seed (data-independent; default: fresh secret). Never seeds noise.",
+    )
+    f.add_argument(
+        "--scheduler",
+        help="Dask scheduler address (default: DASK_SCHEDULER_ADDRESS, else an embedded LocalCluster)",
+    )
     f.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
     f.add_argument("--json", action="store_true", help="print the full report as JSON")
     _add_privacy(f)
 
-    g = sub.add_parser("generate", help="write a synthetic Zarr matrix with a known spectrum",
-                       description="Write A = c U diag(sigma) V^T with orthonormal U, V to a Zarr v3 array; max row norm = --max-row-norm.")
+    g = sub.add_parser(
+        "generate",
+        help="write a synthetic Zarr matrix with a known spectrum",
+        description="Write A = c U diag(sigma) V^T with orthonormal U, V to a Zarr v3 array; max row norm = --max-row-norm.",
+    )
     g.add_argument("out", metavar="OUT", help="path of the new Zarr array")
     g.add_argument("--rows", type=int, required=True)
     g.add_argument("--cols", type=int, required=True)
-    g.add_argument("--spectrum", choices=("geometric", "flat"), default="geometric", help="decaying (decay^j) or flat tail of ones after a head")
-    g.add_argument("--decay", type=float, default=0.9, help="geometric ratio (default 0.9)")
-    g.add_argument("--head", type=int, default=10, help="flat: number of large singular values (default 10)")
-    g.add_argument("--head-value", type=float, default=10.0, help="flat: their value relative to the tail (default 10)")
-    g.add_argument("--max-rank", type=int, default=1024, help="number of non-zero singular values, at most (default 1024)")
-    g.add_argument("--max-row-norm", type=float, default=1.0, help="largest row norm after scaling (default 1)")
-    g.add_argument("--chunks", type=_pair, default=(10000, -1), help="ROWS,COLS of a chunk; -1 = whole axis (default 10000,-1)")
+    g.add_argument(
+        "--spectrum",
+        choices=("geometric", "flat"),
+        default="geometric",
+        help="decaying (decay^j) or flat tail of ones after a head",
+    )
+    g.add_argument(
+        "--decay", type=float, default=0.9, help="geometric ratio (default 0.9)"
+    )
+    g.add_argument(
+        "--head",
+        type=int,
+        default=10,
+        help="flat: number of large singular values (default 10)",
+    )
+    g.add_argument(
+        "--head-value",
+        type=float,
+        default=10.0,
+        help="flat: their value relative to the tail (default 10)",
+    )
+    g.add_argument(
+        "--max-rank",
+        type=int,
+        default=1024,
+        help="number of non-zero singular values, at most (default 1024)",
+    )
+    g.add_argument(
+        "--max-row-norm",
+        type=float,
+        default=1.0,
+        help="largest row norm after scaling (default 1)",
+    )
+    g.add_argument(
+        "--chunks",
+        type=_pair,
+        default=(10000, -1),
+        help="ROWS,COLS of a chunk; -1 = whole axis (default 10000,-1)",
+    )
     g.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--overwrite", action="store_true")
 
-    d = sub.add_parser("demo", help="generate a sample matrix and factorize it on an embedded cluster",
-                       description="Generate a 20000 x 2000 sample matrix with entries of order 1 and a rank-2 signal, "
-                                   "declare a lifetime budget, release a (2, 1e-6)-DP rank-2 factorization with "
-                                   "entry-level privacy on an embedded LocalCluster, and print the report.")
-    d.add_argument("--dir", help="working directory (default: a new temporary directory)")
+    d = sub.add_parser(
+        "demo",
+        help="generate a sample matrix and factorize it on an embedded cluster",
+        description="Generate a 20000 x 2000 sample matrix with entries of order 1 and a rank-2 signal, "
+        "declare a lifetime budget, release a (2, 1e-6)-DP rank-2 factorization with "
+        "entry-level privacy on an embedded LocalCluster, and print the report.",
+    )
+    d.add_argument(
+        "--dir", help="working directory (default: a new temporary directory)"
+    )
     d.add_argument("--rows", type=int, default=20000)
     d.add_argument("--cols", type=int, default=2000)
     d.add_argument("--rank", type=int, default=2)
     d.add_argument("--epsilon", type=float, default=2.0)
     d.add_argument("--delta", type=float, default=1e-6)
-    d.add_argument("--scheduler", help="Dask scheduler address (default: an embedded LocalCluster)")
+    d.add_argument(
+        "--scheduler", help="Dask scheduler address (default: an embedded LocalCluster)"
+    )
 
-    b = sub.add_parser("budget", help="declare or show a dataset's lifetime privacy budget")
+    b = sub.add_parser(
+        "budget", help="declare or show a dataset's lifetime privacy budget"
+    )
     bsub = b.add_subparsers(dest="budget_command", required=True, metavar="ACTION")
     bi = bsub.add_parser("init", help="create the ledger with a lifetime budget")
-    bi.add_argument("dataset", metavar="DATASET", help="path of the dataset's Zarr store")
+    bi.add_argument(
+        "dataset", metavar="DATASET", help="path of the dataset's Zarr store"
+    )
     bi.add_argument("--epsilon", type=float, required=True)
     bi.add_argument("--delta", type=float, required=True)
-    bi.add_argument("--ledger", help="ledger path (default: <DATASET>.dplr-ledger.json)")
+    bi.add_argument(
+        "--ledger", help="ledger path (default: <DATASET>.dplr-ledger.json)"
+    )
     bs = bsub.add_parser("show", help="print the budget and what has been spent")
     bs.add_argument("dataset", metavar="DATASET")
     bs.add_argument("--ledger")
@@ -124,18 +245,26 @@ def _summary(report: dict[str, Any], out: str) -> str:
     if report.get("epsilon") is None:
         lines.append("  NOT PRIVATE: non-private run (no clipping, no noise)")
     else:
-        lines.append(f"  privacy: ({report['epsilon']:g}, {report['delta']:g})-DP, unit={report['privacy_unit']}, "
-                     f"neighboring={report['neighboring']}, clip norm={report['clip_norm']:g}")
+        lines.append(
+            f"  privacy: ({report['epsilon']:g}, {report['delta']:g})-DP, unit={report['privacy_unit']}, "
+            f"neighboring={report['neighboring']}, clip norm={report['clip_norm']:g}"
+        )
         for s in report["sketches"]:
-            lines.append(f"  sketch {s['name']:<3} shape={tuple(s['shape'])} sensitivity={s['sensitivity']:.4g} sigma={s['sigma']:.4g}")
+            lines.append(
+                f"  sketch {s['name']:<3} shape={tuple(s['shape'])} sensitivity={s['sensitivity']:.4g} sigma={s['sigma']:.4g}"
+            )
         led = report.get("ledger")
         if led:
-            lines.append(f"  ledger: {led['path']}  lifetime budget (epsilon={led['budget_epsilon']:g}, delta={led['budget_delta']:g}); {led['n_releases']} release(s) compose to epsilon={led['epsilon_used']:.4g} at the budget's delta")
+            lines.append(
+                f"  ledger: {led['path']}  lifetime budget (epsilon={led['budget_epsilon']:g}, delta={led['budget_delta']:g}); {led['n_releases']} release(s) compose to epsilon={led['epsilon_used']:.4g} at the budget's delta"
+            )
         if not report["private"]:
             lines.append("  NOT PRIVATE: noise drawn from --insecure-noise-seed")
     p = report["parameters"]
-    lines.append(f"  algorithm={report['algorithm']} t={p['sketch_size']} v={p['core_size']} passes={report['n_passes']} "
-                 f"time={report['timings_seconds'].get('total', float('nan')):.2f}s")
+    lines.append(
+        f"  algorithm={report['algorithm']} t={p['sketch_size']} v={p['core_size']} passes={report['n_passes']} "
+        f"time={report['timings_seconds'].get('total', float('nan')):.2f}s"
+    )
     return "\n".join(lines)
 
 
@@ -144,16 +273,32 @@ def _factorize(args: argparse.Namespace) -> int:
 
     private = not args.non_private
     result = factorize(
-        args.input, args.rank,
-        epsilon=args.epsilon, delta=args.delta,  # with --non-private, refused by factorize
-        algorithm=args.algorithm, private=private, sketch_size=args.sketch_size,
-        core_size=args.core_size, clip_norm=args.clip_norm, unit=args.unit,
-        neighboring=args.neighboring, padded=args.padded, seed=args.seed, out=args.out,
-        overwrite=args.overwrite, ledger=args.ledger, budget=_budget_of(args),
-        scheduler=args.scheduler, insecure_noise_seed=args.insecure_noise_seed,
+        args.input,
+        args.rank,
+        epsilon=args.epsilon,
+        delta=args.delta,  # with --non-private, refused by factorize
+        algorithm=args.algorithm,
+        private=private,
+        sketch_size=args.sketch_size,
+        core_size=args.core_size,
+        clip_norm=args.clip_norm,
+        unit=args.unit,
+        neighboring=args.neighboring,
+        padded=args.padded,
+        seed=args.seed,
+        out=args.out,
+        overwrite=args.overwrite,
+        ledger=args.ledger,
+        budget=_budget_of(args),
+        scheduler=args.scheduler,
+        insecure_noise_seed=args.insecure_noise_seed,
         progress=None if args.quiet else sys.stderr,
     )
-    print(json.dumps(result.report, indent=2) if args.json else _summary(result.report, args.out))
+    print(
+        json.dumps(result.report, indent=2)
+        if args.json
+        else _summary(result.report, args.out)
+    )
     return EXIT_OK
 
 
@@ -161,17 +306,32 @@ def _generate(args: argparse.Namespace) -> int:
     from pipeline.io import generate_store
 
     def bar(done: int, total: int) -> None:
-        sys.stderr.write(f"\r[{'#' * (40 * done // total):<40}] {100 * done // total:3d}% | writing row blocks")
+        sys.stderr.write(
+            f"\r[{'#' * (40 * done // total):<40}] {100 * done // total:3d}% | writing row blocks"
+        )
         if done == total:
             sys.stderr.write("\n")
 
     meta = generate_store(
-        args.out, args.rows, args.cols, spectrum=args.spectrum, decay=args.decay, head=args.head,
-        head_value=args.head_value, max_rank=args.max_rank, max_row_norm=args.max_row_norm,
-        chunks=args.chunks, dtype=args.dtype, seed=args.seed, overwrite=args.overwrite, progress=bar,
+        args.out,
+        args.rows,
+        args.cols,
+        spectrum=args.spectrum,
+        decay=args.decay,
+        head=args.head,
+        head_value=args.head_value,
+        max_rank=args.max_rank,
+        max_row_norm=args.max_row_norm,
+        chunks=args.chunks,
+        dtype=args.dtype,
+        seed=args.seed,
+        overwrite=args.overwrite,
+        progress=bar,
     )
-    print(f"wrote {args.rows} x {args.cols} {args.dtype} matrix to {args.out} "
-          f"(spectrum {args.spectrum}, rank {meta['rank']}, max row norm {args.max_row_norm:g})")
+    print(
+        f"wrote {args.rows} x {args.cols} {args.dtype} matrix to {args.out} "
+        f"(spectrum {args.spectrum}, rank {meta['rank']}, max row norm {args.max_row_norm:g})"
+    )
     return EXIT_OK
 
 
@@ -183,24 +343,51 @@ def _demo(args: argparse.Namespace) -> int:
     os.makedirs(work, exist_ok=True)
     store = os.path.join(work, "sample.zarr")
     out = os.path.join(work, "release.zarr")
-    print(f"1/3 generating a {args.rows} x {args.cols} matrix with a rank-{args.rank} signal, entries of order 1, at {store}")
+    print(
+        f"1/3 generating a {args.rows} x {args.cols} matrix with a rank-{args.rank} signal, entries of order 1, at {store}"
+    )
     # entry-level privacy: one individual owns one cell (|a_ij| <= C = 1 after clipping);
     # a released U is per-row output, so row-level privacy would drown it in noise
-    meta = generate_store(store, args.rows, args.cols, spectrum="flat", head=args.rank, head_value=30.0,
-                          max_row_norm=0.8 * math.sqrt(args.cols), chunks=(2500, -1), overwrite=True, seed=0)
+    meta = generate_store(
+        store,
+        args.rows,
+        args.cols,
+        spectrum="flat",
+        head=args.rank,
+        head_value=30.0,
+        max_row_norm=0.8 * math.sqrt(args.cols),
+        chunks=(2500, -1),
+        overwrite=True,
+        seed=0,
+    )
     ledger = store + ".dplr-ledger.json"
     for stale in (ledger, ledger + ".lock"):
         if os.path.exists(stale):
             os.remove(stale)  # the demo's store is new, so is its budget
     print(f"2/3 declaring a lifetime budget of (epsilon=10, delta=1e-5) in {ledger}")
-    print(f"3/3 releasing a rank-{args.rank} ({args.epsilon:g}, {args.delta:g})-DP factorization (Spectral-LRF, unit=entry, C=1)")
-    result = factorize(store, args.rank, epsilon=args.epsilon, delta=args.delta, unit="entry", clip_norm=1.0,
-                       out=out, overwrite=True, budget=(10.0, 1e-5), scheduler=args.scheduler, progress=sys.stderr)
+    print(
+        f"3/3 releasing a rank-{args.rank} ({args.epsilon:g}, {args.delta:g})-DP factorization (Spectral-LRF, unit=entry, C=1)"
+    )
+    result = factorize(
+        store,
+        args.rank,
+        epsilon=args.epsilon,
+        delta=args.delta,
+        unit="entry",
+        clip_norm=1.0,
+        out=out,
+        overwrite=True,
+        budget=(10.0, 1e-5),
+        scheduler=args.scheduler,
+        progress=sys.stderr,
+    )
     print(json.dumps(result.report, indent=2))
     print(_summary(result.report, out))
     true = ", ".join(f"{x:.1f}" for x in meta["singular_values"][: args.rank + 1])
-    print(f"  released S = [{', '.join(f'{x:.1f}' for x in result.S)}]; the synthetic matrix's true "
-          f"singular values are [{true}] (known because the demo generated it)")
+    print(
+        f"  released S = [{', '.join(f'{x:.1f}' for x in result.S)}]; the synthetic matrix's true "
+        f"singular values are [{true}] (known because the demo generated it)"
+    )
     return EXIT_OK
 
 
@@ -212,18 +399,37 @@ def _budget(args: argparse.Namespace) -> int:
         from pipeline._validation import check_privacy_pair
 
         eps, dlt = check_privacy_pair(args.epsilon, args.delta)
-        Ledger.create(path, dataset=os.path.basename(os.path.normpath(args.dataset)), epsilon=eps, delta=dlt)
+        Ledger.create(
+            path,
+            dataset=os.path.basename(os.path.normpath(args.dataset)),
+            epsilon=eps,
+            delta=dlt,
+        )
         print(f"declared lifetime budget (epsilon={eps:g}, delta={dlt:g}) in {path}")
         return EXIT_OK
     book = Ledger.open(path)
-    print(json.dumps({"path": str(path), **book.remaining_summary(), "releases": len(book.releases)}, indent=2))
+    print(
+        json.dumps(
+            {
+                "path": str(path),
+                **book.remaining_summary(),
+                "releases": len(book.releases),
+            },
+            indent=2,
+        )
+    )
     return EXIT_OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``dplr``; returns the exit code."""
     args = _parser().parse_args(argv)
-    handlers = {"factorize": _factorize, "generate": _generate, "demo": _demo, "budget": _budget}
+    handlers = {
+        "factorize": _factorize,
+        "generate": _generate,
+        "demo": _demo,
+        "budget": _budget,
+    }
     try:
         return handlers[args.command](args)
     except BudgetExceededError as exc:

@@ -72,13 +72,16 @@ def cluster_client(
         yield active, _info(active, "active")
         return
     workers = n_workers or max(1, min(os.cpu_count() or 1, 4))
-    with LocalCluster(
-        n_workers=workers,
-        threads_per_worker=1,
-        processes=True,
-        dashboard_address=":0",
-        silence_logs=50,
-    ) as cluster, Client(cluster, set_as_default=False) as client:
+    with (
+        LocalCluster(
+            n_workers=workers,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=":0",
+            silence_logs=50,
+        ) as cluster,
+        Client(cluster, set_as_default=False) as client,
+    ):
         yield client, _info(client, "local")
 
 
@@ -86,7 +89,7 @@ def _info(client: Client, kind: str) -> ClusterInfo:
     sched = client.scheduler_info(n_workers=-1)
     try:
         dashboard = client.dashboard_link
-    except Exception:  # no bokeh, or no dashboard configured
+    except Exception:  # noqa: BLE001 - no bokeh, or no dashboard configured  # no bokeh, or no dashboard configured
         dashboard = None
     return ClusterInfo(
         kind=kind,

@@ -11,20 +11,22 @@ from __future__ import annotations
 import sys
 from typing import Any, TextIO
 
-from distributed.diagnostics.progressbar import TextProgressBar
 from dask.utils import format_time
+from distributed.diagnostics.progressbar import TextProgressBar
 
 
 class PassProgressBar(TextProgressBar):
     """``[#####     ] 52% | label | 1.2s`` on ``stream`` until the keys finish."""
 
-    def __init__(self, keys: Any, *, label: str, stream: TextIO | None = None, **kw: Any) -> None:
+    def __init__(
+        self, keys: Any, *, label: str, stream: TextIO | None = None, **kw: Any
+    ) -> None:
         self._label = label
         self._stream = stream or sys.stderr
         self._frac = 0.0
         super().__init__(keys, **kw)
 
-    def _draw_bar(self, remaining: int, all: int, **kwargs: Any) -> None:  # noqa: A002
+    def _draw_bar(self, remaining: int, all: int, **kwargs: Any) -> None:
         frac = (1 - remaining / all) if all else 1.0
         self._frac = frac
         bar = "#" * int(self.width * frac)
@@ -37,11 +39,19 @@ class PassProgressBar(TextProgressBar):
         self._stream.flush()
 
 
-def show_progress(client: Any, collections: list[Any], label: str, stream: TextIO | None) -> None:
+def show_progress(
+    client: Any, collections: list[Any], label: str, stream: TextIO | None
+) -> None:
     """Block until ``collections`` (persisted) finish, drawing a bar on ``stream``."""
     from distributed import futures_of
 
     futures = [f for c in collections for f in futures_of(c)]
     if not futures or stream is None:
         return
-    PassProgressBar(futures, label=label, stream=stream, scheduler=client.scheduler.address, complete=True)
+    PassProgressBar(
+        futures,
+        label=label,
+        stream=stream,
+        scheduler=client.scheduler.address,
+        complete=True,
+    )

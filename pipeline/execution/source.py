@@ -42,8 +42,24 @@ def _offsets(chunks: Sequence[int]) -> list[int]:
     return [0, *np.cumsum(chunks).tolist()]
 
 
-def _block_task(block: Any, row0: int, col0: int, request: PassRequest, row_scale: Any, col_scale: Any, where: str) -> tuple[FloatArray, ...]:
-    return block_partials(block, row0, col0, request, row_scale=row_scale, col_scale=col_scale, where=where)
+def _block_task(
+    block: Any,
+    row0: int,
+    col0: int,
+    request: PassRequest,
+    row_scale: Any,
+    col_scale: Any,
+    where: str,
+) -> tuple[FloatArray, ...]:
+    return block_partials(
+        block,
+        row0,
+        col0,
+        request,
+        row_scale=row_scale,
+        col_scale=col_scale,
+        where=where,
+    )
 
 
 def _block_sumsq(block: Any, axis: int, where: str) -> FloatArray:
@@ -64,7 +80,9 @@ def _scale_from(parts: list[FloatArray], clip_norm: float) -> FloatArray:
     return scale_factors_from_sumsq(_sum_leaves(parts, None), clip_norm)
 
 
-def _tree(layer: dict[Any, Any], name: str, out_key: Any, leaves: list[Any], index: int | None) -> None:
+def _tree(
+    layer: dict[Any, Any], name: str, out_key: Any, leaves: list[Any], index: int | None
+) -> None:
     """Add tasks summing ``leaves`` (entry ``index`` of tuples) into ``out_key``."""
     level, depth = leaves, 0
     first = True
@@ -92,7 +110,9 @@ class DaskSource:
         Where pass progress bars go (None: silent).
     """
 
-    def __init__(self, A: da.Array, client: Any, *, progress: TextIO | None = None) -> None:
+    def __init__(
+        self, A: da.Array, client: Any, *, progress: TextIO | None = None
+    ) -> None:
         self.A = A
         self.client = client
         self.progress = progress
@@ -104,7 +124,9 @@ class DaskSource:
         return int(self.A.shape[0]), int(self.A.shape[1])
 
     # -- the pass over A --------------------------------------------------------
-    def _scale_keys(self, request: PassRequest, layer: dict[Any, Any]) -> tuple[dict[int, Any], dict[int, Any]]:
+    def _scale_keys(
+        self, request: PassRequest, layer: dict[Any, Any]
+    ) -> tuple[dict[int, Any], dict[int, Any]]:
         """Norm pre-pass for row/column clipping when a row/column spans chunks."""
         A, clip = self.A, request.clip
         rows: dict[int, Any] = {}
@@ -117,7 +139,12 @@ class DaskSource:
             for r in range(nr):
                 leaves = []
                 for c in range(nc):
-                    layer[(nname, r, c)] = (_block_sumsq, (A.name, r, c), 1, f"chunk ({r}, {c})")
+                    layer[(nname, r, c)] = (
+                        _block_sumsq,
+                        (A.name, r, c),
+                        1,
+                        f"chunk ({r}, {c})",
+                    )
                     leaves.append((nname, r, c))
                 layer[(sname, r)] = (_scale_from, leaves, clip.clip_norm)
                 rows[r] = (sname, r)
@@ -127,7 +154,12 @@ class DaskSource:
             for c in range(nc):
                 leaves = []
                 for r in range(nr):
-                    layer[(nname, r, c)] = (_block_sumsq, (A.name, r, c), 0, f"chunk ({r}, {c})")
+                    layer[(nname, r, c)] = (
+                        _block_sumsq,
+                        (A.name, r, c),
+                        0,
+                        f"chunk ({r}, {c})",
+                    )
                     leaves.append((nname, r, c))
                 layer[(sname, c)] = (_scale_from, leaves, clip.clip_norm)
                 cols[c] = (sname, c)
@@ -144,18 +176,32 @@ class DaskSource:
         for r in range(nr):
             for c in range(nc):
                 layer[(pname, r, c)] = (
-                    _block_task, (A.name, r, c), roff[r], coff[c], request,
-                    row_keys.get(r), col_keys.get(c), f"chunk ({r}, {c})",
+                    _block_task,
+                    (A.name, r, c),
+                    roff[r],
+                    coff[c],
+                    request,
+                    row_keys.get(r),
+                    col_keys.get(c),
+                    f"chunk ({r}, {c})",
                 )
         tr = request.transpose
         # X = A.T when transposed: X row block R is A column block R
-        x_row_chunks, x_col_chunks = (A.chunks[1], A.chunks[0]) if tr else (A.chunks[0], A.chunks[1])
+        x_row_chunks, x_col_chunks = (
+            (A.chunks[1], A.chunks[0]) if tr else (A.chunks[0], A.chunks[1])
+        )
 
         def parts_of_x_row(R: int) -> list[Any]:
-            return [(pname, c, R) if tr else (pname, R, c) for c in range(nc if not tr else nr)]
+            return [
+                (pname, c, R) if tr else (pname, R, c)
+                for c in range(nc if not tr else nr)
+            ]
 
         def parts_of_x_col(C: int) -> list[Any]:
-            return [(pname, C, r) if tr else (pname, r, C) for r in range(nr if not tr else nc)]
+            return [
+                (pname, C, r) if tr else (pname, r, C)
+                for r in range(nr if not tr else nc)
+            ]
 
         out_names: dict[str, tuple[str, tuple[tuple[int, ...], tuple[int, ...]]]] = {}
         index = 0
@@ -184,7 +230,12 @@ class DaskSource:
             arrays[name] = da.Array(graph, oname, chunks=chunks, dtype=np.float64)
         self.n_passes += 1
         persisted = self.client.persist(list(arrays.values()))
-        show_progress(self.client, persisted, f"pass over the input: {nr * nc} chunks", self.progress)
+        show_progress(
+            self.client,
+            persisted,
+            f"pass over the input: {nr * nc} chunks",
+            self.progress,
+        )
         result = dict(zip(arrays, persisted, strict=True))
         tall = {n for n, _ in request.right}
         small = [n for n in result if n not in tall]
@@ -204,7 +255,9 @@ class DaskSource:
             Y = Y.rechunk({0: max(t, max(Y.chunks[0]))})
         Q, _ = da.linalg.tsqr(Y)
         (Q,) = self.client.persist([Q])
-        show_progress(self.client, [Q], "orthonormalising the range sketch (TSQR)", self.progress)
+        show_progress(
+            self.client, [Q], "orthonormalising the range sketch (TSQR)", self.progress
+        )
         return Q
 
     def tall_left_sketch(self, Q: da.Array, op: GaussianOperator) -> FloatArray:
@@ -217,22 +270,31 @@ class DaskSource:
             leaves.append((lname, r))
         _tree(layer, oname, (oname, 0, 0), leaves, None)
         graph = HighLevelGraph.from_collections(oname, layer, dependencies=[Q])
-        total = da.Array(graph, oname, chunks=((op.dim,), (Q.shape[1],)), dtype=np.float64)
+        total = da.Array(
+            graph, oname, chunks=((op.dim,), (Q.shape[1],)), dtype=np.float64
+        )
         return np.asarray(self.client.compute(total, sync=True))
 
     def tall_matmul(self, Q: da.Array, M: FloatArray) -> da.Array:
         return Q.map_blocks(
-            _block_matmul, np.ascontiguousarray(M), chunks=(Q.chunks[0], (M.shape[1],)),
-            dtype=np.float64, name=_name("matmul"),
+            _block_matmul,
+            np.ascontiguousarray(M),
+            chunks=(Q.chunks[0], (M.shape[1],)),
+            dtype=np.float64,
+            name=_name("matmul"),
         )
 
 
-def _block_map_rows(y: FloatArray, fn: Callable[[int, FloatArray], FloatArray], block_info: Any = None) -> FloatArray:
+def _block_map_rows(
+    y: FloatArray, fn: Callable[[int, FloatArray], FloatArray], block_info: Any = None
+) -> FloatArray:
     start = block_info[0]["array-location"][0][0]
     return fn(int(start), y)
 
 
-def _block_left(q: FloatArray, op: GaussianOperator, start: int, stop: int) -> FloatArray:
+def _block_left(
+    q: FloatArray, op: GaussianOperator, start: int, stop: int
+) -> FloatArray:
     return op.block(start, stop).T @ q  # type: ignore[no-any-return]
 
 

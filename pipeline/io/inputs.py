@@ -30,12 +30,18 @@ class InputInfo:
 
 def _check_array_meta(shape: tuple[int, ...], dtype: Any, what: str) -> None:
     if len(shape) != 2:
-        raise StoreLayoutError(f"{what} must be a 2-D matrix, got {len(shape)}-D with shape {tuple(shape)}.")
+        raise StoreLayoutError(
+            f"{what} must be a 2-D matrix, got {len(shape)}-D with shape {tuple(shape)}."
+        )
     if shape[0] < 1 or shape[1] < 1:
-        raise StoreLayoutError(f"{what} must have at least one row and one column, got shape {tuple(shape)}.")
+        raise StoreLayoutError(
+            f"{what} must have at least one row and one column, got shape {tuple(shape)}."
+        )
     dt = np.dtype(dtype)
     if dt.kind not in "iuf":
-        raise StoreLayoutError(f"{what} must hold real numbers (int or float), got dtype {dt}.")
+        raise StoreLayoutError(
+            f"{what} must hold real numbers (int or float), got dtype {dt}."
+        )
 
 
 def _open_zarr(path: str) -> zarr.Array:
@@ -43,16 +49,24 @@ def _open_zarr(path: str) -> zarr.Array:
         raise StoreLayoutError(f"input store {path!r} does not exist.")
     try:
         node = zarr.open(store=path, mode="r")
-    except Exception as exc:  # zarr raises several types for a non-store
-        raise StoreLayoutError(f"{path!r} is not a readable Zarr store ({type(exc).__name__}).") from None
+    except Exception as exc:  # noqa: BLE001 - zarr raises many types for a non-store
+        raise StoreLayoutError(
+            f"{path!r} is not a readable Zarr store ({type(exc).__name__})."
+        ) from None
     if isinstance(node, zarr.Group):
         names = sorted(node.array_keys())
-        hint = f"; it holds the arrays {names}, pass e.g. {os.path.join(path, names[0])!r}" if names else ""
+        hint = (
+            f"; it holds the arrays {names}, pass e.g. {os.path.join(path, names[0])!r}"
+            if names
+            else ""
+        )
         raise StoreLayoutError(f"{path!r} is a Zarr group, not an array{hint}.")
     return node
 
 
-def _band_chunks(shape: tuple[int, int], chunks: tuple[int, int], itemsize: int, unit: str | None) -> tuple[int, int]:
+def _band_chunks(
+    shape: tuple[int, int], chunks: tuple[int, int], itemsize: int, unit: str | None
+) -> tuple[int, int]:
     """Dask chunks that keep rows (columns) whole when that is cheap.
 
     Row clipping needs each row's norm; when a full-width band of the store's row
@@ -60,14 +74,24 @@ def _band_chunks(shape: tuple[int, int], chunks: tuple[int, int], itemsize: int,
     otherwise the store's chunks are kept and a norm pre-pass runs.
     """
     rows, cols = chunks
-    if unit == "row" and chunks[1] < shape[1] and rows * shape[1] * itemsize <= ROW_BAND_LIMIT:
+    if (
+        unit == "row"
+        and chunks[1] < shape[1]
+        and rows * shape[1] * itemsize <= ROW_BAND_LIMIT
+    ):
         return rows, shape[1]
-    if unit == "column" and chunks[0] < shape[0] and cols * shape[0] * itemsize <= ROW_BAND_LIMIT:
+    if (
+        unit == "column"
+        and chunks[0] < shape[0]
+        and cols * shape[0] * itemsize <= ROW_BAND_LIMIT
+    ):
         return shape[0], cols
     return rows, cols
 
 
-def open_input(source: Any, *, unit: str | None = "row") -> tuple[da.Array | np.ndarray, InputInfo]:
+def open_input(
+    source: Any, *, unit: str | None = "row"
+) -> tuple[da.Array | np.ndarray, InputInfo]:
     """Open ``source`` lazily and validate it from metadata alone (no data read).
 
     Parameters
@@ -89,13 +113,27 @@ def open_input(source: Any, *, unit: str | None = "row") -> tuple[da.Array | np.
     """
     if isinstance(source, np.ndarray):
         _check_array_meta(source.shape, source.dtype, "the input array")
-        chunks = (tuple([source.shape[0]]), tuple([source.shape[1]]))
-        return source, InputInfo(path=None, shape=source.shape, dtype=str(source.dtype), store_chunks=None, dask_chunks=chunks)
+        chunks = ((int(source.shape[0]),), (int(source.shape[1]),))
+        return source, InputInfo(
+            path=None,
+            shape=source.shape,
+            dtype=str(source.dtype),
+            store_chunks=None,
+            dask_chunks=chunks,
+        )
     if isinstance(source, da.Array):
         _check_array_meta(source.shape, source.dtype, "the input dask array")
         if any(np.isnan(c) for dim in source.chunks for c in dim):
-            raise StoreLayoutError("the input dask array has unknown chunk sizes; call compute_chunk_sizes() first.")
-        return source, InputInfo(path=None, shape=tuple(int(s) for s in source.shape), dtype=str(source.dtype), store_chunks=None, dask_chunks=source.chunks)
+            raise StoreLayoutError(
+                "the input dask array has unknown chunk sizes; call compute_chunk_sizes() first."
+            )
+        return source, InputInfo(
+            path=None,
+            shape=tuple(int(s) for s in source.shape),
+            dtype=str(source.dtype),
+            store_chunks=None,
+            dask_chunks=source.chunks,
+        )
     path = None
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
@@ -111,4 +149,10 @@ def open_input(source: Any, *, unit: str | None = "row") -> tuple[da.Array | np.
     store_chunks = tuple(int(c) for c in (z.shards or z.chunks))
     chunks = _band_chunks(tuple(z.shape), store_chunks, z.dtype.itemsize, unit)
     arr = da.from_zarr(z, chunks=chunks)
-    return arr, InputInfo(path=path, shape=tuple(int(s) for s in z.shape), dtype=str(z.dtype), store_chunks=store_chunks, dask_chunks=arr.chunks)
+    return arr, InputInfo(
+        path=path,
+        shape=tuple(int(s) for s in z.shape),
+        dtype=str(z.dtype),
+        store_chunks=store_chunks,
+        dask_chunks=arr.chunks,
+    )

@@ -19,7 +19,9 @@ from pipeline.errors import StoreLayoutError
 OUTPUT_ROW_CHUNK = 65536
 
 
-def check_output_path(out: str | os.PathLike[str], *, overwrite: bool, inputs: tuple[str | None, ...] = ()) -> str:
+def check_output_path(
+    out: str | os.PathLike[str], *, overwrite: bool, inputs: tuple[str | None, ...] = ()
+) -> str:
     """Refuse an unusable destination before anything is read or charged.
 
     Raises
@@ -36,9 +38,13 @@ def check_output_path(out: str | os.PathLike[str], *, overwrite: bool, inputs: t
         raise StoreLayoutError(f"the directory of the output {out!r} is not writable.")
     for path in inputs:
         if path is not None and os.path.abspath(path) == os.path.abspath(out):
-            raise StoreLayoutError(f"the output {out!r} is the input store; choose another path.")
+            raise StoreLayoutError(
+                f"the output {out!r} is the input store; choose another path."
+            )
     if os.path.lexists(out) and not overwrite:
-        raise StoreLayoutError(f"the output {out!r} already exists; pass --overwrite (overwrite=True) to replace it.")
+        raise StoreLayoutError(
+            f"the output {out!r} already exists; pass --overwrite (overwrite=True) to replace it."
+        )
     return out
 
 
@@ -46,7 +52,9 @@ def _write_array(group: zarr.Group, name: str, x: Any, client: Any) -> None:
     if isinstance(x, da.Array):
         rows = int(min(max(x.chunks[0]), OUTPUT_ROW_CHUNK))
         x = x.rechunk({0: rows, 1: -1})
-        z = group.create_array(name, shape=x.shape, dtype="float64", chunks=(rows, x.shape[1]))
+        z = group.create_array(
+            name, shape=x.shape, dtype="float64", chunks=(rows, x.shape[1])
+        )
         # dask chunks equal the zarr chunks, so no two tasks write one chunk (no
         # sharding: sharded writes from unaligned chunks corrupt data silently)
         stored = da.store(x, z, lock=False, compute=False)
@@ -56,12 +64,22 @@ def _write_array(group: zarr.Group, name: str, x: Any, client: Any) -> None:
             stored.compute()
         return
     arr = np.asarray(x, dtype=np.float64)
-    chunks = (min(max(arr.shape[0], 1), OUTPUT_ROW_CHUNK), *arr.shape[1:]) if arr.ndim == 2 else arr.shape
+    chunks = (
+        (min(max(arr.shape[0], 1), OUTPUT_ROW_CHUNK), *arr.shape[1:])
+        if arr.ndim == 2
+        else arr.shape
+    )
     z = group.create_array(name, shape=arr.shape, dtype="float64", chunks=chunks)
     z[...] = arr
 
 
-def write_release(out: str | os.PathLike[str], result: Factorization, *, overwrite: bool, client: Any = None) -> str:
+def write_release(
+    out: str | os.PathLike[str],
+    result: Factorization,
+    *,
+    overwrite: bool,
+    client: Any = None,
+) -> str:
     """Write ``U``, ``S``, ``V`` and ``attrs["report"]`` to the Zarr v3 group ``out``.
 
     Everything goes to a hidden temporary group beside ``out``, which is renamed
@@ -81,7 +99,9 @@ def write_release(out: str | os.PathLike[str], result: Factorization, *, overwri
         _fsync_tree(tmp)
         if os.path.lexists(out):
             if not overwrite:
-                raise StoreLayoutError(f"the output {out!r} appeared while the job ran; nothing was replaced.")
+                raise StoreLayoutError(
+                    f"the output {out!r} appeared while the job ran; nothing was replaced."
+                )
             old = os.path.join(parent, f".{base}.old-{uuid.uuid4().hex}")
             os.rename(out, old)
             os.rename(tmp, out)
@@ -121,6 +141,13 @@ def read_release(path: str | os.PathLike[str]) -> Factorization:
         raise StoreLayoutError(f"release {path!r} does not exist.")
     g = zarr.open_group(store=path, mode="r")
     try:
-        return Factorization(U=np.asarray(g["U"][...]), S=np.asarray(g["S"][...]), V=np.asarray(g["V"][...]), report=dict(g.attrs["report"]))
+        return Factorization(
+            U=np.asarray(g["U"][...]),
+            S=np.asarray(g["S"][...]),
+            V=np.asarray(g["V"][...]),
+            report=dict(g.attrs["report"]),
+        )
     except KeyError as exc:
-        raise StoreLayoutError(f"{path!r} is not a dplr release (missing {exc}).") from None
+        raise StoreLayoutError(
+            f"{path!r} is not a dplr release (missing {exc})."
+        ) from None

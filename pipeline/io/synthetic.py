@@ -13,7 +13,11 @@ import scipy.linalg as sla
 import zarr
 
 from pipeline.errors import InvalidParameterError, StoreLayoutError
-from pipeline.linalg.synthetic import cholesky_factor, make_spectrum, orthonormal_columns
+from pipeline.linalg.synthetic import (
+    cholesky_factor,
+    make_spectrum,
+    orthonormal_columns,
+)
 
 #: Above this many entries the left factor is built block by block (CholeskyQR).
 IN_MEMORY_LIMIT = 2.5e7
@@ -54,18 +58,28 @@ def generate_store(
     path = os.fspath(path)
     m, n = int(n_rows), int(n_cols)
     if m < 1 or n < 1:
-        raise InvalidParameterError(f"n_rows and n_cols must be >= 1, got shape ({m}, {n}).")
+        raise InvalidParameterError(
+            f"n_rows and n_cols must be >= 1, got shape ({m}, {n})."
+        )
     if os.path.lexists(path) and not overwrite:
-        raise StoreLayoutError(f"{path!r} already exists; pass --overwrite to replace it.")
+        raise StoreLayoutError(
+            f"{path!r} already exists; pass --overwrite to replace it."
+        )
     r = min(m, n, int(max_rank))
-    sigma = make_spectrum(r, kind=spectrum, decay=decay, head=head, head_value=head_value)
+    sigma = make_spectrum(
+        r, kind=spectrum, decay=decay, head=head, head_value=head_value
+    )
     cr = m if chunks[0] == -1 else min(int(chunks[0]), m)
     cc = n if chunks[1] == -1 else min(int(chunks[1]), n)
-    rng_v = np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(0,))))
+    rng_v = np.random.Generator(
+        np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(0,)))
+    )
     V = orthonormal_columns(n, r, rng_v)
 
     def gauss_block(b: int) -> np.ndarray:
-        g = np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(1, b))))
+        g = np.random.Generator(
+            np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(1, b)))
+        )
         return g.standard_normal((min(cr, m - b * cr), r))
 
     nblocks = -(-m // cr)
@@ -86,17 +100,28 @@ def generate_store(
             # U = G R^{-1}: orthonormal columns (well conditioned: m >> r) [CholeskyQR]
             return sla.solve_triangular(R, gauss_block(b).T, trans="T", lower=False).T  # type: ignore[no-any-return]
 
-    row_max = max(float(np.sqrt(((u_block(b) * sigma) ** 2).sum(axis=1)).max()) for b in range(nblocks))
+    row_max = max(
+        float(np.sqrt(((u_block(b) * sigma) ** 2).sum(axis=1)).max())
+        for b in range(nblocks)
+    )
     scale = float(max_row_norm) / row_max
     parent, base = os.path.split(os.path.abspath(path))
     tmp = os.path.join(parent, f".{base}.tmp-{uuid.uuid4().hex}")
     meta = {
-        "spectrum": spectrum, "decay": decay, "head": head, "head_value": head_value,
-        "rank": r, "scale": scale, "max_row_norm": max_row_norm, "seed": seed,
+        "spectrum": spectrum,
+        "decay": decay,
+        "head": head,
+        "head_value": head_value,
+        "rank": r,
+        "scale": scale,
+        "max_row_norm": max_row_norm,
+        "seed": seed,
         "singular_values": (scale * sigma).tolist(),
     }
     try:
-        z = zarr.create_array(store=tmp, shape=(m, n), dtype=dtype, chunks=(cr, cc), zarr_format=3)
+        z = zarr.create_array(
+            store=tmp, shape=(m, n), dtype=dtype, chunks=(cr, cc), zarr_format=3
+        )
         for b in range(nblocks):
             block = (u_block(b) * (scale * sigma)) @ V.T
             z[b * cr : b * cr + block.shape[0]] = block.astype(dtype)
