@@ -57,6 +57,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workdir", default=C.WORK, help="where stores are generated (git-ignored)")
     p.add_argument("--quick", action="store_true", help="small store, fewer repetitions")
     p.add_argument("--no-profile", action="store_true", help="skip the task-stream/profile round")
+    p.add_argument("--max-foreign", type=float, default=0.25,
+                   help="before each repetition wait (up to --max-wait s) until other processes use less "
+                        "than this share of the CPUs (the machine may be shared)")
+    p.add_argument("--max-wait", type=float, default=120.0)
+    p.add_argument("--quiet-each", action="store_true",
+                   help="also wait (up to 30 s) for a quiet machine before every single measurement")
     a = p.parse_args(argv)
     a.rows = a.rows or (20_000 if a.quick else 200_000)
     a.chunk_rows = a.chunk_rows or (2_000 if a.quick else 10_000)
@@ -96,6 +102,17 @@ class CpuMeter:
         tree, system = self._tree() - s[1], self._system() - s[2]
         ncpu = os.cpu_count() or 1
         return {"wall": wall, "own_cpu_s": tree, "foreign_cpu_share": max(system - tree, 0.0) / (wall * ncpu)}
+
+    def wait_quiet(self, threshold: float, max_wait: float) -> dict[str, float]:
+        """Wait until foreign CPU use over a 1 s window is below ``threshold``."""
+        t0 = time.perf_counter()
+        while True:
+            s = self.start()
+            time.sleep(1.0)
+            share = self.stop(s)["foreign_cpu_share"]
+            waited = time.perf_counter() - t0
+            if share <= threshold or waited >= max_wait:
+                return {"foreign_cpu_share": share, "waited_s": waited}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,10 +189,16 @@ def main(argv: list[str] | None = None) -> int:
     times: dict[str, list[float]] = {nm: [] for nm in names}
     records: dict[str, list[dict[str, Any]]] = {nm: [] for nm in names}
     errors: dict[str, list[float]] = {nm: [] for nm in names if nm not in ("read", "gemm")}
+    quiet: list[dict[str, float]] = []
     for r in range(args.repeat):
         order = names[r % len(names):] + names[: r % len(names)]
+        q = meter.wait_quiet(args.max_foreign, args.max_wait)
+        quiet.append(q)
+        print(f"rep {r}: foreign CPU {100 * q['foreign_cpu_share']:.0f}% after waiting {q['waited_s']:.0f} s", flush=True)
         for nm in order:
             C.collect_everywhere(client)
+            if args.quiet_each:
+                meter.wait_quiet(args.max_foreign, 30.0)
             time.sleep(0.2)
             s = meter.start()
             U, S, V, extra = methods[nm]()
@@ -243,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
             "ours_dp/svdc": C.ratio(times["ours_dp"], times["svdc"]),
         },
         "targets": {"ours_np/svdc": 0.7, "ours_np/floor": 1.3},
-        "records": records, "kernel_breakdown": kernel, "profiles": profiles,
+        "quiet_checks": quiet, "records": records, "kernel_breakdown": kernel, "profiles": profiles,
     }
     C.dump_json(res, args.out)
     md = markdown(res)
@@ -257,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def markdown(res: dict[str, Any]) -> str:
     p, T, E, R = res["params"], res["times"], res["errors"], res["ratios"]
+    fs = [x["foreign_cpu_share"] for recs in res["records"].values() for x in recs]
     label = {
         "ours_np": "dplr Spectral-LRF, non-private",
         "ours_dp": "dplr Spectral-LRF, DP (eps=1, delta=1e-6)",
@@ -268,6 +292,9 @@ def markdown(res: dict[str, Any]) -> str:
     lines = [
         f"{p['m']}x{p['n']} float32, chunks {p['chunk_rows']} rows, k={p['rank']}, "
         f"{p['repeat']} repetitions, 2 workers x 1 thread; {res['machine']['date']}",
+        "",
+        "CPU used by other processes on the machine during the timed runs: median "
+        f"{100 * statistics.median(fs):.0f}%, max {100 * max(fs):.0f}% of the {res['machine']['cpus']} cores.",
         "",
         "| method | min s | median s | passes | t, v | error / sigma_k+1 (min, median) |",
         "|---|---|---|---|---|---|",

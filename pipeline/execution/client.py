@@ -89,7 +89,7 @@ def _info(client: Client, kind: str) -> ClusterInfo:
     sched = client.scheduler_info(n_workers=-1)
     try:
         dashboard = client.dashboard_link
-    except Exception:  # noqa: BLE001 - no bokeh, or no dashboard configured  # no bokeh, or no dashboard configured
+    except Exception:  # noqa: BLE001 - no bokeh, or no dashboard configured
         dashboard = None
     return ClusterInfo(
         kind=kind,
