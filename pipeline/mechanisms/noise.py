@@ -70,7 +70,12 @@ class NoiseKey:
 
     def derive(self, *labels: int | str) -> NoiseKey:
         """A sub-key for ``labels`` (HMAC-SHA256); independent of siblings."""
-        msg = b"/".join(str(lbl).encode() for lbl in labels)
+        # length-prefixed and typed, so distinct label tuples never share a message
+        # (a plain "/".join would map (101, 3) and "101/3" to the same sub-key)
+        msg = b"".join(
+            struct.pack("<I", len(enc)) + enc
+            for enc in ((b"i" if isinstance(lbl, int) else b"s") + str(lbl).encode() for lbl in labels)
+        )
         sub = hmac.new(self.secret, b"dplr-noise:" + msg, hashlib.sha256).digest()
         return NoiseKey(sub, insecure=self.insecure)
 
