@@ -116,13 +116,13 @@ def _parser() -> argparse.ArgumentParser:
         "--sketch-size",
         "-t",
         type=int,
-        help="range sketch size t (default: max(4k, k+20) private, max(2k, k+10) not)",
+        help="range sketch size t (default: max(4k, k+20) private, max(3k, k+20) not)",
     )
     f.add_argument(
         "--core-size",
         "-v",
         type=int,
-        help="co-range/core sketch size v (default: 4t private, 4t+1 not)",
+        help="co-range/core sketch size v (default: 4t private, 6t+1 not)",
     )
     f.add_argument(
         "--seed",

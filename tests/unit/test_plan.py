@@ -108,12 +108,13 @@ def test_private_plan_needs_budget() -> None:
 
 
 def test_default_sketch_sizes_follow_spec() -> None:
-    """spec 2.3: DP t = max(4k, k+20), v = 4t; non-private t = max(2k, k+10), v = 4t+1."""
+    """DP t = max(4k, k+20), v = 4t (spec 2.3); non-private t = max(3k, k+20), v = 6t+1
+    (spec 2.3 corrected by its addendum and by measurement, see default_sketch_sizes)."""
     for k in (1, 5, 10, 20, 37):
         t, v = default_sketch_sizes(k, private=True)
         assert (t, v) == (max(4 * k, k + 20), 4 * max(4 * k, k + 20))
         t, v = default_sketch_sizes(k, private=False)
-        assert (t, v) == (max(2 * k, k + 10), 4 * max(2 * k, k + 10) + 1)
+        assert (t, v) == (max(3 * k, k + 20), 6 * max(3 * k, k + 20) + 1)
 
 
 @pytest.mark.parametrize("private", [False, True])
