@@ -367,7 +367,9 @@ def _noise(plan: LrfPlan, key: NoiseKey | None, name: str, code: NoiseCode, leng
 
 def _spectral_post(source: MatrixSource, plan: LrfPlan, exact: dict[str, Any], ops: dict[str, GaussianOperator], key: NoiseKey | None) -> tuple[Any, FloatArray, FloatArray]:
     M, N = plan.oriented_shape
-    Y, Z = exact["Y"], exact["Z"]
+    # pop: the noise-free sketches must not outlive the noisy ones (memory, and they
+    # are as sensitive as the data)
+    Y, Z = exact.pop("Y"), exact.pop("Z")
     ny = _noise(plan, key, "Y", NoiseCode.Y, M, plan.t)
     nz = _noise(plan, key, "Z", NoiseCode.Z, N, plan.v)
     if ny is not None and nz is not None:
@@ -383,7 +385,7 @@ def _spectral_post(source: MatrixSource, plan: LrfPlan, exact: dict[str, Any], o
 def _low_space_post(source: MatrixSource, plan: LrfPlan, exact: dict[str, Any], ops: dict[str, GaussianOperator], key: NoiseKey | None) -> tuple[Any, FloatArray, FloatArray]:
     M, N = plan.oriented_shape
     k, padded = plan.params.rank, plan.params.padded
-    Yc, Yr, Z = exact["Yc"], exact["Yr"], exact["Z"]
+    Yc, Yr, Z = exact.pop("Yc"), exact.pop("Yr"), exact.pop("Z")
     nc = _noise(plan, key, "Yc", NoiseCode.Y_C, M, plan.t)
     nr = _noise(plan, key, "Yr", NoiseCode.Y_R, N, plan.t)
     nz = _noise(plan, key, "Z", NoiseCode.Z_CORE, plan.v, plan.v)
