@@ -24,11 +24,30 @@ WORK = os.path.join(HERE, "work")  # git-ignored
 
 
 # -- stores --------------------------------------------------------------------------
-def store_path(m: int, n: int, chunk_rows: int, *, workdir: str = WORK, seed: int = 0, decay: float = 0.9) -> str:
-    return os.path.join(workdir, f"lrf_{m}x{n}_r{chunk_rows}_f32_geo{decay:g}_s{seed}.zarr")
+def store_path(
+    m: int,
+    n: int,
+    chunk_rows: int,
+    *,
+    workdir: str = WORK,
+    seed: int = 0,
+    decay: float = 0.9,
+) -> str:
+    return os.path.join(
+        workdir, f"lrf_{m}x{n}_r{chunk_rows}_f32_geo{decay:g}_s{seed}.zarr"
+    )
 
 
-def ensure_store(m: int, n: int, chunk_rows: int, *, workdir: str = WORK, seed: int = 0, decay: float = 0.9, log: Any = print) -> str:
+def ensure_store(
+    m: int,
+    n: int,
+    chunk_rows: int,
+    *,
+    workdir: str = WORK,
+    seed: int = 0,
+    decay: float = 0.9,
+    log: Any = print,
+) -> str:
     """Generate the synthetic store once (default zstd codec); reuse it if present."""
     import zarr
 
@@ -38,8 +57,12 @@ def ensure_store(m: int, n: int, chunk_rows: int, *, workdir: str = WORK, seed: 
     if os.path.exists(path):
         try:
             z = zarr.open_array(path, mode="r")
-            ok = z.shape == (m, n) and z.chunks == (min(chunk_rows, m), n) and "dplr_synthetic" in z.attrs
-        except Exception:
+            ok = (
+                z.shape == (m, n)
+                and z.chunks == (min(chunk_rows, m), n)
+                and "dplr_synthetic" in z.attrs
+            )
+        except Exception:  # noqa: BLE001 - any unreadable store is regenerated
             ok = False
         if ok:
             log(f"reusing {path}")
@@ -47,8 +70,17 @@ def ensure_store(m: int, n: int, chunk_rows: int, *, workdir: str = WORK, seed: 
     os.makedirs(workdir, exist_ok=True)
     t0 = time.perf_counter()
     log(f"generating {path} ({m}x{n} float32, chunks ({chunk_rows}, {n})) ...")
-    generate_store(path, m, n, spectrum="geometric", decay=decay, chunks=(chunk_rows, -1),
-                   dtype="float32", seed=seed, overwrite=True)
+    generate_store(
+        path,
+        m,
+        n,
+        spectrum="geometric",
+        decay=decay,
+        chunks=(chunk_rows, -1),
+        dtype="float32",
+        seed=seed,
+        overwrite=True,
+    )
     log(f"  generated in {time.perf_counter() - t0:.1f} s")
     return path
 
@@ -69,22 +101,29 @@ def store_info(path: str) -> dict[str, Any]:
         disk += sum(os.path.getsize(os.path.join(root, f)) for f in files)
     return {
         "path": os.path.relpath(path, os.path.dirname(HERE)),
-        "shape": list(z.shape), "chunks": list(z.chunks), "dtype": str(z.dtype),
+        "shape": list(z.shape),
+        "chunks": list(z.chunks),
+        "dtype": str(z.dtype),
         "compressors": [repr(c) for c in (z.compressors or ())],
-        "raw_MiB": round(z.nbytes / 2**20, 1), "disk_MiB": round(disk / 2**20, 1),
+        "raw_MiB": round(z.nbytes / 2**20, 1),
+        "disk_MiB": round(disk / 2**20, 1),
     }
 
 
 # -- cluster --------------------------------------------------------------------------
 def start_cluster(n_workers: int = 2) -> tuple[Any, Any]:
+    import _common  # this module, shipped by value to the workers
     import cloudpickle
     from distributed import Client, LocalCluster
 
-    import _common  # this module, shipped by value to the workers
-
     cloudpickle.register_pickle_by_value(_common)
-    cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
-                           dashboard_address=None, silence_logs=40)
+    cluster = LocalCluster(
+        n_workers=n_workers,
+        threads_per_worker=1,
+        processes=True,
+        dashboard_address=None,
+        silence_logs=40,
+    )
     client = Client(cluster)  # becomes the default client: factorize() uses it
     client.wait_for_workers(n_workers)
     return cluster, client
@@ -92,12 +131,12 @@ def start_cluster(n_workers: int = 2) -> tuple[Any, Any]:
 
 def worker_gc() -> int:
     gc.collect()
-    try:  # return freed heap to the OS so RSS reflects live memory
-        import ctypes
+    import contextlib
+    import ctypes
 
+    # return freed heap to the OS so that RSS reflects live memory (glibc only)
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except Exception:
-        pass
     return 0
 
 
@@ -134,7 +173,17 @@ def versions() -> dict[str, str]:
     import importlib.metadata as md
 
     out = {}
-    for p in ("dplr", "numpy", "scipy", "dask", "distributed", "zarr", "numcodecs", "randomgen", "psutil"):
+    for p in (
+        "dplr",
+        "numpy",
+        "scipy",
+        "dask",
+        "distributed",
+        "zarr",
+        "numcodecs",
+        "randomgen",
+        "psutil",
+    ):
         try:
             out[p] = md.version(p)
         except md.PackageNotFoundError:
@@ -144,15 +193,25 @@ def versions() -> dict[str, str]:
 
 # -- statistics -----------------------------------------------------------------------
 def summary(xs: list[float]) -> dict[str, Any]:
-    return {"min": min(xs), "median": statistics.median(xs), "max": max(xs), "n": len(xs),
-            "values": [round(x, 4) for x in xs]}
+    return {
+        "min": min(xs),
+        "median": statistics.median(xs),
+        "max": max(xs),
+        "n": len(xs),
+        "values": [round(x, 4) for x in xs],
+    }
 
 
 def ratio(a: list[float], b: list[float]) -> dict[str, float]:
     """min/min, median/median and the median of paired (same-repetition) ratios."""
-    out = {"of_min": min(a) / min(b), "of_median": statistics.median(a) / statistics.median(b)}
+    out = {
+        "of_min": min(a) / min(b),
+        "of_median": statistics.median(a) / statistics.median(b),
+    }
     if len(a) == len(b):
-        out["paired_median"] = statistics.median(x / y for x, y in zip(a, b, strict=True))
+        out["paired_median"] = statistics.median(
+            x / y for x, y in zip(a, b, strict=True)
+        )
     return out
 
 
@@ -187,7 +246,7 @@ def blas_threads() -> int:
 
         libs = glob.glob(os.path.dirname(np.__file__) + ".libs/*openblas*")
         return int(ctypes.CDLL(libs[0]).scipy_openblas_get_num_threads64_())
-    except Exception:
+    except (OSError, IndexError, AttributeError):
         return -1
 
 
@@ -204,10 +263,17 @@ def gemm_floor(A: np.ndarray, t: int, v: int, seed: int = 0) -> dict[str, float]
     Z = S @ A
     t2 = time.perf_counter()
     del Y, Z
-    return {"A_Phi": t1 - t0, "S_A": t2 - t1, "total": t2 - t0, "blas_threads": blas_threads()}
+    return {
+        "A_Phi": t1 - t0,
+        "S_A": t2 - t1,
+        "total": t2 - t0,
+        "blas_threads": blas_threads(),
+    }
 
 
-def kernel_breakdown(A: np.ndarray, rank: int, chunk_rows: int, seed: int = 0) -> dict[str, Any]:
+def kernel_breakdown(
+    A: np.ndarray, rank: int, chunk_rows: int, seed: int = 0
+) -> dict[str, Any]:
     """Where the per-chunk kernel of our pass spends its time, on in-memory chunks.
 
     Runs ``pipeline.sketches.apply.block_partials`` over every row chunk exactly as
@@ -216,15 +282,27 @@ def kernel_breakdown(A: np.ndarray, rank: int, chunk_rows: int, seed: int = 0) -
     operator generation, the float64 copy, the finiteness check, clipping, GEMMs.
     Single thread (a worker); no I/O.
     """
+    import inspect
+
     from pipeline.algorithms.lrf import Algorithm, LrfParams, pass_request, plan_lrf
+    from pipeline.mechanisms.clipping import PrivacyUnit
     from pipeline.sketches.apply import block_partials, check_finite_block, clip_block
 
+    # mirror the kernel as it is now: since 2026-11-29 14:41 block_partials clips the
+    # float64 copy in place and checks finiteness on the small partials only
+    inplace_clip = "inplace" in inspect.signature(clip_block).parameters
     m, n = A.shape
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"clip_in_place": inplace_clip}
     configs = {
-        "spectral_nonprivate": LrfParams(algorithm=Algorithm.SPECTRAL, rank=rank, private=False),
-        "spectral_dp": LrfParams(algorithm=Algorithm.SPECTRAL, rank=rank, epsilon=1.0, delta=1e-6),
-        "lowspace_dp": LrfParams(algorithm=Algorithm.LOW_SPACE, rank=rank, epsilon=1.0, delta=1e-6),
+        "spectral_nonprivate": LrfParams(
+            algorithm=Algorithm.SPECTRAL, rank=rank, private=False
+        ),
+        "spectral_dp": LrfParams(
+            algorithm=Algorithm.SPECTRAL, rank=rank, epsilon=1.0, delta=1e-6
+        ),
+        "lowspace_dp": LrfParams(
+            algorithm=Algorithm.LOW_SPACE, rank=rank, epsilon=1.0, delta=1e-6
+        ),
     }
     starts = list(range(0, m, chunk_rows))
     for label, params in configs.items():
@@ -242,9 +320,15 @@ def kernel_breakdown(A: np.ndarray, rank: int, chunk_rows: int, seed: int = 0) -
             t0 = time.perf_counter()
             a = blk.astype(dt, copy=False)
             t1 = time.perf_counter()
-            check_finite_block(a, "x")
+            if not inplace_clip or (
+                req.clip is not None and req.clip.unit is PrivacyUnit.ENTRY
+            ):
+                check_finite_block(a, "x")
             t2 = time.perf_counter()
-            a = clip_block(a, req.clip)
+            if inplace_clip:
+                a = clip_block(a, req.clip, inplace=a is not blk)
+            else:
+                a = clip_block(a, req.clip)
             t3 = time.perf_counter()
             acc["astype"] += t1 - t0
             acc["isfinite"] += t2 - t1
@@ -280,14 +364,20 @@ def kernel_breakdown(A: np.ndarray, rank: int, chunk_rows: int, seed: int = 0) -
             del a
         parts = {k: v for k, v in acc.items() if k != "block_partials_total"}
         out[label] = {
-            "t": plan.t, "v": plan.v, "compute_dtype": np.dtype(dt).name, "n_chunks": len(starts),
-            "block_partials_total": acc["block_partials_total"], "sum_of_parts": sum(parts.values()),
+            "t": plan.t,
+            "v": plan.v,
+            "compute_dtype": np.dtype(dt).name,
+            "n_chunks": len(starts),
+            "block_partials_total": acc["block_partials_total"],
+            "sum_of_parts": sum(parts.values()),
             **parts,
         }
     return out
 
 
-def residual_gram_chunk(path: str, r0: int, r1: int, U: np.ndarray, SVt: np.ndarray) -> np.ndarray:
+def residual_gram_chunk(
+    path: str, r0: int, r1: int, U: np.ndarray, SVt: np.ndarray
+) -> np.ndarray:
     """R_c^T R_c for R_c = A[r0:r1] - U_c (S V^T), float64 (on a worker)."""
     import zarr
 
@@ -296,15 +386,29 @@ def residual_gram_chunk(path: str, r0: int, r1: int, U: np.ndarray, SVt: np.ndar
     return a.T @ a  # numpy uses SYRK for x.T @ x
 
 
-def spectral_error(client: Any, path: str, U: Any, S: Any, V: Any, chunk_rows: int) -> float:
+def spectral_error(
+    client: Any, path: str, U: Any, S: Any, V: Any, chunk_rows: int
+) -> float:
     """||A - U diag(S) V^T||_2 exactly, via the n x n Gram of the residual, blockwise."""
     from distributed import as_completed
 
     U = np.asarray(U, dtype=np.float64)
-    SVt = np.ascontiguousarray((np.asarray(V, dtype=np.float64) * np.asarray(S, dtype=np.float64)).T)
+    SVt = np.ascontiguousarray(
+        (np.asarray(V, dtype=np.float64) * np.asarray(S, dtype=np.float64)).T
+    )
     m = U.shape[0]
-    futs = [client.submit(residual_gram_chunk, path, r0, min(r0 + chunk_rows, m), U[r0 : r0 + chunk_rows], SVt, pure=False)
-            for r0 in range(0, m, chunk_rows)]
+    futs = [
+        client.submit(
+            residual_gram_chunk,
+            path,
+            r0,
+            min(r0 + chunk_rows, m),
+            U[r0 : r0 + chunk_rows],
+            SVt,
+            pure=False,
+        )
+        for r0 in range(0, m, chunk_rows)
+    ]
     G = None
     for f in as_completed(futs):
         g = f.result()
@@ -315,7 +419,9 @@ def spectral_error(client: Any, path: str, U: Any, S: Any, V: Any, chunk_rows: i
 
 
 # -- task-stream and profile summaries ------------------------------------------------------
-def task_stream_summary(records: list[dict[str, Any]], wall: float, n_threads: int) -> dict[str, Any]:
+def task_stream_summary(
+    records: list[dict[str, Any]], wall: float, n_threads: int
+) -> dict[str, Any]:
     from dask.utils import key_split
 
     by: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
@@ -329,11 +435,19 @@ def task_stream_summary(records: list[dict[str, Any]], wall: float, n_threads: i
             by[prefix][ss["action"]] += d
             if ss["action"] == "compute":
                 busy += d
-    rows = sorted(((p, count[p], dict(a)) for p, a in by.items()), key=lambda r: -sum(r[2].values()))
+    rows = sorted(
+        ((p, count[p], dict(a)) for p, a in by.items()),
+        key=lambda r: -sum(r[2].values()),
+    )
     return {
-        "wall_s": wall, "n_tasks": len(records), "worker_compute_s": busy,
+        "wall_s": wall,
+        "n_tasks": len(records),
+        "worker_compute_s": busy,
         "utilisation": busy / (wall * n_threads) if wall > 0 else None,
-        "by_prefix": [{"prefix": p, "n": c, **{k: round(v, 4) for k, v in a.items()}} for p, c, a in rows],
+        "by_prefix": [
+            {"prefix": p, "n": c, **{k: round(v, 4) for k, v in a.items()}}
+            for p, c, a in rows
+        ],
     }
 
 
@@ -344,12 +458,16 @@ def profile_top(prof: dict[str, Any], n: int = 15) -> list[dict[str, Any]]:
 
     def walk(node: dict[str, Any]) -> None:
         children = node.get("children", {})
-        self_count = node.get("count", 0) - sum(c.get("count", 0) for c in children.values())
+        self_count = node.get("count", 0) - sum(
+            c.get("count", 0) for c in children.values()
+        )
         d = node.get("description", {})
         if self_count > 0 and d:
             fn = d.get("filename", "")
             short = "/".join(fn.split("/")[-2:])
-            tot[f"{short}:{d.get('line_number', '')} {d.get('name', '')} | {d.get('line', '').strip()[:60]}"] += self_count
+            tot[
+                f"{short}:{d.get('line_number', '')} {d.get('name', '')} | {d.get('line', '').strip()[:60]}"
+            ] += self_count
         for c in children.values():
             walk(c)
 

@@ -43,31 +43,62 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(1, os.path.dirname(HERE))
 
-import _common as C  # noqa: E402
+import _common as C
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rows", type=int, default=None, help="m (default 200000; 20000 with --quick)")
+    p.add_argument(
+        "--rows", type=int, default=None, help="m (default 200000; 20000 with --quick)"
+    )
     p.add_argument("--cols", type=int, default=1000, help="n (default 1000)")
     p.add_argument("--rank", type=int, default=10)
-    p.add_argument("--chunk-rows", type=int, default=None, help="rows per chunk (default 10000; 2000 with --quick)")
-    p.add_argument("--repeat", type=int, default=None, help="timed repetitions (default 3; 2 with --quick)")
-    p.add_argument("--out", default=None, help="JSON output (default benchmarks/results/lrf[_quick].json)")
-    p.add_argument("--workdir", default=C.WORK, help="where stores are generated (git-ignored)")
-    p.add_argument("--quick", action="store_true", help="small store, fewer repetitions")
-    p.add_argument("--no-profile", action="store_true", help="skip the task-stream/profile round")
-    p.add_argument("--max-foreign", type=float, default=0.25,
-                   help="before each repetition wait (up to --max-wait s) until other processes use less "
-                        "than this share of the CPUs (the machine may be shared)")
+    p.add_argument(
+        "--chunk-rows",
+        type=int,
+        default=None,
+        help="rows per chunk (default 10000; 2000 with --quick)",
+    )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=None,
+        help="timed repetitions (default 3; 2 with --quick)",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="JSON output (default benchmarks/results/lrf[_quick].json)",
+    )
+    p.add_argument(
+        "--workdir", default=C.WORK, help="where stores are generated (git-ignored)"
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="small store, fewer repetitions"
+    )
+    p.add_argument(
+        "--no-profile", action="store_true", help="skip the task-stream/profile round"
+    )
+    p.add_argument(
+        "--max-foreign",
+        type=float,
+        default=0.25,
+        help="before each repetition wait (up to --max-wait s) until other processes use less "
+        "than this share of the CPUs (the machine may be shared)",
+    )
     p.add_argument("--max-wait", type=float, default=120.0)
-    p.add_argument("--quiet-each", action="store_true",
-                   help="also wait (up to 30 s) for a quiet machine before every single measurement")
+    p.add_argument(
+        "--quiet-each",
+        action="store_true",
+        help="also wait (up to 30 s) for a quiet machine before every single measurement",
+    )
     a = p.parse_args(argv)
     a.rows = a.rows or (20_000 if a.quick else 200_000)
     a.chunk_rows = a.chunk_rows or (2_000 if a.quick else 10_000)
     a.repeat = a.repeat or (2 if a.quick else 3)
-    a.out = a.out or os.path.join(HERE, "results", "lrf_quick.json" if a.quick else "lrf.json")
+    a.out = a.out or os.path.join(
+        HERE, "results", "lrf_quick.json" if a.quick else "lrf.json"
+    )
     return a
 
 
@@ -101,7 +132,11 @@ class CpuMeter:
         wall = time.perf_counter() - s[0]
         tree, system = self._tree() - s[1], self._system() - s[2]
         ncpu = os.cpu_count() or 1
-        return {"wall": wall, "own_cpu_s": tree, "foreign_cpu_share": max(system - tree, 0.0) / (wall * ncpu)}
+        return {
+            "wall": wall,
+            "own_cpu_s": tree,
+            "foreign_cpu_share": max(system - tree, 0.0) / (wall * ncpu),
+        }
 
     def wait_quiet(self, threshold: float, max_wait: float) -> dict[str, float]:
         """Wait until foreign CPU use over a 1 s window is below ``threshold``."""
@@ -119,7 +154,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import dask
     import dask.array as da
-    import numpy as np
     from distributed import get_task_stream
 
     from pipeline import factorize
@@ -141,18 +175,32 @@ def main(argv: list[str] | None = None) -> int:
         def run() -> tuple[Any, ...]:
             kw: dict[str, Any] = {"private": False}
             if private:
-                kw = {"epsilon": 1.0, "delta": 1e-6, "ledger": os.path.join(ledger_dir, "ledger.json"), "budget": (1e6, 0.5)}
+                kw = {
+                    "epsilon": 1.0,
+                    "delta": 1e-6,
+                    "ledger": os.path.join(ledger_dir, "ledger.json"),
+                    "budget": (1e6, 0.5),
+                }
             f = factorize(path, k, algorithm=algorithm, seed=0, **kw)
             rep = f.report
-            extra = {"timings_seconds": rep["timings_seconds"], "n_passes": rep["n_passes"],
-                     "t": rep["parameters"]["sketch_size"], "v": rep["parameters"]["core_size"],
-                     "n_graph_tasks_pass": (rep.get("cluster") or {}).get("n_graph_tasks_pass"),
-                     "noise_floor_estimate": rep.get("noise_floor_estimate")}
+            extra = {
+                "timings_seconds": rep["timings_seconds"],
+                "n_passes": rep["n_passes"],
+                "t": rep["parameters"]["sketch_size"],
+                "v": rep["parameters"]["core_size"],
+                "n_graph_tasks_pass": (rep.get("cluster") or {}).get(
+                    "n_graph_tasks_pass"
+                ),
+                "noise_floor_estimate": rep.get("noise_floor_estimate"),
+            }
             return f.U, f.S, f.V, extra
+
         return run
 
     def svdc() -> tuple[Any, ...]:
-        U, s, Vt = da.linalg.svd_compressed(da.from_zarr(path), k=k, n_power_iter=0, seed=0)
+        U, s, Vt = da.linalg.svd_compressed(
+            da.from_zarr(path), k=k, n_power_iter=0, seed=0
+        )
         U, s, Vt = dask.compute(U, s, Vt)
         return U, s, Vt.T, {}
 
@@ -163,10 +211,16 @@ def main(argv: list[str] | None = None) -> int:
     A_mem: list[Any] = []
 
     def gemm() -> tuple[Any, ...]:
-        if not A_mem:  # one in-memory copy, loaded once onto worker 0 (untimed, see below)
-            A_mem.append(client.submit(C.load_store, path, workers=[workers[0]], pure=False))
+        if (
+            not A_mem
+        ):  # one in-memory copy, loaded once onto worker 0 (untimed, see below)
+            A_mem.append(
+                client.submit(C.load_store, path, workers=[workers[0]], pure=False)
+            )
             A_mem[0].result()
-        d = client.submit(C.gemm_floor, A_mem[0], t_np, v_np, workers=[workers[0]], pure=False).result()
+        d = client.submit(
+            C.gemm_floor, A_mem[0], t_np, v_np, workers=[workers[0]], pure=False
+        ).result()
         return None, None, None, {"inner": d}
 
     methods = {
@@ -188,13 +242,18 @@ def main(argv: list[str] | None = None) -> int:
 
     times: dict[str, list[float]] = {nm: [] for nm in names}
     records: dict[str, list[dict[str, Any]]] = {nm: [] for nm in names}
-    errors: dict[str, list[float]] = {nm: [] for nm in names if nm not in ("read", "gemm")}
+    errors: dict[str, list[float]] = {
+        nm: [] for nm in names if nm not in ("read", "gemm")
+    }
     quiet: list[dict[str, float]] = []
     for r in range(args.repeat):
-        order = names[r % len(names):] + names[: r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         q = meter.wait_quiet(args.max_foreign, args.max_wait)
         quiet.append(q)
-        print(f"rep {r}: foreign CPU {100 * q['foreign_cpu_share']:.0f}% after waiting {q['waited_s']:.0f} s", flush=True)
+        print(
+            f"rep {r}: foreign CPU {100 * q['foreign_cpu_share']:.0f}% after waiting {q['waited_s']:.0f} s",
+            flush=True,
+        )
         for nm in order:
             C.collect_everywhere(client)
             if args.quiet_each:
@@ -218,8 +277,12 @@ def main(argv: list[str] | None = None) -> int:
     # -- untimed diagnostics -------------------------------------------------------------------
     kernel = None
     if A_mem:
-        print("kernel breakdown on in-memory chunks (worker 0, 1 thread) ...", flush=True)
-        kernel = client.submit(C.kernel_breakdown, A_mem[0], k, cr, workers=[workers[0]], pure=False).result()
+        print(
+            "kernel breakdown on in-memory chunks (worker 0, 1 thread) ...", flush=True
+        )
+        kernel = client.submit(
+            C.kernel_breakdown, A_mem[0], k, cr, workers=[workers[0]], pure=False
+        ).result()
         A_mem[0].release()
         A_mem.clear()
     profiles: dict[str, Any] = {}
@@ -234,7 +297,10 @@ def main(argv: list[str] | None = None) -> int:
                 wall = time.perf_counter() - t0
             time.sleep(1.1)  # let the workers' profiler close its cycle
             prof = client.profile(start=t_epoch, stop=time.time())
-            profiles[nm] = {**C.task_stream_summary(ts.data, wall, len(workers)), "profile_top": C.profile_top(prof, 15)}
+            profiles[nm] = {
+                **C.task_stream_summary(ts.data, wall, len(workers)),
+                "profile_top": C.profile_top(prof, 15),
+            }
             print(f"profiled {nm}: {wall:.3f} s, {len(ts.data)} tasks", flush=True)
 
     client.close()
@@ -245,15 +311,32 @@ def main(argv: list[str] | None = None) -> int:
     floor_full = [a + b for a, b in zip(times["read"], times["gemm"], strict=True)]
     res: dict[str, Any] = {
         "benchmark": "bench_lrf",
-        "command": "python benchmarks/bench_lrf.py " + " ".join(sys.argv[1:] if argv is None else argv),
-        "machine": C.machine(), "versions": C.versions(), "store": C.store_info(path),
-        "params": {"m": m, "n": n, "rank": k, "chunk_rows": cr, "repeat": args.repeat,
-                   "t_np": t_np, "v_np": v_np, "epsilon": 1.0, "delta": 1e-6,
-                   "cluster": "LocalCluster(n_workers=2, threads_per_worker=1, processes=True)"},
-        "sigma_k": float(sv[k - 1]), "sigma_k+1": sigma_k1, "sigma_1": float(sv[0]),
+        "command": "python benchmarks/bench_lrf.py "
+        + " ".join(sys.argv[1:] if argv is None else argv),
+        "machine": C.machine(),
+        "versions": C.versions(),
+        "store": C.store_info(path),
+        "params": {
+            "m": m,
+            "n": n,
+            "rank": k,
+            "chunk_rows": cr,
+            "repeat": args.repeat,
+            "t_np": t_np,
+            "v_np": v_np,
+            "epsilon": 1.0,
+            "delta": 1e-6,
+            "cluster": "LocalCluster(n_workers=2, threads_per_worker=1, processes=True)",
+        },
+        "sigma_k": float(sv[k - 1]),
+        "sigma_k+1": sigma_k1,
+        "sigma_1": float(sv[0]),
         "times": {nm: C.summary(v) for nm, v in times.items()},
-        "floor": {"a_plus_half_b": C.summary(floor_half), "a_plus_b": C.summary(floor_full),
-                  "used": "a_plus_half_b"},
+        "floor": {
+            "a_plus_half_b": C.summary(floor_half),
+            "a_plus_b": C.summary(floor_full),
+            "used": "a_plus_half_b",
+        },
         "errors": {nm: C.summary(v) for nm, v in errors.items() if v},
         "ratios": {
             "ours_np/svdc": C.ratio(times["ours_np"], times["svdc"]),
@@ -266,7 +349,10 @@ def main(argv: list[str] | None = None) -> int:
             "ours_dp/svdc": C.ratio(times["ours_dp"], times["svdc"]),
         },
         "targets": {"ours_np/svdc": 0.7, "ours_np/floor": 1.3},
-        "quiet_checks": quiet, "records": records, "kernel_breakdown": kernel, "profiles": profiles,
+        "quiet_checks": quiet,
+        "records": records,
+        "kernel_breakdown": kernel,
+        "profiles": profiles,
     }
     C.dump_json(res, args.out)
     md = markdown(res)
@@ -290,22 +376,34 @@ def markdown(res: dict[str, Any]) -> str:
         "gemm": "floor (b): in-memory GEMMs, 1 thread",
     }
     lines = [
-        f"{p['m']}x{p['n']} float32, chunks {p['chunk_rows']} rows, k={p['rank']}, "
-        f"{p['repeat']} repetitions, 2 workers x 1 thread; {res['machine']['date']}",
+        (
+            f"{p['m']}x{p['n']} float32, chunks {p['chunk_rows']} rows, k={p['rank']}, "
+            f"{p['repeat']} repetitions, 2 workers x 1 thread; {res['machine']['date']}"
+        ),
         "",
-        "CPU used by other processes on the machine during the timed runs: median "
-        f"{100 * statistics.median(fs):.0f}%, max {100 * max(fs):.0f}% of the {res['machine']['cpus']} cores.",
+        (
+            "CPU used by other processes on the machine during the timed runs: median "
+            f"{100 * statistics.median(fs):.0f}%, max {100 * max(fs):.0f}% of the {res['machine']['cpus']} cores."
+        ),
         "",
         "| method | min s | median s | passes | t, v | error / sigma_k+1 (min, median) |",
         "|---|---|---|---|---|---|",
     ]
     for nm, lab in label.items():
         recs = res["records"][nm]
-        passes = recs[0].get("n_passes", 2 if nm == "svdc" else (1 if nm == "read" else "-"))
-        tv = f"{recs[0]['t']}, {recs[0]['v']}" if "t" in recs[0] else ("20 (l)" if nm == "svdc" else "-")
+        passes = recs[0].get(
+            "n_passes", 2 if nm == "svdc" else (1 if nm == "read" else "-")
+        )
+        tv = (
+            f"{recs[0]['t']}, {recs[0]['v']}"
+            if "t" in recs[0]
+            else ("20 (l)" if nm == "svdc" else "-")
+        )
         err = E.get(nm)
         es = "-" if not err else f"{err['min']:.3g}, {err['median']:.3g}"
-        lines.append(f"| {lab} | {T[nm]['min']:.3f} | {T[nm]['median']:.3f} | {passes} | {tv} | {es} |")
+        lines.append(
+            f"| {lab} | {T[nm]['min']:.3f} | {T[nm]['median']:.3f} | {passes} | {tv} | {es} |"
+        )
     F = res["floor"]
     lines += [
         f"| floor = (a) + (b)/2 (used) | {F['a_plus_half_b']['min']:.3f} | {F['a_plus_half_b']['median']:.3f} | | | |",
@@ -316,24 +414,47 @@ def markdown(res: dict[str, Any]) -> str:
     ]
     tg = {"ours_np/svdc": "<= 0.7", "ours_np/floor(a+b/2)": "<= 1.3"}
     for nm, r in R.items():
-        lines.append(f"| {nm} | {r['of_min']:.2f} | {r['of_median']:.2f} | {r.get('paired_median', float('nan')):.2f} | {tg.get(nm, '')} |")
+        lines.append(
+            f"| {nm} | {r['of_min']:.2f} | {r['of_median']:.2f} | {r.get('paired_median', float('nan')):.2f} | {tg.get(nm, '')} |"
+        )
     kb = res.get("kernel_breakdown")
     if kb:
-        lines += ["", "Per-chunk kernel on in-memory chunks, summed over all chunks, 1 thread (s):", "",
-                  "| request | t, v | dtype | block_partials | astype | isfinite | clip | operator gen | GEMM |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            (
+                "Per-chunk kernel on in-memory chunks, summed over all chunks, 1 thread (s); "
+                f"clip in place: {kb.get('clip_in_place')}; isfinite = full-block check where the kernel still does one:"
+            ),
+            "",
+            "| request | t, v | dtype | block_partials | astype | isfinite | clip | operator gen | GEMM |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for nm, d in kb.items():
+            if not isinstance(d, dict):
+                continue
             opgen = sum(v for kk, v in d.items() if kk.startswith("opgen"))
             gem = sum(v for kk, v in d.items() if kk.startswith("gemm"))
-            lines.append(f"| {nm} | {d['t']}, {d['v']} | {d['compute_dtype']} | {d['block_partials_total']:.3f} | "
-                         f"{d['astype']:.3f} | {d['isfinite']:.3f} | {d['clip']:.3f} | {opgen:.3f} | {gem:.3f} |")
+            lines.append(
+                f"| {nm} | {d['t']}, {d['v']} | {d['compute_dtype']} | {d['block_partials_total']:.3f} | "
+                f"{d['astype']:.3f} | {d['isfinite']:.3f} | {d['clip']:.3f} | {opgen:.3f} | {gem:.3f} |"
+            )
     prof = res.get("profiles")
     if prof:
-        lines += ["", "Task stream of one profiled run (compute seconds summed over both workers):", "",
-                  "| method | wall s | tasks | worker utilisation | top task prefixes (compute s) |", "|---|---|---|---|---|"]
+        lines += [
+            "",
+            "Task stream of one profiled run (compute seconds summed over both workers):",
+            "",
+            "| method | wall s | tasks | worker utilisation | top task prefixes (compute s) |",
+            "|---|---|---|---|---|",
+        ]
         for nm, d in prof.items():
-            top = ", ".join(f"{x['prefix']} x{x['n']} {x.get('compute', 0):.2f}" for x in d["by_prefix"][:4])
-            lines.append(f"| {nm} | {d['wall_s']:.3f} | {d['n_tasks']} | {100 * d['utilisation']:.0f}% | {top} |")
+            top = ", ".join(
+                f"{x['prefix']} x{x['n']} {x.get('compute', 0):.2f}"
+                for x in d["by_prefix"][:4]
+            )
+            lines.append(
+                f"| {nm} | {d['wall_s']:.3f} | {d['n_tasks']} | {100 * d['utilisation']:.0f}% | {top} |"
+            )
     return "\n".join(lines) + "\n"
 
 
