@@ -297,3 +297,38 @@ def test_demo_runs_and_prints_the_report(tmp_path: Path) -> None:
         == rep["release_id"]
     )
     assert "nan" not in proc.stdout.lower()
+
+
+@pytest.mark.timeout(120)
+def test_budget_flags_cannot_change_a_declared_budget(
+    store: Path, tmp_path: Path
+) -> None:
+    """A lifetime budget is declared once: contradicting flags exit 2, nothing changes."""
+    ledger, out = tmp_path / "A.ledger.json", tmp_path / "release.zarr"
+    init = run_dplr(
+        "budget", "init", store, "--epsilon", "1", "--delta", "1e-6", "--ledger", ledger
+    )
+    assert init.returncode == 0, init.stderr
+    before = file_state(ledger)
+    proc = run_dplr(
+        "factorize",
+        store,
+        "--rank",
+        RANK,
+        "--out",
+        out,
+        "--ledger",
+        ledger,
+        "--epsilon",
+        "0.5",
+        "--delta",
+        "1e-7",
+        "--budget-epsilon",
+        "5",
+        "--budget-delta",
+        "1e-6",
+    )
+    line = assert_one_line_error(proc, 2, "dplr: error: ")
+    assert "already declares the lifetime budget" in line
+    assert_nothing_at(out)
+    assert file_state(ledger) == before
