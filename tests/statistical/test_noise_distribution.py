@@ -119,8 +119,9 @@ class _Recorder(ArraySource):
     """Records the exact sketches and the tall ``Y`` before and after noise."""
 
     def sketch(self, request: Any) -> dict[str, Any]:
-        self.exact = super().sketch(request)
-        return self.exact
+        result = super().sketch(request)
+        self.exact = dict(result)  # the algorithm pops its dict once the noise is added
+        return result
 
     def tall_map_rows(self, Y: np.ndarray, fn: Any) -> np.ndarray:
         out = super().tall_map_rows(Y, fn)
