@@ -367,8 +367,7 @@ def factorize(
                 },
             )
 
-    if isinstance(array, np.ndarray):
-        src = ArraySource(array)
+    def execute(src: Any, cluster: dict[str, Any] | None) -> Factorization:
         result = run_lrf(
             src,
             plan,
@@ -377,7 +376,9 @@ def factorize(
             before_noise=charge,
             input_dtype=array.dtype,
         )
-        timings["total"] = time.perf_counter() - t0
+        timings["post"] = (
+            time.perf_counter() - t0 - timings["plan"] - timings.get("pass", 0.0)
+        )
         report = build_report(
             plan,
             release_id=release_id,
@@ -387,9 +388,13 @@ def factorize(
             ledger=book,
             passes=src.n_passes,
             timings=timings,
-            cluster=None,
+            cluster=cluster,
         )
-        final = Factorization(U=result.U, S=result.S, V=result.V, report=report)
+        return Factorization(U=result.U, S=result.S, V=result.V, report=report)
+
+    if isinstance(array, np.ndarray):
+        final = execute(ArraySource(array), None)
+        final.report["timings_seconds"]["total"] = round(time.perf_counter() - t0, 4)
         if out is not None:
             write_release(out, final, overwrite=overwrite)
         return final
@@ -402,47 +407,25 @@ def factorize(
                 file=progress,
             )
         dsrc = DaskSource(array, client, progress=progress)
-        result = run_lrf(
-            dsrc,
-            plan,
-            sketch_seed=sketch_seed,
-            noise_key=noise_key,
-            before_noise=charge,
-            input_dtype=array.dtype,
-        )
-        timings["post"] = (
-            time.perf_counter() - t0 - timings["plan"] - timings.get("pass", 0.0)
-        )
         cluster = {
             "kind": cinfo.kind,
             "n_workers": cinfo.n_workers,
-            "n_graph_tasks_pass": dsrc.n_tasks,
+            "n_graph_tasks_pass": 0,
         }
-        report = build_report(
-            plan,
-            release_id=release_id,
-            insecure=insecure_noise_seed is not None,
-            seed=sketch_seed,
-            info=info,
-            ledger=book,
-            passes=dsrc.n_passes,
-            timings=timings,
-            cluster=cluster,
-        )
-        staged = Factorization(U=result.U, S=result.S, V=result.V, report=report)
+        staged = execute(dsrc, cluster)
+        cluster["n_graph_tasks_pass"] = dsrc.n_tasks  # the report holds this dict
         if out is not None:
             write_release(out, staged, overwrite=overwrite, client=client)
-            t_end = time.perf_counter() - t0
             from pipeline.io import read_release
 
             final = read_release(out)
-            final.report["timings_seconds"]["total"] = round(t_end, 4)
+            final.report["timings_seconds"]["total"] = round(
+                time.perf_counter() - t0, 4
+            )
             return final
-        U = _gather(result.U, client)
-        V = _gather(result.V, client)
-        timings["total"] = time.perf_counter() - t0
-        report["timings_seconds"]["total"] = round(timings["total"], 4)
-        return Factorization(U=U, S=result.S, V=V, report=report)
+        U, V = _gather(staged.U, client), _gather(staged.V, client)
+        staged.report["timings_seconds"]["total"] = round(time.perf_counter() - t0, 4)
+        return Factorization(U=U, S=staged.S, V=V, report=staged.report)
 
 
 def _gather(x: Any, client: Any) -> np.ndarray:
