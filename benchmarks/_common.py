@@ -170,25 +170,9 @@ def _cpu_model() -> str:
 
 
 def versions() -> dict[str, str]:
-    import importlib.metadata as md
+    from pipeline.api import package_versions
 
-    out = {}
-    for p in (
-        "dplr",
-        "numpy",
-        "scipy",
-        "dask",
-        "distributed",
-        "zarr",
-        "numcodecs",
-        "randomgen",
-        "psutil",
-    ):
-        try:
-            out[p] = md.version(p)
-        except md.PackageNotFoundError:
-            out[p] = "n/a"
-    return out
+    return package_versions(extra=("numcodecs", "psutil"))
 
 
 # -- statistics -----------------------------------------------------------------------

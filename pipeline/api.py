@@ -105,7 +105,8 @@ def make_params(
     )
 
 
-def _versions() -> dict[str, str]:
+def package_versions(extra: tuple[str, ...] = ()) -> dict[str, str]:
+    """Versions of Python, dplr and its dependencies (plus ``extra``), for reports."""
     out = {"python": platform.python_version()}
     for pkg in (
         "dplr",
@@ -116,6 +117,7 @@ def _versions() -> dict[str, str]:
         "zarr",
         "dp-accounting",
         "randomgen",
+        *extra,
     ):
         try:
             out[pkg] = _md.version(pkg)
@@ -164,7 +166,7 @@ def build_report(
         },
         "cluster": cluster,
         "sketch_seed_fingerprint": seed_fingerprint(seed),
-        "versions": _versions(),
+        "versions": package_versions(),
     }
     if cal is None:
         report.update(
