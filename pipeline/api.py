@@ -12,6 +12,7 @@ The order is the privacy contract [design 3; style B.3]:
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import importlib.metadata as _md
 import math
@@ -39,6 +40,7 @@ from pipeline.algorithms.lrf import (
     run_lrf,
     seed_fingerprint,
 )
+from pipeline.algorithms.power_pca import PcaRelease
 from pipeline.errors import InvalidParameterError, PrivacyConfigError
 from pipeline.mechanisms.clipping import ClipSpec, Neighboring, PrivacyUnit
 from pipeline.mechanisms.noise import NoiseKey
@@ -511,3 +513,375 @@ class _NewLedger:
     def remaining_summary(self) -> dict[str, Any]:
         assert self.ledger is not None, "summary of a ledger before its first charge"
         return self.ledger.remaining_summary()
+
+
+# ---------------------------------------------------------------------------
+# PCA
+# ---------------------------------------------------------------------------
+#: Target size (float64 bytes) of the full-width row band one PCA task reads.
+PCA_BAND_BYTES = 64 * 2**20
+
+
+def pca(
+    source: Any,
+    rank: int,
+    *,
+    epsilon: float | None = None,
+    delta: float | None = None,
+    method: str = "power",
+    iterations: int | None = None,
+    clip_radius: float | None = None,
+    accounting: str = "gdp",
+    sensitivity: str = "paper",
+    init_fraction: float = 0.5,
+    h_fraction: float = 0.5,
+    beta: float = 0.1,
+    gamma_scale: float = 1.0,
+    row_norm_bound: float = 1.0,
+    route: str = "auto",
+    private: bool = True,
+    out: str | os.PathLike[str] | None = None,
+    overwrite: bool = False,
+    ledger: str | os.PathLike[str] | Ledger | None = None,
+    budget: tuple[float, float] | None = None,
+    scheduler: str | None = None,
+    journal: str | os.PathLike[str] | None = None,
+    insecure_noise_seed: int | None = None,
+    progress: TextIO | None = None,
+) -> PcaRelease:
+    """Differentially private top-``rank`` PCA subspace of a matrix whose rows are individuals.
+
+    Parameters
+    ----------
+    source : str, zarr.Array, dask.array.Array or numpy.ndarray of shape (n, d)
+        The private matrix, one individual per row. Zarr paths and dask arrays
+        run on a Dask cluster (as in :func:`factorize`); numpy arrays in memory.
+    rank : int
+        ``k``, ``1 <= k < d``.
+    epsilon, delta : float
+        Budget of this release (replacement of one row); required unless
+        ``private=False``.
+    method : {"power", "analyze-gauss"}
+        The clipped, preconditioned power method (Analyze Gauss start, then
+        ``iterations`` steps) or Analyze Gauss alone with the whole budget.
+    iterations : int
+        Public ``T`` (power method): 1 + T passes over the data.
+    clip_radius : float
+        Public ``R`` (power method). For near-i.i.d. data ``||U||_inf`` is about
+        ``sqrt(log(n) / n)``, so ``2 sqrt(k log(n) / n)`` is a reasonable public
+        guess [spec power-pca D5]; never choose it by looking at the data.
+    accounting : {"gdp", "paper"}
+        Exact Gaussian (GDP) calibration, or the paper's constants (reproduction
+        only: about 30x more noise per iteration).
+    sensitivity : {"paper", "tight"}
+        Gram sensitivity 2 (the paper's) or sqrt(2) (the exact supremum).
+    init_fraction, h_fraction, beta, gamma_scale : float
+        Budget split and eigenvalue-floor parameters (public; spec 3.4, 7 D3-D4).
+    row_norm_bound : float
+        Public ``C``: rows are divided by it, then clipped to norm 1. Rows with
+        NaN or Inf count as zero rows (silently: reporting them would leak).
+    route : {"auto", "gram", "two-pass"}
+        ``H`` from the client's Gram matrix (1 + T passes) or from the data
+        (1 + 2T passes, no d x d matrix kept); ``auto`` picks by ``d``.
+    private : bool
+        False runs the non-private block power method (no clipping or noise).
+    out : path or None
+        Zarr v3 group to publish to (``components``, ``eigenvalues``, report).
+    overwrite : bool
+    ledger, budget, scheduler, insecure_noise_seed, progress
+        As in :func:`factorize`.
+    journal : path or None
+        The release journal (trusted zone; holds the noise key). Default
+        ``.<out>.dplr-journal`` beside ``out``; in memory when ``out`` is None.
+        Rerunning an interrupted job with the same arguments resumes from it:
+        recorded releases are neither redrawn nor recharged, and their passes
+        are skipped.
+
+    Returns
+    -------
+    PcaRelease
+        ``components`` (d, k), ``eigenvalues`` (k + 1,) of the released ``M``
+        divided by nothing (noisy eigenvalues of ``A^T A``), ``report``.
+
+    Raises
+    ------
+    InvalidParameterError, StoreLayoutError, SchedulerUnavailableError
+        Bad input; nothing read, written or charged.
+    BudgetExceededError
+        The plan exceeds the dataset's budget; refused before any read.
+
+    Notes
+    -----
+    Privacy. (epsilon, delta)-DP under replacement of one row (rows clipped to
+    norm 1): a composition of Gaussian releases ``M``, ``H_t``, ``Z_t`` with
+    sensitivities 2 (or sqrt 2), 2 (or sqrt 2) and 2R, calibrated exactly as
+    one ``mu``-GDP mechanism [spec power-pca 3.4].
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> A = rng.normal(size=(2000, 8)) * [3, 2, 1, 1, 1, 1, 1, 1] / 6
+    >>> r = pca(A, 2, iterations=3, private=False)
+    >>> r.components.shape
+    (8, 2)
+    """
+    from pipeline.algorithms.power_pca import (
+        ArrayRowSource,
+        MemoryJournal,
+        PcaParams,
+        plan_pca,
+        run_pca,
+    )
+    from pipeline.io import (
+        FileJournal,
+        check_output_path,
+        default_journal_path,
+        input_fingerprint,
+        open_input,
+        write_group,
+    )
+
+    t0 = time.perf_counter()
+    if not isinstance(private, bool):
+        raise InvalidParameterError(
+            f"private must be True or False, got private={private!r}."
+        )
+    params = PcaParams(
+        rank=rank,
+        epsilon=epsilon,
+        delta=delta,
+        method=method,
+        iterations=iterations,
+        clip_radius=clip_radius,
+        accounting=accounting,
+        sensitivity=sensitivity,
+        init_fraction=init_fraction,
+        h_fraction=h_fraction,
+        beta=beta,
+        gamma_scale=gamma_scale,
+        row_norm_bound=row_norm_bound,
+        route=route,
+        private=private,
+    )
+    if insecure_noise_seed is not None:
+        insecure_noise_seed = check_int_in_range(
+            insecure_noise_seed, "insecure_noise_seed", 0
+        )
+    array, info = open_input(source, unit=None, band_bytes=PCA_BAND_BYTES)
+    plan = plan_pca(params, info.shape)
+    if out is not None:
+        check_output_path(out, overwrite=overwrite, inputs=(info.path,))
+    book = _resolve_ledger(ledger, info.path, budget, plan)  # type: ignore[arg-type]
+    cal = plan.calibration
+    new_key = None
+    if cal is not None:
+        new_key = (
+            NoiseKey.insecure_from_seed(insecure_noise_seed)
+            if insecure_noise_seed is not None
+            else NoiseKey.fresh()
+        )
+    jpath = (
+        journal
+        if journal is not None
+        else (default_journal_path(out) if out is not None else None)
+    )
+    header = {
+        "kind": "pca",
+        "parameters": {k: v for k, v in dataclasses.asdict(params).items()},
+        "shape": list(info.shape),
+        "input": info.path,
+        "input_fingerprint": input_fingerprint(info.path),
+        "release_id": uuid.uuid4().hex,
+    }
+    jr: Any
+    if jpath is not None:
+        jr = FileJournal.open(jpath, header, noise_key=new_key)
+        noise_key, release_id = jr.noise_key, str(jr.release_id)
+    else:
+        jr, noise_key, release_id = MemoryJournal(), new_key, header["release_id"]
+
+    def already_charged() -> bool:
+        return isinstance(book, Ledger) and any(
+            r["release_id"] == release_id for r in book.releases
+        )
+
+    if book is not None and cal is not None:
+        if isinstance(book, Ledger):
+            book.reload()
+        if not already_charged():
+            book.check(cal)  # refused here, before the first read
+    timings: dict[str, float] = {"plan": time.perf_counter() - t0}
+
+    def charge() -> None:
+        if book is None or cal is None or already_charged():
+            return
+        book.charge(
+            cal,
+            release_id=release_id,
+            algorithm=f"pca-{params.method}",
+            details={
+                "rank": params.rank,
+                "iterations": plan.iterations,
+                "clip_radius": cal.clip_radius,
+                "output": None if out is None else os.fspath(out),
+                "noise_reproducible_not_private": insecure_noise_seed is not None,
+            },
+        )
+
+    def say(msg: str) -> None:
+        if progress is not None:
+            print(msg, file=progress, flush=True)
+
+    def execute(src: Any, cluster: dict[str, Any] | None) -> PcaRelease:
+        result = run_pca(
+            src,
+            plan,
+            noise_key=noise_key,
+            journal=jr,
+            before_first_release=charge,
+            on_step=say,
+        )
+        timings["run"] = time.perf_counter() - t0 - timings["plan"]
+        report = build_pca_report(
+            plan,
+            result,
+            release_id=release_id,
+            insecure=insecure_noise_seed is not None,
+            info=info,
+            ledger=book,
+            timings=timings,
+            cluster=cluster,
+        )
+        return PcaRelease(
+            components=result.components, eigenvalues=result.eigenvalues, report=report
+        )
+
+    def publish(rel: PcaRelease) -> PcaRelease:
+        rel.report["timings_seconds"]["total"] = round(time.perf_counter() - t0, 4)
+        if out is not None:
+            write_group(
+                out,
+                {"components": rel.components, "eigenvalues": rel.eigenvalues},
+                rel.report,
+                overwrite=overwrite,
+            )
+        if isinstance(jr, FileJournal):
+            jr.remove()  # it holds the noise key; the release is out
+        return rel
+
+    if isinstance(array, np.ndarray):
+        src = ArrayRowSource(
+            array, row_norm_bound=plan.params.row_norm_bound, clip=params.private
+        )
+        return publish(execute(src, None))
+    from pipeline.execution import cluster_client
+    from pipeline.execution.pca import DaskRowSource
+
+    with cluster_client(scheduler) as (client, cinfo):
+        if progress is not None and cinfo.dashboard:
+            print(
+                f"dask cluster: {cinfo.kind}, {cinfo.n_workers} workers, dashboard {cinfo.dashboard}",
+                file=progress,
+            )
+        dsrc = DaskRowSource(
+            array,
+            client,
+            row_norm_bound=plan.params.row_norm_bound,
+            clip=params.private,
+            progress=progress,
+        )
+        cluster = {
+            "kind": cinfo.kind,
+            "n_workers": cinfo.n_workers,
+            "n_row_bands": dsrc.n_bands,
+        }
+        rel = execute(dsrc, cluster)
+        cluster["n_graph_tasks"] = dsrc.n_tasks
+        return publish(rel)
+
+
+def build_pca_report(
+    plan: Any,
+    result: Any,
+    *,
+    release_id: str,
+    insecure: bool,
+    info: Any,
+    ledger: Any,
+    timings: dict[str, float],
+    cluster: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The privacy report and run metadata of a PCA release (public values only)."""
+    p, cal = plan.params, plan.calibration
+    n, d = plan.shape
+    report: dict[str, Any] = {
+        "format": "dplr-pca-release/1",
+        "release_id": release_id,
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "private": cal is not None and not insecure,
+        "algorithm": f"pca-{p.method}",
+        "rank": p.rank,
+        "shape": [n, d],
+        "parameters": {
+            "method": p.method,
+            "iterations": plan.iterations,
+            "clip_radius": None if math.isinf(plan.clip_radius) else plan.clip_radius,
+            "requested_clip_radius": p.clip_radius,
+            "gamma": plan.gamma,
+            "route": plan.route,
+            "row_norm_bound": p.row_norm_bound,
+            "accounting": p.accounting,
+            "sensitivity": p.sensitivity,
+            "init_fraction": p.init_fraction,
+            "h_fraction": p.h_fraction,
+            "beta": p.beta,
+            "gamma_scale": p.gamma_scale,
+            "centred": False,
+        },
+        "n_passes": result.n_passes,
+        "n_passes_planned": plan.n_passes,
+        "releases": list(result.releases),
+        "resumed_releases": list(result.resumed),
+        "timings_seconds": {k: round(v, 4) for k, v in timings.items()},
+        "input": {
+            "path": info.path,
+            "dtype": info.dtype,
+            "store_chunks": info.store_chunks,
+            "n_row_bands": len(info.dask_chunks[0]),
+        },
+        "cluster": cluster,
+        "versions": package_versions(),
+    }
+    if cal is None:
+        report.update(
+            {
+                "mechanism": None,
+                "epsilon": None,
+                "delta": None,
+                "note": "non-private run: no clipping, no noise; NOT PRIVATE",
+            }
+        )
+        return report
+    cd = cal.to_dict()
+    report.update(
+        {
+            "mechanism": "Gaussian releases M, H_t, Z_t composed exactly (mu-GDP); analytic calibration",
+            "epsilon": cal.epsilon,
+            "delta": cal.delta,
+            "realised_epsilon": cal.realised_epsilon(),
+            "accountant": p.accounting,
+            "neighboring": "replace one row (rows clipped to norm 1)",
+            "idealized_numerics": True,
+            "insecure_noise_seed": insecure,
+            "calibration": cd,
+            "mechanisms": cd.get("mechanisms"),
+            "ledger": None
+            if ledger is None
+            else {"path": str(ledger.path), **ledger.remaining_summary()},
+        }
+    )
+    if insecure:
+        report["note"] = (
+            "noise drawn from a public seed (--insecure-noise-seed): NOT PRIVATE"
+        )
+    return report

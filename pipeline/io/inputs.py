@@ -90,7 +90,7 @@ def _band_chunks(
 
 
 def open_input(
-    source: Any, *, unit: str | None = "row"
+    source: Any, *, unit: str | None = "row", band_bytes: int | None = None
 ) -> tuple[da.Array | np.ndarray, InputInfo]:
     """Open ``source`` lazily and validate it from metadata alone (no data read).
 
@@ -100,6 +100,10 @@ def open_input(
         A Zarr array path, an open zarr array, a dask array or an in-memory array.
     unit : {"row", "column", "entry"} or None
         Privacy unit; decides whether whole rows (columns) are read per task.
+    band_bytes : int or None
+        When given, a Zarr input is read in full-width row bands of whole store
+        row chunks, about this many bytes each in float64 (at least one store
+        chunk): the unit of work of row-wise algorithms such as PCA.
 
     Returns
     -------
@@ -147,7 +151,13 @@ def open_input(
     what = f"input store {path!r}" if path else "the input zarr array"
     _check_array_meta(z.shape, z.dtype, what)
     store_chunks = tuple(int(c) for c in (z.shards or z.chunks))
-    chunks = _band_chunks(tuple(z.shape), store_chunks, z.dtype.itemsize, unit)
+    if band_bytes is not None:
+        rows = store_chunks[0] * max(
+            1, band_bytes // (store_chunks[0] * z.shape[1] * 8)
+        )
+        chunks = (min(rows, int(z.shape[0])), int(z.shape[1]))
+    else:
+        chunks = _band_chunks(tuple(z.shape), store_chunks, z.dtype.itemsize, unit)
     arr = da.from_zarr(z, chunks=chunks)
     return arr, InputInfo(
         path=path,

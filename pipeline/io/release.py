@@ -82,6 +82,27 @@ def write_release(
 ) -> str:
     """Write ``U``, ``S``, ``V`` and ``attrs["report"]`` to the Zarr v3 group ``out``.
 
+    Atomic, as :func:`write_group`.
+    """
+    return write_group(
+        out,
+        {"U": result.U, "S": result.S, "V": result.V},
+        result.report,
+        overwrite=overwrite,
+        client=client,
+    )
+
+
+def write_group(
+    out: str | os.PathLike[str],
+    arrays: dict[str, Any],
+    report: dict[str, Any],
+    *,
+    overwrite: bool,
+    client: Any = None,
+) -> str:
+    """Write ``arrays`` and ``attrs["report"]`` to the Zarr v3 group ``out``.
+
     Everything goes to a hidden temporary group beside ``out``, which is renamed
     into place last (atomic on POSIX); a crash leaves at most a hidden directory,
     never a group at ``out`` that looks complete.
@@ -91,11 +112,10 @@ def write_release(
     tmp = os.path.join(parent, f".{base}.tmp-{uuid.uuid4().hex}")
     try:
         group = zarr.open_group(store=tmp, mode="w-", zarr_format=3)
-        _write_array(group, "U", result.U, client)
-        _write_array(group, "S", result.S, client)
-        _write_array(group, "V", result.V, client)
+        for name, x in arrays.items():
+            _write_array(group, name, x, client)
         # round-trip through json so a non-serialisable report fails here, not later
-        group.attrs["report"] = json.loads(json.dumps(result.report))
+        group.attrs["report"] = json.loads(json.dumps(report))
         _fsync_tree(tmp)
         if os.path.lexists(out):
             if not overwrite:
@@ -113,6 +133,22 @@ def write_release(
         if os.path.exists(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def read_group(
+    path: str | os.PathLike[str], names: tuple[str, ...]
+) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Arrays ``names`` and the report of a group written by :func:`write_group`."""
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise StoreLayoutError(f"release {path!r} does not exist.")
+    try:
+        g = zarr.open_group(store=path, mode="r")
+        return {n: np.asarray(g[n][...]) for n in names}, dict(g.attrs["report"])
+    except (KeyError, FileNotFoundError) as exc:
+        raise StoreLayoutError(
+            f"{path!r} is not a dplr release (missing {exc})."
+        ) from None
 
 
 def _fsync_dir(path: str) -> None:

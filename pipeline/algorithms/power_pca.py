@@ -1,0 +1,733 @@
+"""Coherence-adaptive DP PCA: Analyze Gauss and the private clipped power method.
+
+Problem. ``A`` is an (n, d) matrix whose rows are individuals. Find ``X`` of
+shape (d, k) with orthonormal columns whose span is close to ``span(V_k)``, the
+top-k right singular subspace of ``A`` (uncentred PCA: the top eigenvectors of
+``A^T A``), measured by ``sin theta_max = ||(I - X X^T) V_k||_2``, such that
+releasing ``X`` is (epsilon, delta)-DP for neighbours that replace one row
+(spec power-pca section 1.2).
+
+Method (spec sections 2.1-2.3).
+
+1. Rows are clipped to norm ``<= 1 - 1e-9`` before anything touches them
+   (after an optional public rescaling ``a_i / C``); a row holding NaN or Inf
+   becomes the zero row -- silently, because raising or counting would be a
+   data-dependent side channel (spec 1.4, rules 1-2).
+2. Analyze Gauss [DTTZ14]: release ``M = A^T A + noise_init sym(G)`` and take
+   its top-k eigenvectors ``X0``. Alone (with the whole budget) it is the
+   baseline method ``"analyze-gauss"``.
+3. The preconditioned clipped power method, ``t = 0 .. T-1``: release
+   ``H = X^T A^T A X + noise_H sym(G_t)``; ``B = (H floored at gamma)^(-1/2)``;
+   release ``Z = sum_i a_i Clip_R(a_i^T X B) + noise_Z R G~_t``; ``X = qr(Z)``.
+   ``B`` whitens ``A X`` so that, near the answer, ``a_i^T X B ~ e_i^T U_k``,
+   whose norm is at most ``sqrt(k) ||U||_inf``: on incoherent data a small
+   clip radius ``R`` -- hence little noise -- suffices [P, section 3].
+
+Everything data-derived that leaves :func:`run_pca` passes through exactly one
+Gaussian release (``M``, ``H_t``, ``Z_t``) whose noise is drawn here, on the
+reduced statistic, from the secret keyed generator of
+:mod:`pipeline.mechanisms.noise`; ``B``, ``X`` and the eigenvalues are
+post-processing of releases only. Exact aggregates travel inside
+:class:`Secret` wrappers that refuse to be printed or pickled.
+
+Passes over A: 1 (Gram) + T (one per iteration); the ``H`` releases are
+computed on the client from the Gram matrix (spec 4.4). The ``"two-pass"``
+route recomputes ``H`` from the data instead (1 + 2T passes) and never holds a
+d x d matrix after the first step (spec 4.5).
+
+References
+----------
+.. [P] Coherence-adaptive differentially private PCA via a preconditioned,
+   clipped block power method (seed paper; spec power-pca).
+.. [DTTZ14] Dwork, Talwar, Thakurta, Zhang. Analyze Gauss: optimal bounds for
+   privacy-preserving principal component analysis. STOC 2014.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import scipy.linalg
+
+from pipeline._types import FloatArray, Shape2D
+from pipeline._validation import check_float_in_interval, check_int_in_range
+from pipeline.errors import InvalidParameterError
+from pipeline.mechanisms.noise import GaussianNoise, NoiseKey
+
+__all__ = [
+    "ArrayRowSource",
+    "MemoryJournal",
+    "PcaParams",
+    "PcaPlan",
+    "PcaRelease",
+    "PcaResult",
+    "ReleaseJournal",
+    "RowSource",
+    "Secret",
+    "band_gram",
+    "band_products",
+    "band_update",
+    "clip_rows",
+    "eig_floor_inv_sqrt",
+    "plan_pca",
+    "prep_rows",
+    "qr_pos",
+    "run_pca",
+    "sym",
+    "topk_eig",
+]
+
+#: Rows are clipped to this norm: the 1e-9 slack absorbs rounding in the norm,
+#: so that the analysed bound ``||a_i|| <= 1`` holds in floating point (spec 1.4).
+ROW_CLIP = 1.0 - 1e-9
+#: Same slack for the clip radius R of the power iterations (spec 2.0).
+RADIUS_SLACK = 1.0 - 1e-9
+#: Eigenvalue floor of the non-private variant (only keeps B finite).
+NONPRIVATE_GAMMA = 1e-12
+#: Client memory allowed for the d x d Gram matrix before the two-pass route is used.
+GRAM_CLIENT_BYTES = 4 * 2**30
+
+METHODS = ("power", "analyze-gauss")
+ROUTES = ("auto", "gram", "two-pass")
+
+
+# --------------------------------------------------------------------------
+# Exact aggregates
+# --------------------------------------------------------------------------
+class Secret:
+    """An exact, non-private aggregate (e.g. ``A^T A``): usable, never shown.
+
+    Its ``repr`` is redacted and it refuses to be pickled, so it cannot reach a
+    log, an exception message, a file or a worker by accident (spec 1.4, rule 3).
+    Only the mechanisms of :func:`run_pca` read :attr:`value`.
+    """
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: FloatArray) -> None:
+        self._value = value
+
+    @property
+    def value(self) -> FloatArray:
+        return self._value
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self._value.shape)
+
+    def __repr__(self) -> str:
+        return f"Secret(<redacted>, shape={self.shape})"
+
+    __str__ = __repr__
+
+    def __reduce__(self) -> Any:
+        raise TypeError("exact aggregates are not serialisable; release them first.")
+
+
+def _released(x: Any, name: str) -> FloatArray:
+    """Guard for post-processing functions: they accept released values only."""
+    if isinstance(x, Secret):
+        raise TypeError(
+            f"{name} must be a released (noisy) value; got an exact aggregate. "
+            "Pass it through its Gaussian release first."
+        )
+    return np.asarray(x, dtype=np.float64)
+
+
+# --------------------------------------------------------------------------
+# Per-band kernels (run on workers; pure, deterministic, no randomness)
+# --------------------------------------------------------------------------
+def prep_rows(
+    block: Any, row_norm_bound: float = 1.0, *, clip: bool = True
+) -> FloatArray:
+    """Rows of ``block`` in float64, rescaled by ``1/C`` and clipped to norm ``<= 1``.
+
+    Parameters
+    ----------
+    block : array_like of shape (r, d)
+        Full-width rows (a row's norm needs all of its columns).
+    row_norm_bound : float
+        Public bound ``C``: rows are divided by it before clipping.
+    clip : bool
+        False for the non-private variant: only the float64 cast.
+
+    Returns
+    -------
+    ndarray of shape (r, d)
+        ``a_i min(1/C, (1 - 1e-9) / ||a_i||)``; rows with NaN or Inf are zero.
+
+    Notes
+    -----
+    The norm of a row whose squares overflow (entries near 1e308) is recomputed
+    with a per-row scaling, so huge rows are clipped, never zeroed or turned
+    into Inf. Rows too small to square (subnormals) are left as they are; their
+    norm is far below 1.
+
+    Examples
+    --------
+    >>> prep_rows(np.array([[3.0, 4.0], [0.3, 0.4], [np.nan, 1.0]])).round(6)
+    array([[0.6, 0.8],
+           [0.3, 0.4],
+           [0. , 0. ]])
+    """
+    a = np.array(block, dtype=np.float64, copy=True)
+    if not clip:
+        return a
+    finite = np.isfinite(a).all(axis=1)
+    if not finite.all():
+        a[~finite] = 0.0
+    sumsq = np.einsum("ij,ij->i", a, a)
+    norms = np.sqrt(sumsq)
+    big = ~np.isfinite(norms)
+    if big.any():
+        rows = a[big]
+        peak = np.abs(rows).max(axis=1)
+        scaled = rows / peak[:, None]
+        norms[big] = peak * np.sqrt(np.einsum("ij,ij->i", scaled, scaled))
+    with np.errstate(divide="ignore", over="ignore"):
+        factor = np.minimum(1.0 / row_norm_bound, ROW_CLIP / norms)
+    a *= factor[:, None]
+    return a
+
+
+def band_gram(a: FloatArray) -> FloatArray:
+    """``a^T a`` of a prepared band, shape (d, d)."""
+    return a.T @ a
+
+
+def clip_rows(Y: FloatArray, radius: float) -> FloatArray:
+    """``Clip_R`` on every row: ``y min(1, R / ||y||)``, with ``R (1 - 1e-9)``.
+
+    Examples
+    --------
+    >>> clip_rows(np.array([[3.0, 4.0], [0.0, 0.0]]), 1.0).round(6)
+    array([[0.6, 0.8],
+           [0. , 0. ]])
+    """
+    if math.isinf(radius):
+        return Y
+    r = radius * RADIUS_SLACK
+    norms = np.sqrt(np.einsum("ij,ij->i", Y, Y))
+    return Y * (r / np.maximum(norms, r))[:, None]
+
+
+def band_update(
+    a: FloatArray, X: FloatArray, trials: Sequence[tuple[FloatArray, float]]
+) -> FloatArray:
+    """One band's share of ``Z = sum_i a_i Clip_R(a_i^T X B)``, for several trials.
+
+    Parameters
+    ----------
+    a : ndarray of shape (r, d)
+        Prepared rows.
+    X : ndarray of shape (d, k * n_trials)
+        The trials' current iterates side by side.
+    trials : sequence of (B, R)
+        Per trial: preconditioner (k, k) and clip radius. Rows are clipped per
+        trial block, never on the concatenation (spec 1.4, rule 6).
+
+    Returns
+    -------
+    ndarray of shape (d, k * n_trials)
+    """
+    P = a @ X
+    k = P.shape[1] // len(trials)
+    W = np.empty_like(P)
+    for i, (B, R) in enumerate(trials):
+        sl = slice(i * k, (i + 1) * k)
+        W[:, sl] = clip_rows(P[:, sl] @ B, R)
+    return a.T @ W
+
+
+def band_products(a: FloatArray, X: FloatArray) -> FloatArray:
+    """``(a X)^T (a X)``, one band's share of ``X^T A^T A X`` (two-pass route)."""
+    P = a @ X
+    return P.T @ P
+
+
+# --------------------------------------------------------------------------
+# Post-processing (released inputs only)
+# --------------------------------------------------------------------------
+def sym(G: FloatArray) -> FloatArray:
+    """``(G + G^T) / 2``: isotropic noise on symmetric matrices (spec 3.2)."""
+    return 0.5 * (G + G.T)
+
+
+def topk_eig(M: Any, k: int) -> tuple[FloatArray, FloatArray]:
+    """Top-k eigenvectors (d, k) and top k+1 eigenvalues of a released symmetric ``M``."""
+    M = _released(M, "M")
+    d = M.shape[0]
+    lo = max(d - k - 1, 0)
+    lam, Q = scipy.linalg.eigh(M, subset_by_index=[lo, d - 1])
+    lam, Q = lam[::-1], Q[:, ::-1]
+    return _sign_fix(Q[:, :k]), lam[: k + 1].copy()
+
+
+def _sign_fix(X: FloatArray) -> FloatArray:
+    """Flip columns so the largest-magnitude entry is positive (determinism only)."""
+    idx = np.argmax(np.abs(X), axis=0)
+    signs = np.sign(X[idx, np.arange(X.shape[1])])
+    signs[signs == 0] = 1.0
+    return X * signs
+
+
+def eig_floor_inv_sqrt(H: Any, gamma: float) -> FloatArray:
+    """``B = Q diag(max(lambda, gamma))^(-1/2) Q^T`` for the released ``H = Q diag(lambda) Q^T``."""
+    H = _released(H, "H")
+    lam, Q = np.linalg.eigh(H)
+    lam = np.maximum(lam, gamma)
+    return (Q / np.sqrt(lam)) @ Q.T
+
+
+def qr_pos(Z: Any) -> FloatArray:
+    """Orthonormal factor of the reduced QR of a released ``Z``, with ``diag(R) >= 0``."""
+    Z = _released(Z, "Z")
+    Q, R = np.linalg.qr(Z)
+    signs = np.sign(np.diag(R))
+    signs[signs == 0] = 1.0
+    return Q * signs
+
+
+# --------------------------------------------------------------------------
+# Sources and journals
+# --------------------------------------------------------------------------
+class RowSource(Protocol):
+    """A matrix read in full-width row bands; each call is one pass over it.
+
+    Every band is prepared by :func:`prep_rows` inside the task that reads it;
+    the sums are reduced in a fixed order, so results are reproducible.
+    """
+
+    @property
+    def shape(self) -> Shape2D: ...
+
+    n_passes: int
+
+    def gram(self) -> Secret:
+        """``sum_i a_i a_i^T`` of the prepared rows, shape (d, d)."""
+
+    def products(self, X: FloatArray) -> Secret:
+        """``(A X)^T (A X)``, shape (k', k') for ``X`` of shape (d, k')."""
+
+    def power_step(
+        self, X: FloatArray, trials: Sequence[tuple[FloatArray, float]]
+    ) -> Secret:
+        """``sum_i a_i Clip_R(a_i^T X_j B_j)`` for every trial j, side by side."""
+
+
+class ArrayRowSource:
+    """In-memory reference :class:`RowSource` (one band = the whole matrix)."""
+
+    def __init__(
+        self, A: Any, *, row_norm_bound: float = 1.0, clip: bool = True
+    ) -> None:
+        self._A = np.asarray(A)
+        self.row_norm_bound = float(row_norm_bound)
+        self.clip = clip
+        self.n_passes = 0
+
+    @property
+    def shape(self) -> Shape2D:
+        return int(self._A.shape[0]), int(self._A.shape[1])
+
+    def _rows(self) -> FloatArray:
+        self.n_passes += 1
+        return prep_rows(self._A, self.row_norm_bound, clip=self.clip)
+
+    def gram(self) -> Secret:
+        return Secret(band_gram(self._rows()))
+
+    def products(self, X: FloatArray) -> Secret:
+        return Secret(band_products(self._rows(), X))
+
+    def power_step(
+        self, X: FloatArray, trials: Sequence[tuple[FloatArray, float]]
+    ) -> Secret:
+        return Secret(band_update(self._rows(), X, trials))
+
+
+class ReleaseJournal(Protocol):
+    """Write-ahead log of releases: a label is drawn and charged once, ever (spec 4.9)."""
+
+    def load(self, label: str) -> FloatArray | None:
+        """The released value recorded under ``label``, or None."""
+
+    def record(self, label: str, value: FloatArray) -> None:
+        """Durably record a release before it is used."""
+
+
+class MemoryJournal:
+    """A :class:`ReleaseJournal` held in memory (no crash recovery)."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, FloatArray] = {}
+
+    def load(self, label: str) -> FloatArray | None:
+        v = self.values.get(label)
+        return None if v is None else v.copy()
+
+    def record(self, label: str, value: FloatArray) -> None:
+        self.values[label] = np.array(value, copy=True)
+
+
+# --------------------------------------------------------------------------
+# Parameters and plan
+# --------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PcaParams:
+    """Public parameters of one private PCA (all fixed before the data is read).
+
+    Attributes
+    ----------
+    rank : int
+        ``k``, ``1 <= k < d``.
+    epsilon, delta : float or None
+        Budget (None only when ``private`` is False).
+    method : {"power", "analyze-gauss"}
+    iterations : int or None
+        ``T`` for the power method (required; never chosen from the data).
+    clip_radius : float or None
+        ``R`` for the power method (required when private).
+    accounting : {"gdp", "paper"}
+        Exact Gaussian (GDP) calibration, or the paper's literal constants.
+    sensitivity : {"paper", "tight"}
+        Gram/``H`` sensitivity 2 (the paper's) or sqrt(2) (the true sup).
+    init_fraction, h_fraction : float
+        Budget split: initialisation vs iterations, ``H`` vs ``Z`` (spec 3.4).
+    beta : float
+        Failure probability of the utility analysis (sets ``gamma`` only).
+    gamma_scale : float
+        Public multiplier of the eigenvalue floor ``gamma``.
+    row_norm_bound : float
+        Public ``C``: rows are divided by it, then clipped to norm 1.
+    route : {"auto", "gram", "two-pass"}
+    private : bool
+        False: no clipping, no noise, ``gamma`` tiny, ``R`` infinite unless
+        given -- the classical block power method, for comparison only.
+    """
+
+    rank: int
+    epsilon: float | None = None
+    delta: float | None = None
+    method: str = "power"
+    iterations: int | None = None
+    clip_radius: float | None = None
+    accounting: str = "gdp"
+    sensitivity: str = "paper"
+    init_fraction: float = 0.5
+    h_fraction: float = 0.5
+    beta: float = 0.1
+    gamma_scale: float = 1.0
+    row_norm_bound: float = 1.0
+    route: str = "auto"
+    private: bool = True
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PcaPlan:
+    """Calibrated plan of a PCA run over an (n, d) matrix.
+
+    ``calibration`` is None for the non-private variant. ``n_passes`` counts
+    reads of A: 1 + T (Gram route) or 1 + 2T (two-pass route).
+    """
+
+    params: PcaParams
+    shape: Shape2D
+    route: str
+    calibration: Any
+    noise_init: float
+    noise_H: float
+    noise_Z: float
+    gamma: float
+    clip_radius: float
+    n_passes: int
+
+    @property
+    def iterations(self) -> int:
+        return (
+            0
+            if self.params.method == "analyze-gauss"
+            else int(self.params.iterations or 0)
+        )
+
+
+def _choice(value: Any, name: str, allowed: Sequence[str]) -> str:
+    if value not in allowed:
+        raise InvalidParameterError(
+            f"{name} must be one of {', '.join(map(repr, allowed))}, got {name}={value!r}."
+        )
+    return str(value)
+
+
+def plan_pca(params: PcaParams, shape: Shape2D) -> PcaPlan:
+    """Validate ``params`` against the public ``shape`` and calibrate the noise.
+
+    Raises
+    ------
+    InvalidParameterError
+        Bad rank, method, iterations, clip radius or fractions.
+    PrivacyConfigError
+        Bad budget, or a paper-mode precondition that does not hold.
+    """
+    n, d = int(shape[0]), int(shape[1])
+    if d < 2:
+        raise InvalidParameterError(
+            f"PCA needs at least 2 columns (rank k < d), got shape ({n}, {d})."
+        )
+    k = check_int_in_range(params.rank, "rank", 1, d - 1)
+    method = _choice(params.method, "method", METHODS)
+    route = _choice(params.route, "route", ROUTES)
+    check_float_in_interval(
+        params.row_norm_bound, "row_norm_bound", 0.0, math.inf
+    )
+    if route == "auto":
+        route = "gram" if 8 * d * d <= GRAM_CLIENT_BYTES else "two-pass"
+    T = 0
+    if method == "power":
+        if params.iterations is None:
+            raise InvalidParameterError(
+                "iterations must be given for method='power' (a public T, e.g. 3 to 10); "
+                "it is never chosen from the data."
+            )
+        T = check_int_in_range(params.iterations, "iterations", 1, 10_000)
+    elif params.iterations not in (None, 0):
+        raise InvalidParameterError(
+            f"iterations applies to method='power' only, got iterations={params.iterations!r} "
+            "with method='analyze-gauss'."
+        )
+    passes = 1 + (T if route == "gram" else 2 * T)
+    if not params.private:
+        R = (
+            math.inf
+            if params.clip_radius is None
+            else check_float_in_interval(
+                params.clip_radius, "clip_radius", 0.0, math.inf
+            )
+        )
+        return PcaPlan(
+            params=params,
+            shape=(n, d),
+            route=route,
+            calibration=None,
+            noise_init=0.0,
+            noise_H=0.0,
+            noise_Z=0.0,
+            gamma=NONPRIVATE_GAMMA,
+            clip_radius=R,
+            n_passes=passes,
+        )
+    from pipeline.accounting.pca import calibrate_pca
+
+    if params.epsilon is None or params.delta is None:
+        raise InvalidParameterError(
+            "epsilon and delta are required for a private PCA "
+            f"(got epsilon={params.epsilon!r}, delta={params.delta!r})."
+        )
+    cal = calibrate_pca(
+        epsilon=params.epsilon,
+        delta=params.delta,
+        rank=k,
+        n_features=d,
+        method=method,
+        iterations=T if method == "power" else None,
+        clip_radius=params.clip_radius if method == "power" else None,
+        accounting=params.accounting,
+        sensitivity=params.sensitivity,
+        init_fraction=params.init_fraction,
+        h_fraction=params.h_fraction,
+        beta=params.beta,
+        gamma_scale=params.gamma_scale,
+    )
+    return PcaPlan(
+        params=params,
+        shape=(n, d),
+        route=route,
+        calibration=cal,
+        noise_init=cal.noise_init,
+        noise_H=cal.noise_H or 0.0,
+        noise_Z=cal.noise_Z or 0.0,
+        gamma=cal.gamma if cal.gamma is not None else NONPRIVATE_GAMMA,
+        clip_radius=cal.clip_radius if cal.clip_radius is not None else math.inf,
+        n_passes=passes,
+    )
+
+
+# --------------------------------------------------------------------------
+# The run
+# --------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PcaResult:
+    """Output of :func:`run_pca` (all of it released or derived from releases).
+
+    Attributes
+    ----------
+    components : ndarray of shape (d, k)
+        Orthonormal estimate of the top-k right singular subspace.
+    eigenvalues : ndarray of shape (k + 1,)
+        Top eigenvalues of the released ``M`` (noisy estimates of the top
+        eigenvalues of ``A^T A`` of the clipped rows).
+    n_passes : int
+        Reads of A made by this run (resumed releases need none).
+    releases : tuple of str
+        Labels of the releases, in order.
+    resumed : tuple of str
+        Labels taken from the journal instead of being drawn.
+    history : tuple of ndarray
+        ``X`` after each iteration (``X0`` first); post-processing only.
+    """
+
+    components: FloatArray
+    eigenvalues: FloatArray
+    n_passes: int
+    releases: tuple[str, ...]
+    resumed: tuple[str, ...]
+    history: tuple[FloatArray, ...] = field(repr=False, default=())
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PcaRelease:
+    """A published private PCA.
+
+    Attributes
+    ----------
+    components : ndarray of shape (d, k)
+        Orthonormal columns spanning the private estimate of the top-k
+        principal subspace (uncentred).
+    eigenvalues : ndarray of shape (k + 1,)
+        Top eigenvalues of the released noisy Gram matrix ``M`` (post-processing
+        of a release; noisy estimates of the eigenvalues of ``A^T A``).
+    report : dict
+        Privacy report and run metadata.
+    """
+
+    components: FloatArray
+    eigenvalues: FloatArray
+    report: dict[str, Any] = field(default_factory=dict)
+
+
+def _noise(
+    key: NoiseKey | None, label: str, shape: tuple[int, int], symmetric: bool
+) -> FloatArray:
+    """Unit-scale noise of one release from its own keyed stream (zero when key is None)."""
+    if key is None:
+        return np.zeros(shape)
+    G = GaussianNoise(
+        key=key.derive("pca", label), sigma=1.0, length=shape[0], dim=shape[1]
+    ).dense()
+    return sym(G) if symmetric else G
+
+
+def run_pca(
+    source: RowSource,
+    plan: PcaPlan,
+    *,
+    noise_key: NoiseKey | None,
+    journal: ReleaseJournal | None = None,
+    before_first_release: Callable[[], None] | None = None,
+    on_step: Callable[[str], None] | None = None,
+) -> PcaResult:
+    """Run the planned PCA over ``source``.
+
+    Parameters
+    ----------
+    source : RowSource
+    plan : PcaPlan
+        From :func:`plan_pca`.
+    noise_key : NoiseKey or None
+        The release's secret key; None only for a non-private plan.
+    journal : ReleaseJournal or None
+        Releases already recorded there are reused (never redrawn, their passes
+        skipped); new ones are recorded before use. None keeps them in memory.
+    before_first_release : callable or None
+        Called once before the first new noise draw (charge the ledger there).
+    on_step : callable or None
+        Receives public progress messages (step names only).
+
+    Returns
+    -------
+    PcaResult
+    """
+    if (plan.calibration is None) != (noise_key is None):
+        raise InvalidParameterError(
+            "a private plan needs a noise key and a non-private plan must not have one."
+        )
+    jr: ReleaseJournal = journal if journal is not None else MemoryJournal()
+    d = plan.shape[1]
+    k = plan.params.rank
+    passes0 = source.n_passes
+    releases: list[str] = []
+    resumed: list[str] = []
+    charged = False
+    gram: list[Secret] = []
+
+    def say(msg: str) -> None:
+        if on_step is not None:
+            on_step(msg)
+
+    def exact_gram() -> Secret:
+        if not gram:
+            say("Gram pass: A^T A of the clipped rows")
+            S = source.gram().value
+            gram.append(Secret(sym(S)))
+        return gram[0]
+
+    def release(
+        label: str,
+        exact: Callable[[], Secret],
+        sigma: float,
+        shape: tuple[int, int],
+        symmetric: bool,
+    ) -> FloatArray:
+        nonlocal charged
+        releases.append(label)
+        old = jr.load(label)
+        if old is not None:
+            resumed.append(label)
+            return old
+        value = exact().value
+        if not charged and before_first_release is not None:
+            before_first_release()
+        charged = True
+        noisy = value + sigma * _noise(noise_key, label, shape, symmetric)
+        jr.record(label, noisy)
+        return noisy
+
+    M = release("M", exact_gram, plan.noise_init, (d, d), True)
+    X, lam = topk_eig(M, k)
+    history = [X]
+    for t in range(plan.iterations):
+        say(f"power iteration {t + 1}/{plan.iterations}")
+        Xc = X
+
+        def h_exact(Xc: FloatArray = Xc) -> Secret:
+            if plan.route == "gram":
+                return Secret(sym(Xc.T @ exact_gram().value @ Xc))
+            return Secret(sym(source.products(Xc).value))
+
+        H = release(f"H{t}", h_exact, plan.noise_H, (k, k), True)
+        B = eig_floor_inv_sqrt(H, plan.gamma)
+
+        def z_exact(Xc: FloatArray = Xc, B: FloatArray = B) -> Secret:
+            return source.power_step(Xc, [(B, plan.clip_radius)])
+
+        Z = release(
+            f"Z{t}",
+            z_exact,
+            plan.noise_Z * plan.clip_radius if plan.noise_Z else 0.0,
+            (d, k),
+            False,
+        )
+        X = qr_pos(Z)
+        history.append(X)
+    return PcaResult(
+        components=X,
+        eigenvalues=lam,
+        n_passes=source.n_passes - passes0,
+        releases=tuple(releases),
+        resumed=tuple(resumed),
+        history=tuple(history),
+    )

@@ -1,0 +1,152 @@
+"""The PCA passes over a row-banded dask array (a :class:`RowSource` on Dask).
+
+Graph of one pass (``A`` in full-width row bands ``c``)::
+
+    payload          = (X, [(B_j, R_j)])                  one task, fetched once per worker
+    (part, c)        = kernel(prep_rows(A[c]), payload)   one task per band; reads it once
+    total            = fixed tree-sum over c (fan-in 8)   delivered to the client
+
+Nothing is added in the tasks: the noise is drawn on the client, by the core,
+after the global sum (design 3.1). Per-row intermediates (``A_c X``, the clipped
+rows) never leave the task that computes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+import dask.array as da
+import numpy as np
+from dask.highlevelgraph import HighLevelGraph
+
+from pipeline._types import FloatArray, Shape2D
+from pipeline.algorithms.power_pca import (
+    Secret,
+    band_gram,
+    band_products,
+    band_update,
+    prep_rows,
+)
+from pipeline.execution.progress import show_progress
+from pipeline.execution.source import _name, _tree
+
+__all__ = ["DaskRowSource"]
+
+
+class _Payload:
+    """Opaque holder, so the graph never parses released arrays as tasks."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def _band_kernel(
+    block: Any, kind: str, holder: _Payload, bound: float, clip: bool
+) -> FloatArray:
+    payload = holder.value
+    a = prep_rows(block, bound, clip=clip)
+    if kind == "gram":
+        return band_gram(a)
+    if kind == "products":
+        return band_products(a, payload)
+    X, trials = payload
+    return band_update(a, X, trials)
+
+
+class DaskRowSource:
+    """:class:`~pipeline.algorithms.power_pca.RowSource` over a dask array.
+
+    Parameters
+    ----------
+    A : dask.array.Array of shape (n, d)
+        Column-split inputs are rechunked to full-width bands (each band joins
+        only the chunks of its own rows; not a shuffle).
+    client : distributed.Client
+    row_norm_bound : float
+        Public ``C`` (rows are divided by it before clipping).
+    clip : bool
+        False for the non-private variant.
+    progress : text stream or None
+    """
+
+    def __init__(
+        self,
+        A: da.Array,
+        client: Any,
+        *,
+        row_norm_bound: float = 1.0,
+        clip: bool = True,
+        progress: TextIO | None = None,
+    ) -> None:
+        if A.numblocks[1] > 1:
+            A = A.rechunk({1: -1})
+        self.A = A
+        self.client = client
+        self.row_norm_bound = float(row_norm_bound)
+        self.clip = clip
+        self.progress = progress
+        self.n_passes = 0
+        self.n_tasks = 0
+
+    @property
+    def shape(self) -> Shape2D:
+        return int(self.A.shape[0]), int(self.A.shape[1])
+
+    @property
+    def n_bands(self) -> int:
+        return int(self.A.numblocks[0])
+
+    def _pass(
+        self, kind: str, payload: Any, out_shape: tuple[int, int], label: str
+    ) -> Secret:
+        A = self.A
+        layer: dict[Any, Any] = {}
+        pay = (_name("payload"),)
+        layer[pay] = _Payload(payload)
+        pname, oname = _name(f"pca-{kind}"), _name(f"pca-{kind}-sum")
+        leaves = []
+        for c in range(self.n_bands):
+            layer[(pname, c)] = (
+                _band_kernel,
+                (A.name, c, 0),
+                kind,
+                pay,
+                self.row_norm_bound,
+                self.clip,
+            )
+            leaves.append((pname, c))
+        _tree(layer, oname, (oname, 0, 0), leaves, None)
+        graph = HighLevelGraph.from_collections(oname, layer, dependencies=[A])
+        total = da.Array(
+            graph, oname, chunks=((out_shape[0],), (out_shape[1],)), dtype=np.float64
+        )
+        self.n_tasks += len(layer)
+        self.n_passes += 1
+        (persisted,) = self.client.persist([total])
+        show_progress(
+            self.client,
+            [persisted],
+            f"{label}: {self.n_bands} row bands",
+            self.progress,
+        )
+        return Secret(np.asarray(self.client.compute(persisted, sync=True)))
+
+    def gram(self) -> Secret:
+        d = self.shape[1]
+        return self._pass("gram", None, (d, d), "Gram pass")
+
+    def products(self, X: FloatArray) -> Secret:
+        k = X.shape[1]
+        return self._pass("products", np.ascontiguousarray(X), (k, k), "products pass")
+
+    def power_step(
+        self, X: FloatArray, trials: Sequence[tuple[FloatArray, float]]
+    ) -> Secret:
+        payload = (
+            np.ascontiguousarray(X),
+            [(np.ascontiguousarray(B), float(R)) for B, R in trials],
+        )
+        return self._pass("update", payload, (self.shape[1], X.shape[1]), "power pass")
