@@ -21,6 +21,7 @@ import platform
 import secrets
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 import numpy as np
@@ -540,6 +541,10 @@ def pca(
     row_norm_bound: float = 1.0,
     route: str = "auto",
     private: bool = True,
+    select: bool = False,
+    radius_grid: Sequence[float] | None = None,
+    iterations_grid: Sequence[int] | None = None,
+    expected_trials: float | None = None,
     out: str | os.PathLike[str] | None = None,
     overwrite: bool = False,
     ledger: str | os.PathLike[str] | Ledger | None = None,
@@ -585,6 +590,18 @@ def pca(
         (1 + 2T passes, no d x d matrix kept); ``auto`` picks by ``d``.
     private : bool
         False runs the non-private block power method (no clipping or noise).
+    select : bool
+        Choose ``(R, T)`` privately over public grids [P, App. C]: Papernot-
+        Steinke random stopping with a capped geometric number of trials, run
+        in lockstep (trials with equal T share passes), accounted with RDP.
+        ``iterations`` and ``clip_radius`` must then be None. Costs about 3.6x
+        the noise of a fixed run with the same budget (spec 3.5).
+    radius_grid, iterations_grid : sequence or None
+        Public grids for ``select`` (default :func:`default_selection_grids`).
+    expected_trials : float or None
+        ``E[N]`` for ``select``; default ``4 m`` for an ``m``-point grid
+        (a smaller ``E[N]`` than [P]'s ``8m / beta`` lowers the noise; it
+        affects utility only, never privacy).
     out : path or None
         Zarr v3 group to publish to (``components``, ``eigenvalues``, report).
     overwrite : bool
@@ -629,8 +646,10 @@ def pca(
         ArrayRowSource,
         MemoryJournal,
         PcaParams,
+        default_selection_grids,
         plan_pca,
         run_pca,
+        run_selection,
     )
     from pipeline.io import (
         FileJournal,
@@ -667,8 +686,59 @@ def pca(
         insecure_noise_seed = check_int_in_range(
             insecure_noise_seed, "insecure_noise_seed", 0
         )
+    if not isinstance(select, bool):
+        raise InvalidParameterError(
+            f"select must be True or False, got select={select!r}."
+        )
+    if select and (
+        iterations is not None
+        or clip_radius is not None
+        or not private
+        or method != "power"
+    ):
+        raise InvalidParameterError(
+            "select=True chooses the clip radius and the number of iterations privately; "
+            "do not pass iterations or clip_radius, and use method='power' with private=True."
+        )
+    if not select and (
+        radius_grid is not None
+        or iterations_grid is not None
+        or expected_trials is not None
+    ):
+        raise InvalidParameterError(
+            "radius_grid, iterations_grid and expected_trials apply to select=True only."
+        )
     array, info = open_input(source, unit=None, band_bytes=PCA_BAND_BYTES)
-    plan = plan_pca(params, info.shape)
+    if select:
+        from pipeline.accounting.pca import calibrate_selection
+
+        # validated as a fixed run first (rank, budget, route, bounds), then calibrated
+        plan = plan_pca(
+            dataclasses.replace(params, iterations=1, clip_radius=1.0), info.shape
+        )
+        radii, grid = default_selection_grids(info.shape[0], params.rank)
+        radii = tuple(radius_grid) if radius_grid is not None else radii
+        grid = tuple(iterations_grid) if iterations_grid is not None else grid
+        sel_cal = calibrate_selection(
+            epsilon=params.epsilon,
+            delta=params.delta,
+            rank=params.rank,
+            n_rows=info.shape[0],
+            n_features=info.shape[1],
+            radii=radii,
+            iteration_grid=grid,
+            beta=params.beta,
+            expected_trials=(
+                expected_trials
+                if expected_trials is not None
+                else 4.0 * len(radii) * len(grid)
+            ),
+            sensitivity=params.sensitivity,
+            gamma_scale=params.gamma_scale,
+        )
+        plan = dataclasses.replace(plan, calibration=sel_cal, n_passes=-1)
+    else:
+        plan = plan_pca(params, info.shape)
     if out is not None:
         check_output_path(out, overwrite=overwrite, inputs=(info.path,))
     book = _resolve_ledger(ledger, info.path, budget, plan)  # type: ignore[arg-type]
@@ -686,7 +756,14 @@ def pca(
         else (default_journal_path(out) if out is not None else None)
     )
     header = {
-        "kind": "pca",
+        "kind": "pca-select" if select else "pca",
+        "grids": None
+        if not select
+        else {
+            "radii": list(cal.radii),
+            "iterations": list(cal.iteration_grid),
+            "expected_trials": cal.expected_trials,
+        },
         "parameters": {k: v for k, v in dataclasses.asdict(params).items()},
         "shape": list(info.shape),
         "input": info.path,
@@ -718,11 +795,11 @@ def pca(
         book.charge(
             cal,
             release_id=release_id,
-            algorithm=f"pca-{params.method}",
+            algorithm="pca-select" if select else f"pca-{params.method}",
             details={
                 "rank": params.rank,
-                "iterations": plan.iterations,
-                "clip_radius": cal.clip_radius,
+                "iterations": None if select else plan.iterations,
+                "clip_radius": None if select else cal.clip_radius,
                 "output": None if out is None else os.fspath(out),
                 "noise_reproducible_not_private": insecure_noise_seed is not None,
             },
@@ -733,14 +810,24 @@ def pca(
             print(msg, file=progress, flush=True)
 
     def execute(src: Any, cluster: dict[str, Any] | None) -> PcaRelease:
-        result = run_pca(
-            src,
-            plan,
-            noise_key=noise_key,
-            journal=jr,
-            before_first_release=charge,
-            on_step=say,
-        )
+        if select:
+            result: Any = run_selection(
+                src,
+                cal,
+                noise_key=noise_key,
+                journal=jr,
+                before_first_release=charge,
+                on_step=say,
+            )
+        else:
+            result = run_pca(
+                src,
+                plan,
+                noise_key=noise_key,
+                journal=jr,
+                before_first_release=charge,
+                on_step=say,
+            )
         timings["run"] = time.perf_counter() - t0 - timings["plan"]
         report = build_pca_report(
             plan,
@@ -796,7 +883,8 @@ def pca(
             "n_row_bands": dsrc.n_bands,
         }
         rel = execute(dsrc, cluster)
-        cluster["n_graph_tasks"] = dsrc.n_tasks
+        if not select:  # in selection mode the task count would reveal N
+            cluster["n_graph_tasks"] = dsrc.n_tasks
         return publish(rel)
 
 
@@ -814,6 +902,7 @@ def build_pca_report(
     """The privacy report and run metadata of a PCA release (public values only)."""
     p, cal = plan.params, plan.calibration
     n, d = plan.shape
+    selected = hasattr(result, "gap")
     report: dict[str, Any] = {
         "format": "dplr-pca-release/1",
         "release_id": release_id,
@@ -842,6 +931,7 @@ def build_pca_report(
         "n_passes_planned": plan.n_passes,
         "releases": list(result.releases),
         "resumed_releases": list(result.resumed),
+        "selection": None,
         "timings_seconds": {k: round(v, 4) for k, v in timings.items()},
         "input": {
             "path": info.path,
@@ -861,6 +951,55 @@ def build_pca_report(
                 "note": "non-private run: no clipping, no noise; NOT PRIVATE",
             }
         )
+        return report
+    if selected:
+        # Only the winner is public: the number of trials N (and anything that
+        # reveals it -- passes, release labels, task counts) stays in the trusted
+        # zone, as the random-stopping analysis requires (spec 3.5).
+        report["parameters"].update(
+            {
+                "method": "power (private selection of R and T)",
+                "accounting": "rdp",
+                "iterations": result.iterations,
+                "clip_radius": result.clip_radius,
+                "requested_clip_radius": None,
+                "gamma": None
+                if result.iterations == 0
+                else cal.gamma(result.iterations),
+            }
+        )
+        report.update(
+            {
+                "n_passes": None,
+                "n_passes_planned": None,
+                "releases": None,
+                "resumed_releases": [] if not result.resumed else ["(withheld)"],
+                "selection": {
+                    "selected_clip_radius": result.clip_radius,
+                    "selected_iterations": result.iterations,
+                    "score_gap": result.gap,
+                    "warm_start_gap_test_passed": result.iterations > 0,
+                    "withheld": "number of trials, passes and per-trial values (they would void the random-stopping analysis)",
+                },
+                "mechanism": "Analyze Gauss warm start + Papernot-Steinke random stopping over (R, T) trials; RDP accountant",
+                "epsilon": cal.epsilon,
+                "delta": cal.delta,
+                "realised_epsilon": cal.rdp_epsilon,
+                "accountant": "rdp (dp_accounting RepeatAndSelectDpEvent), capped number of trials",
+                "neighboring": "replace one row (rows clipped to norm 1)",
+                "idealized_numerics": True,
+                "insecure_noise_seed": insecure,
+                "calibration": cal.to_dict(),
+                "mechanisms": [],
+                "ledger": None
+                if ledger is None
+                else {"path": str(ledger.path), **ledger.remaining_summary()},
+            }
+        )
+        if insecure:
+            report["note"] = (
+                "noise drawn from a public seed (--insecure-noise-seed): NOT PRIVATE"
+            )
         return report
     cd = cal.to_dict()
     report.update(

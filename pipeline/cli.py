@@ -31,6 +31,24 @@ def _pair(text: str) -> tuple[int, int]:
     return a, b
 
 
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers, got {text!r}"
+        ) from None
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+
+
 def _add_privacy(p: argparse.ArgumentParser, *, lrf: bool = True) -> None:
     g = p.add_argument_group("privacy")
     g.add_argument("--epsilon", type=float, help="epsilon of this release (> 0)")
@@ -171,6 +189,26 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         help="public clip radius R of the power iterations (required for power; "
         "about 2*sqrt(k*log(n)/n) for incoherent data)",
+    )
+    pc.add_argument(
+        "--select",
+        action="store_true",
+        help="choose R and T privately over public grids (instead of --iterations/--clip-radius)",
+    )
+    pc.add_argument(
+        "--radius-grid",
+        type=_floats,
+        help="with --select: comma-separated public clip radii (default: powers of 2 from sqrt(k/n) to 1)",
+    )
+    pc.add_argument(
+        "--iterations-grid",
+        type=_ints,
+        help="with --select: comma-separated public iteration counts (default: 1,2,4,8,16)",
+    )
+    pc.add_argument(
+        "--expected-trials",
+        type=float,
+        help="with --select: expected number of random trials (default: 4 x grid size)",
     )
     pc.add_argument(
         "--row-norm-bound",
@@ -417,7 +455,19 @@ def _pca_summary(report: dict[str, Any], out: str) -> str:
         if not report["private"]:
             lines.append("  NOT PRIVATE: noise drawn from --insecure-noise-seed")
     if report["resumed_releases"]:
-        lines.append(f"  resumed {len(report['resumed_releases'])} journaled release(s) of an interrupted run")
+        lines.append("  resumed journaled release(s) of an interrupted run")
+    sel = report.get("selection")
+    if sel:
+        lines.append(
+            "  private selection: "
+            + (
+                "warm-start gap test failed, Analyze Gauss estimate released"
+                if not sel["warm_start_gap_test_passed"]
+                else f"selected R={sel['selected_clip_radius']:.4g} T={sel['selected_iterations']}"
+            )
+        )
+        lines.append(f"  time={report['timings_seconds'].get('total', float('nan')):.2f}s")
+        return "\n".join(lines)
     radius = p["clip_radius"]
     lines.append(
         f"  T={p['iterations']} R={'none' if radius is None else f'{radius:.4g}'} route={p['route']} "
@@ -442,6 +492,10 @@ def _pca(args: argparse.Namespace) -> int:
         row_norm_bound=args.row_norm_bound,
         route=args.route,
         private=not args.non_private,
+        select=args.select,
+        radius_grid=args.radius_grid,
+        iterations_grid=args.iterations_grid,
+        expected_trials=args.expected_trials,
         out=args.out,
         overwrite=args.overwrite,
         ledger=args.ledger,

@@ -74,14 +74,19 @@ class NoiseKey:
         # (a plain "/".join would map (101, 3) and "101/3" to the same sub-key)
         msg = b"".join(
             struct.pack("<I", len(enc)) + enc
-            for enc in ((b"i" if isinstance(lbl, int) else b"s") + str(lbl).encode() for lbl in labels)
+            for enc in (
+                (b"i" if isinstance(lbl, int) else b"s") + str(lbl).encode()
+                for lbl in labels
+            )
         )
         sub = hmac.new(self.secret, b"dplr-noise:" + msg, hashlib.sha256).digest()
         return NoiseKey(sub, insecure=self.insecure)
 
     def fingerprint(self) -> str:
         """A short one-way tag (not the key) to tell keys apart in journals."""
-        return hmac.new(self.secret, b"dplr-fingerprint", hashlib.sha256).hexdigest()[:16]
+        return hmac.new(self.secret, b"dplr-fingerprint", hashlib.sha256).hexdigest()[
+            :16
+        ]
 
     def __repr__(self) -> str:
         return f"NoiseKey(<redacted>, insecure={self.insecure})"
@@ -91,7 +96,18 @@ class NoiseKey:
 
 def _tile_generator(key: NoiseKey, tile: int) -> np.random.Generator:
     tile_key = hmac.new(key.secret, struct.pack("<q", tile), hashlib.sha256).digest()
-    return np.random.Generator(ChaCha(key=int.from_bytes(tile_key, "little"), rounds=20))
+    return np.random.Generator(
+        ChaCha(key=int.from_bytes(tile_key, "little"), rounds=20)
+    )
+
+
+def secret_generator(key: NoiseKey) -> np.random.Generator:
+    """A ChaCha20 generator keyed by ``key``, for secret data-independent draws.
+
+    Used for random choices that must stay hidden, e.g. the number of trials of
+    a private selection; the same key always gives the same stream.
+    """
+    return _tile_generator(key, -1)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -161,4 +177,6 @@ class GaussianNoise:
 
         The signature matches a row-block map: ``(first row, block) -> block``.
         """
-        return np.asarray(block, dtype=np.float64) + self.block(start, start + block.shape[0])
+        return np.asarray(block, dtype=np.float64) + self.block(
+            start, start + block.shape[0]
+        )
