@@ -9,11 +9,12 @@ destination's directory and renamed into place in one step.
 
 from pipeline.io.inputs import InputInfo, open_input
 from pipeline.io.release import check_output_path, read_release, write_release
-from pipeline.io.synthetic import generate_store
+from pipeline.io.synthetic import generate_pca_store, generate_store
 
 __all__ = [
     "InputInfo",
     "check_output_path",
+    "generate_pca_store",
     "generate_store",
     "open_input",
     "read_release",

@@ -1,4 +1,11 @@
-"""Writing synthetic matrices with a known spectrum to Zarr (``dplr generate``)."""
+"""Writing synthetic matrices with a known spectrum to Zarr (``dplr generate``).
+
+Two kinds: :func:`generate_store` (``--kind lowrank``), a Haar low-rank matrix with
+a prescribed decay, written block by block; and :func:`generate_pca_store`
+(``--kind pca-coherent``), PCA test data with a chosen coherence and eigengap
+[spec power-pca, App. B], built in memory. Both record the exact ground truth in
+``attrs["dplr_synthetic"]`` and publish the store by one rename.
+"""
 
 from __future__ import annotations
 
@@ -12,15 +19,21 @@ import numpy as np
 import scipy.linalg as sla
 import zarr
 
+from pipeline._validation import check_int_in_range
 from pipeline.errors import InvalidParameterError, StoreLayoutError
 from pipeline.linalg.synthetic import (
     cholesky_factor,
+    coherent_matrix,
     make_spectrum,
     orthonormal_columns,
 )
 
 #: Above this many entries the left factor is built block by block (CholeskyQR).
 IN_MEMORY_LIMIT = 2.5e7
+
+#: Largest ``n_rows * n_cols`` of :func:`generate_pca_store` (2^20 x 64), which
+#: builds the whole matrix in float64 memory: about 2 GB at peak.
+PCA_MAX_ENTRIES = 2**26
 
 
 def generate_store(
@@ -135,6 +148,149 @@ def generate_store(
         if os.path.exists(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
     return meta
+
+
+def generate_pca_store(
+    path: str | os.PathLike[str],
+    n_rows: int,
+    n_cols: int,
+    rank: int,
+    *,
+    support: int,
+    top: float,
+    bottom: float,
+    head_ratio: float = 1.2,
+    chunks: tuple[int, int] = (10_000, -1),
+    dtype: str = "float32",
+    seed: int = 0,
+    overwrite: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Write PCA test data with known coherence and eigengap to a new Zarr v3 array.
+
+    The matrix is :func:`~pipeline.linalg.synthetic.coherent_matrix` ``(n_rows,
+    n_cols, rank, support=support, top=top, bottom=bottom, head_ratio=head_ratio,
+    rng=seed)``: an exact SVD whose top-``rank`` left singular vectors live on
+    ``support`` rows (coherence ``1/sqrt(support)``), with ``sigma_k^2 = top`` and
+    ``sigma_{k+1}^2 = ... = bottom``, and every row norm <= 1 after the cast to
+    ``dtype``.
+
+    Parameters
+    ----------
+    path : str or PathLike
+        Where the array is published (atomically, by one rename).
+    n_rows, n_cols, rank, support, top, bottom, head_ratio
+        As in :func:`~pipeline.linalg.synthetic.coherent_matrix`;
+        ``n_rows * n_cols <= PCA_MAX_ENTRIES`` (2^26: the matrix is built in memory).
+    chunks : (int, int)
+        Chunk shape; -1 spans the axis.
+    dtype : {"float32", "float64"}
+        Stored dtype; the ground truth is the float64 matrix before the cast.
+    seed : int
+        Seeds all randomness (``np.random.default_rng(seed)``).
+    overwrite : bool
+        Replace an existing store at ``path``.
+    progress : callable(done, total), optional
+        Called after each row block is written.
+
+    Returns
+    -------
+    dict
+        The metadata written to ``attrs["dplr_synthetic"]``: the parameters,
+        ``singular_values`` (n_cols,), ``top_right_singular_vectors`` (n_cols, rank)
+        as nested lists (the PCA ground truth ``V_k``), and the public facts
+        ``coherence``, ``row_coherence``, ``gap_k``, ``kappa_k``, ``max_row_norm``.
+
+    Raises
+    ------
+    InvalidParameterError
+        If a parameter is out of range, the matrix is too large to build in
+        memory, or a row would have norm > 1.
+    StoreLayoutError
+        If ``path`` exists and ``overwrite`` is false.
+    """
+    path = os.fspath(path)
+    n_rows = check_int_in_range(n_rows, "n_rows", 2)
+    n_cols = check_int_in_range(n_cols, "n_cols", 2)
+    if n_rows * n_cols > PCA_MAX_ENTRIES:
+        raise InvalidParameterError(
+            "n_rows * n_cols must be <= 2^26 (the PCA test matrix is built in "
+            f"memory), got n_rows * n_cols = {n_rows * n_cols}."
+        )
+    if os.path.lexists(path) and not overwrite:
+        raise StoreLayoutError(
+            f"{path!r} already exists; pass --overwrite to replace it."
+        )
+    data = coherent_matrix(
+        n_rows,
+        n_cols,
+        rank,
+        support=support,
+        top=top,
+        bottom=bottom,
+        head_ratio=head_ratio,
+        rng=seed,
+    )
+    m, n = data.A.shape
+    stored = data.A.astype(dtype, copy=False)
+    stored_max = float(
+        np.sqrt(np.einsum("ij,ij->i", stored, stored, dtype=np.float64).max())
+    )
+    if stored_max > 1.0:
+        raise InvalidParameterError(
+            f"rows of A must have norm <= 1, got a largest row norm of {stored_max:.9g} "
+            f"after the cast to {dtype}; lower top or bottom slightly, or use "
+            f"dtype='float64', got top={top!r}, bottom={bottom!r}."
+        )
+    cr = m if chunks[0] == -1 else min(int(chunks[0]), m)
+    cc = n if chunks[1] == -1 else min(int(chunks[1]), n)
+    meta = {
+        "kind": "pca-coherent",
+        "rank": int(rank),
+        "support": data.support,
+        "top": float(top),
+        "bottom": float(bottom),
+        "head_ratio": float(head_ratio),
+        "seed": seed,
+        "coherence": data.coherence,
+        "row_coherence": data.row_coherence,
+        "gap_k": data.gap_k,
+        "kappa_k": data.kappa_k,
+        "max_row_norm": stored_max,
+        "singular_values": data.singular_values.tolist(),
+        "top_right_singular_vectors": data.Vk.tolist(),
+    }
+    _publish(path, stored, (cr, cc), meta, progress)
+    return meta
+
+
+def _publish(
+    path: str,
+    A: np.ndarray,
+    chunks: tuple[int, int],
+    meta: dict[str, Any],
+    progress: Callable[[int, int], None] | None,
+) -> None:
+    """Write ``A`` under a temporary name beside ``path``, then rename it into place."""
+    parent, base = os.path.split(os.path.abspath(path))
+    tmp = os.path.join(parent, f".{base}.tmp-{uuid.uuid4().hex}")
+    cr = chunks[0]
+    nblocks = -(-A.shape[0] // cr)
+    try:
+        z = zarr.create_array(
+            store=tmp, shape=A.shape, dtype=A.dtype, chunks=chunks, zarr_format=3
+        )
+        for b in range(nblocks):
+            z[b * cr : (b + 1) * cr] = A[b * cr : (b + 1) * cr]
+            if progress is not None:
+                progress(b + 1, nblocks)
+        z.attrs["dplr_synthetic"] = meta
+        if os.path.lexists(path):
+            shutil.rmtree(path)
+        os.rename(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def orthonormal_columns_from(G: np.ndarray) -> np.ndarray:

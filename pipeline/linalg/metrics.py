@@ -10,9 +10,7 @@ import scipy.linalg as sla
 from pipeline._types import FloatArray
 
 
-def spectral_error(
-    A: FloatArray, U: FloatArray, s: FloatArray, V: FloatArray
-) -> float:
+def spectral_error(A: FloatArray, U: FloatArray, s: FloatArray, V: FloatArray) -> float:
     """``||A - U diag(s) V^T||_2`` computed exactly through the smaller Gram matrix.
 
     Parameters
@@ -72,3 +70,34 @@ def hmt_bound(singular_values: FloatArray, rank: int, sketch_size: int) -> float
     tail = sv[rank:]
     first = (1.0 + math.sqrt(rank / (p - 1))) * (tail[0] if tail.size else 0.0)
     return float(first + math.e * math.sqrt(sketch_size) / p * np.linalg.norm(tail))
+
+
+def sin_theta(X: FloatArray, Vk: FloatArray) -> float:
+    """Largest principal-angle sine between ``span(X)`` and ``span(Vk)``.
+
+    ``||Vk - X (X^T Vk)||_2``, which equals ``sin theta_max = ||(I - X X^T) Vk||_2``
+    for orthonormal ``X``. This form stays accurate down to round-off, unlike
+    ``sqrt(1 - sigma_min(X^T Vk)^2)``, which loses precision below about 1e-8
+    [spec power-pca, 5.3].
+
+    Parameters
+    ----------
+    X : ndarray of shape (n_cols, rank)
+        Orthonormal columns (e.g. a private PCA estimate).
+    Vk : ndarray of shape (n_cols, rank_true)
+        Orthonormal columns (e.g. the true top right singular vectors).
+
+    Returns
+    -------
+    float
+        In [0, 1] for orthonormal inputs; 0 when ``span(Vk)`` is inside ``span(X)``.
+
+    Examples
+    --------
+    >>> I = np.eye(3)
+    >>> sin_theta(I[:, :2], I[:, :2]), sin_theta(I[:, :1], I[:, 1:2])
+    (0.0, 1.0)
+    """
+    X = np.asarray(X, dtype=np.float64)
+    Vk = np.asarray(Vk, dtype=np.float64)
+    return float(np.linalg.norm(Vk - X @ (X.T @ Vk), 2))
