@@ -8,15 +8,27 @@ destination's directory and renamed into place in one step.
 """
 
 from pipeline.io.inputs import InputInfo, open_input
-from pipeline.io.release import check_output_path, read_release, write_release
+from pipeline.io.journal import FileJournal, default_journal_path, input_fingerprint
+from pipeline.io.release import (
+    check_output_path,
+    read_group,
+    read_release,
+    write_group,
+    write_release,
+)
 from pipeline.io.synthetic import generate_pca_store, generate_store
 
 __all__ = [
+    "FileJournal",
     "InputInfo",
     "check_output_path",
+    "default_journal_path",
     "generate_pca_store",
     "generate_store",
+    "input_fingerprint",
     "open_input",
+    "read_group",
     "read_release",
+    "write_group",
     "write_release",
 ]
