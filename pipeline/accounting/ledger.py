@@ -1,17 +1,37 @@
 """Persistent per-dataset privacy ledger with a lifetime budget.
 
 Problem. Releases computed from the same dataset compose. Given the dataset's
-lifetime budget ``(epsilon_B, delta_B)`` and the releases already charged, each
-a Gaussian mechanism with unit sensitivity and noise multiplier ``z_i`` plus a
-sketch-failure probability ``delta_JL,i`` (spec section 4.4), decide whether a
-new release still fits, and record it durably if so.
+lifetime budget ``(epsilon_B, delta_B)`` and the releases already charged,
+decide whether a new release still fits, and record it durably if so. A
+release is one of two kinds:
 
-Composition is exact for Gaussians: k Gaussian mechanisms with multipliers
-``z_i`` are together one Gaussian with ``z_tot = (sum_i z_i^-2)^(-1/2)``
-(their sensitivities add in squares), so the composed delta at ``epsilon_B``
-is ``gaussian_delta(z_tot, epsilon_B) + sum_i delta_JL,i`` [BW18, Thm 8]. The
-``delta_JL`` terms are added, which is conservative when releases reuse the
-same sketch matrices (then one good event covers them all).
+* **Gaussian** (``ReleaseCalibration`` of a low-rank factorization, or
+  ``PcaCalibration`` of a PCA run with public ``(R, T)``): a Gaussian mechanism
+  with unit sensitivity and noise multiplier ``z_i`` (``1/mu`` for a PCA run),
+  plus a sketch-failure probability ``delta_JL,i`` (spec section 4.4; 0 for
+  PCA);
+* **approx** (``SelectionCalibration`` of the private selection of ``(R, T)``):
+  an ``(epsilon_i, delta_i)``-DP release that is not a composition of
+  Gaussians (random stopping, accounted in RDP), recorded with
+  ``noise_multiplier_total = null`` and the fields ``kind = "approx"``,
+  ``epsilon_approx``, ``delta_approx``.
+
+Composition is exact among the Gaussians: k Gaussian mechanisms with
+multipliers ``z_i`` are together one Gaussian with
+``z_tot = (sum_i z_i^-2)^(-1/2)`` (their sensitivities add in squares) [BW18,
+Thm 8]. That Gaussian, the ``delta_JL`` failure events and the approx
+releases compose by basic composition [DR14, Thm 3.16]: the ledger is
+``(epsilon, delta)``-DP with
+
+    epsilon = E_a + eps_G,  delta = gaussian_delta(z_tot, eps_G)
+              + sum_i delta_JL,i + D_a,
+
+for any ``eps_G >= 0``, where ``E_a`` and ``D_a`` sum ``epsilon_approx`` and
+``delta_approx``. A release fits iff this holds with ``epsilon = epsilon_B``,
+``delta <= delta_B``, i.e. ``gaussian_delta(z_tot, epsilon_B - E_a) + sum
+delta_JL + D_a <= delta_B``. The ``delta_JL`` terms are added, which is
+conservative when releases reuse the same sketch matrices (then one good
+event covers them all).
 
 File format (JSON, mode 0600)::
 
@@ -19,6 +39,13 @@ File format (JSON, mode 0600)::
      "budget": {"epsilon": E, "delta": D},
      "releases": [{"release_id", "time", "algorithm", "epsilon", "delta",
                    "delta_jl", "noise_multiplier_total", "details"}, ...]}
+
+An approx record also has ``"kind": "approx"``, ``"epsilon_approx"`` and
+``"delta_approx"``, and ``"noise_multiplier_total": null`` (no Gaussian part;
+JSON has no infinity). Records without ``kind`` are Gaussian, so ledgers
+written before approx records existed read unchanged; an older reader
+refuses a ledger holding an approx record (its ``null`` multiplier fails the
+layout check) instead of under-counting it.
 
 No seed or noise key is ever stored: the API has no argument that carries one,
 and ``details`` keys that name a seed or key (other than a hash) are refused.
@@ -29,6 +56,8 @@ References
 ----------
 .. [BW18] Balle, Wang. Improving the Gaussian mechanism for differential
    privacy. ICML 2018, arXiv:1805.06530.
+.. [DR14] Dwork, Roth. The algorithmic foundations of differential privacy,
+   Thm 3.16 (basic composition).
 """
 
 from __future__ import annotations
@@ -41,12 +70,14 @@ import math
 import os
 import pathlib
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from pipeline._validation import check_privacy_pair
 from pipeline.accounting.calibration import ReleaseCalibration
 from pipeline.accounting.gaussian import gaussian_delta, gaussian_epsilon
+from pipeline.accounting.pca import PcaCalibration, SelectionCalibration
 from pipeline.errors import (
     BudgetExceededError,
     InvalidParameterError,
@@ -70,6 +101,9 @@ _RECORD_KEYS = (
     "noise_multiplier_total",
     "details",
 )
+# Extra keys of an approx record; a record without "kind" is Gaussian.
+_APPROX_KIND = "approx"
+_APPROX_KEYS = ("kind", "epsilon_approx", "delta_approx")
 # Key fragments refused in ``details`` (spec section 4.6, item 3: the noise key
 # and the sketch seed are never logged); "hash" marks an allowed digest.
 _SECRET_FRAGMENTS = ("seed", "key", "secret", "entropy")
@@ -109,22 +143,87 @@ def _compose_multipliers(multipliers: list[float]) -> float:
     return math.inf if inv_sq == 0.0 else inv_sq**-0.5
 
 
-def _release_multiplier(calibration: ReleaseCalibration) -> float:
-    if not isinstance(calibration, ReleaseCalibration):
+#: What a ledger charges: a Gaussian release or an approx (selection) release.
+Calibration = ReleaseCalibration | PcaCalibration | SelectionCalibration
+
+
+@dataclass(frozen=True, slots=True)
+class _Charge:
+    """What one release adds: ``z`` (inf: no Gaussian part) and basic terms."""
+
+    z: float
+    delta_jl: float
+    epsilon_approx: float
+    delta_approx: float
+
+
+def _release_multiplier(calibration: ReleaseCalibration | PcaCalibration) -> float:
+    if not isinstance(calibration, ReleaseCalibration | PcaCalibration):
         raise InvalidParameterError(
-            "calibration must be a ReleaseCalibration, got "
+            "calibration must be a ReleaseCalibration or a PcaCalibration, got "
             f"calibration={type(calibration).__name__}."
         )
+    _check_finite_epsilon(calibration)
+    # Bug guard before anything is charged: the recorded sigmas must give the
+    # release's own (epsilon, delta) [spec section 4.4, LEDGER_CHECK].
+    calibration.check()
+    return 1.0 / calibration.effective_sensitivity
+
+
+def _check_finite_epsilon(calibration: Calibration) -> None:
     if math.isinf(calibration.epsilon):
         raise InvalidParameterError(
             "calibration.epsilon must be finite to charge a ledger, got "
             f"epsilon={calibration.epsilon!r}; non-private releases are not "
             "ledger entries."
         )
-    # Bug guard before anything is charged: the recorded sigmas must give the
-    # release's own (epsilon, delta) [spec section 4.4, LEDGER_CHECK].
-    calibration.check()
-    return 1.0 / calibration.effective_sensitivity
+
+
+def _release_charge(calibration: Calibration) -> _Charge:
+    """Validate and self-check a calibration; return what it adds."""
+    if isinstance(calibration, SelectionCalibration):
+        _check_finite_epsilon(calibration)
+        # Re-accounts the recorded noise in RDP before anything is charged.
+        calibration.check()
+        return _Charge(math.inf, 0.0, calibration.epsilon, calibration.delta)
+    if not isinstance(calibration, ReleaseCalibration | PcaCalibration):
+        raise InvalidParameterError(
+            "calibration must be a ReleaseCalibration, PcaCalibration or "
+            f"SelectionCalibration, got calibration={type(calibration).__name__}."
+        )
+    z = _release_multiplier(calibration)
+    return _Charge(z, calibration.delta_jl, 0.0, 0.0)
+
+
+def _record_charge(record: Mapping[str, Any]) -> _Charge:
+    if record.get("kind") == _APPROX_KIND:
+        return _Charge(
+            math.inf,
+            float(record["delta_jl"]),
+            float(record["epsilon_approx"]),
+            float(record["delta_approx"]),
+        )
+    return _Charge(
+        float(record["noise_multiplier_total"]), float(record["delta_jl"]), 0.0, 0.0
+    )
+
+
+def _composed_delta(charges: Iterable[_Charge], epsilon_b: float) -> float:
+    """Delta of all ``charges`` together at ``epsilon_b`` (``inf``: no fit).
+
+    Basic composition [DR14, Thm 3.16] of the approx releases, the delta_JL
+    events and the exactly composed Gaussian, which gets the epsilon that the
+    approx releases leave.
+    """
+    items = list(charges)
+    z_tot = _compose_multipliers([c.z for c in items])
+    eps_left = epsilon_b - math.fsum(c.epsilon_approx for c in items)
+    if eps_left < -epsilon_b * _BUDGET_RTOL:
+        return math.inf
+    fixed = math.fsum([c.delta_jl for c in items] + [c.delta_approx for c in items])
+    # No Gaussian part (z_tot = inf) costs nothing at any epsilon.
+    gauss = 0.0 if math.isinf(z_tot) else gaussian_delta(z_tot, max(eps_left, 0.0))
+    return gauss + fixed
 
 
 def _check_details(details: object, where: str = "details") -> None:
@@ -236,11 +335,39 @@ def _check_layout(data: object, path: pathlib.Path) -> None:
                 f"{where}: releases[{i}] must have the keys {list(_RECORD_KEYS)}."
             )
         z, djl = rec["noise_multiplier_total"], rec["delta_jl"]
+        kind = rec.get("kind")
+        if kind is not None:
+            _check_approx_record(rec, f"{where}: releases[{i}]")
+            continue
         if not (_positive(z) and isinstance(djl, int | float) and djl >= 0):
             raise StoreLayoutError(
                 f"{where}: releases[{i}] has an invalid noise_multiplier_total "
                 f"or delta_jl (got {z!r}, {djl!r})."
             )
+
+
+def _check_approx_record(rec: Mapping[str, Any], where: str) -> None:
+    if rec.get("kind") != _APPROX_KIND or any(k not in rec for k in _APPROX_KEYS):
+        raise StoreLayoutError(
+            f"{where} must have kind {_APPROX_KIND!r} and the keys "
+            f"{list(_APPROX_KEYS)}, got kind={rec.get('kind')!r}."
+        )
+    eps, dlt, djl = rec["epsilon_approx"], rec["delta_approx"], rec["delta_jl"]
+    ok = (
+        _positive(eps)
+        and isinstance(dlt, int | float)
+        and not isinstance(dlt, bool)
+        and 0.0 <= dlt < 1.0
+        and isinstance(djl, int | float)
+        and djl >= 0
+        and rec["noise_multiplier_total"] is None
+    )
+    if not ok:
+        raise StoreLayoutError(
+            f"{where} has an invalid approx record (epsilon_approx={eps!r}, "
+            f"delta_approx={dlt!r}, delta_jl={djl!r}, noise_multiplier_total="
+            f"{rec['noise_multiplier_total']!r}; expected null)."
+        )
 
 
 def _positive(value: object) -> bool:
@@ -369,14 +496,8 @@ class Ledger:
         """Re-read the file (done by every accounting method)."""
         self._data = _read_ledger(self._path)
 
-    def _composed_delta(self, extra_z: list[float], extra_jl: float) -> float:
-        """Composed delta at ``epsilon_B`` of the ledger plus extra releases."""
-        recs = self._data["releases"]
-        z_tot = _compose_multipliers(
-            [float(r["noise_multiplier_total"]) for r in recs] + extra_z
-        )
-        jl = math.fsum([float(r["delta_jl"]) for r in recs] + [extra_jl])
-        return gaussian_delta(z_tot, self.budget[0]) + jl
+    def _charges(self) -> list[_Charge]:
+        return [_record_charge(r) for r in self._data["releases"]]
 
     def spent(self) -> tuple[float, float]:
         """Budget used so far, as ``(epsilon_used, delta_used)``.
@@ -384,42 +505,61 @@ class Ledger:
         Returns
         -------
         tuple of float
-            ``delta_used = gaussian_delta(z_tot, epsilon_B) + sum delta_JL``,
-            the composed delta at the budget's epsilon, with
-            ``z_tot = (sum z_i^-2)^(-1/2)``. ``epsilon_used`` is the smallest
-            epsilon at which all releases together are ``(epsilon, delta_B)``-DP:
-            ``gaussian_epsilon(z_tot, delta_B - sum delta_JL)``, or ``inf``
-            when the delta_JL terms alone use up ``delta_B`` (no epsilon then
-            works). ``(0.0, 0.0)`` for an empty ledger.
+            ``delta_used = gaussian_delta(z_tot, epsilon_B - E_a) + sum
+            delta_JL + D_a``, the composed delta at the budget's epsilon, with
+            ``z_tot = (sum z_i^-2)^(-1/2)`` over the Gaussian releases and
+            ``E_a``, ``D_a`` the sums of ``epsilon_approx``, ``delta_approx``
+            over the approx releases (0 without them; 1 if ``E_a`` exceeds
+            ``epsilon_B``). ``epsilon_used`` is the smallest epsilon at which
+            all releases together are ``(epsilon, delta_B)``-DP:
+            ``E_a + gaussian_epsilon(z_tot, delta_B - sum delta_JL - D_a)``, or
+            ``inf`` when the delta terms alone use up ``delta_B`` (no epsilon
+            then works). ``(0.0, 0.0)`` for an empty ledger.
         """
         self.reload()
-        recs = self._data["releases"]
-        if not recs:
+        charges = self._charges()
+        if not charges:
             return 0.0, 0.0
         eps_b, delta_b = self.budget
-        z_tot = _compose_multipliers([float(r["noise_multiplier_total"]) for r in recs])
-        jl = math.fsum(float(r["delta_jl"]) for r in recs)
-        delta_used = gaussian_delta(z_tot, eps_b) + jl
-        room = delta_b - jl
-        eps_used = gaussian_epsilon(z_tot, room) if room > 0.0 else math.inf
+        z_tot = _compose_multipliers([c.z for c in charges])
+        eps_a = math.fsum(c.epsilon_approx for c in charges)
+        fixed = math.fsum(
+            [c.delta_jl for c in charges] + [c.delta_approx for c in charges]
+        )
+        delta_used = _composed_delta(charges, eps_b)
+        if math.isinf(delta_used):
+            delta_used = 1.0
+        room = delta_b - fixed
+        eps_used = eps_a + gaussian_epsilon(z_tot, room) if room > 0.0 else math.inf
         return eps_used, delta_used
 
-    def _check_loaded(self, calibration: ReleaseCalibration) -> None:
-        z_new = _release_multiplier(calibration)
+    def _check_loaded(
+        self, calibration: Calibration, new: _Charge | None = None
+    ) -> None:
+        new = _release_charge(calibration) if new is None else new
         eps_b, delta_b = self.budget
-        composed = self._composed_delta([z_new], calibration.delta_jl)
+        charges = [*self._charges(), new]
+        composed = _composed_delta(charges, eps_b)
         if not composed <= delta_b * (1 + _BUDGET_RTOL):
+            eps_a = math.fsum(c.epsilon_approx for c in charges)
+            d_a = math.fsum(c.delta_approx for c in charges)
+            approx = (
+                f"; approximate-DP releases take epsilon={eps_a:.6g} and "
+                f"delta={d_a:.6g} of it by basic composition"
+                if eps_a > 0.0
+                else ""
+            )
             raise BudgetExceededError(
                 f"Release (epsilon={calibration.epsilon!r}, "
                 f"delta={calibration.delta!r}) would exceed the dataset's lifetime "
                 f"budget (epsilon={eps_b!r}, delta={delta_b!r}): composed delta at "
                 f"epsilon={eps_b!r} would be {composed:.6g} after "
-                f"{len(self._data['releases'])} earlier release(s)."
+                f"{len(self._data['releases'])} earlier release(s){approx}."
             )
 
     @staticmethod
     def check_against_budget(
-        calibration: ReleaseCalibration, *, epsilon: float, delta: float
+        calibration: Calibration, *, epsilon: float, delta: float
     ) -> None:
         """Check a first release against a budget that no file records yet.
 
@@ -432,18 +572,23 @@ class Ledger:
             If the release alone exceeds ``(epsilon, delta)``.
         """
         eps, dlt = check_privacy_pair(epsilon, delta)
-        data = {"format": LEDGER_FORMAT, "dataset": "-", "releases": [],
-                "budget": {"epsilon": eps, "delta": dlt}}
+        data = {
+            "format": LEDGER_FORMAT,
+            "dataset": "-",
+            "releases": [],
+            "budget": {"epsilon": eps, "delta": dlt},
+        }
         Ledger(pathlib.Path(os.devnull), data)._check_loaded(calibration)
 
-    def check(self, calibration: ReleaseCalibration) -> None:
+    def check(self, calibration: Calibration) -> None:
         """Raise if charging ``calibration`` would exceed the lifetime budget.
 
         Raises
         ------
         BudgetExceededError
             If the composed delta at ``epsilon_B`` with the new release would
-            exceed ``delta_B (1 + 1e-9)``.
+            exceed ``delta_B (1 + 1e-9)`` (approx releases first take their
+            epsilon from ``epsilon_B`` and their delta from ``delta_B``).
         InvalidParameterError
             If ``calibration.epsilon`` is infinite (non-private).
         PrivacyConfigError
@@ -454,7 +599,7 @@ class Ledger:
 
     def charge(
         self,
-        calibration: ReleaseCalibration,
+        calibration: Calibration,
         *,
         release_id: str,
         algorithm: str,
@@ -464,8 +609,11 @@ class Ledger:
 
         Parameters
         ----------
-        calibration : ReleaseCalibration
-            The release's noise; its ``1/Delta_eff`` and ``delta_jl`` are charged.
+        calibration : ReleaseCalibration, PcaCalibration or SelectionCalibration
+            The release's noise. A Gaussian release (the first two) is charged
+            its ``1/Delta_eff`` (``1/mu`` for PCA) and ``delta_jl``; a
+            selection is charged as an approx record, its ``(epsilon,
+            delta)`` composed with the rest by basic composition.
         release_id : str
             Unique within this ledger.
         algorithm : str
@@ -500,7 +648,7 @@ class Ledger:
             raise InvalidParameterError(
                 f"details must be JSON-serialisable with finite floats: {exc}."
             ) from None
-        z_new = _release_multiplier(calibration)
+        new = _release_charge(calibration)
         with _exclusive_lock(self._path):
             # Re-read under the lock: another process may have charged meanwhile.
             self.reload()
@@ -509,17 +657,25 @@ class Ledger:
                     f"release_id must be unique in the ledger, got "
                     f"release_id={release_id!r} (already charged)."
                 )
-            self._check_loaded(calibration)
-            record = {
+            self._check_loaded(calibration, new)
+            approx = math.isinf(new.z)
+            record: dict[str, Any] = {
                 "release_id": release_id,
                 "time": datetime.datetime.now(datetime.UTC).isoformat(),
                 "algorithm": algorithm,
                 "epsilon": calibration.epsilon,
                 "delta": calibration.delta,
-                "delta_jl": calibration.delta_jl,
-                "noise_multiplier_total": z_new,
+                "delta_jl": new.delta_jl,
+                # JSON has no infinity: null marks "no Gaussian part".
+                "noise_multiplier_total": None if approx else new.z,
                 "details": details_copy,
             }
+            if approx:
+                record |= {
+                    "kind": _APPROX_KIND,
+                    "epsilon_approx": new.epsilon_approx,
+                    "delta_approx": new.delta_approx,
+                }
             new_data = dict(self._data)
             new_data["releases"] = [*self._data["releases"], record]
             _write_atomic(self._path, new_data)
@@ -535,12 +691,15 @@ class Ledger:
             Keys ``dataset``, ``budget_epsilon``, ``budget_delta``,
             ``n_releases``, ``epsilon_used``, ``delta_used``,
             ``delta_remaining_at_budget_epsilon`` (``delta_B - delta_used``,
-            floored at 0) and ``noise_multiplier_total`` (``z_tot``, ``inf``
-            when empty).
+            floored at 0), ``noise_multiplier_total`` (``z_tot`` of the
+            Gaussian releases, ``inf`` when there are none) and
+            ``epsilon_approx_total``, ``delta_approx_total`` (sums over the
+            approx releases, 0 when there are none).
         """
         eps_used, delta_used = self.spent()
         eps_b, delta_b = self.budget
         recs = self._data["releases"]
+        charges = self._charges()
         return {
             "dataset": self.dataset,
             "budget_epsilon": eps_b,
@@ -549,9 +708,9 @@ class Ledger:
             "epsilon_used": eps_used,
             "delta_used": delta_used,
             "delta_remaining_at_budget_epsilon": max(delta_b - delta_used, 0.0),
-            "noise_multiplier_total": _compose_multipliers(
-                [float(r["noise_multiplier_total"]) for r in recs]
-            ),
+            "noise_multiplier_total": _compose_multipliers([c.z for c in charges]),
+            "epsilon_approx_total": math.fsum(c.epsilon_approx for c in charges),
+            "delta_approx_total": math.fsum(c.delta_approx for c in charges),
         }
 
     def __repr__(self) -> str:
