@@ -96,7 +96,10 @@ _CHECK_RTOL = 1e-9
 # The selection's noise is found by root finding on the RDP epsilon; the
 # result is on the safe side, this only bounds the re-evaluated value.
 _SELECTION_RTOL = 1e-6
-# Default cap N_max = ceil(20 / theta): truncation mass q ~ e^-20 (spec 3.5).
+# Default cap N_max = ceil(L / theta) with L = max(20, epsilon + log(100/delta)):
+# truncation mass q ~ e^-L. The spec's L = 20 (spec 3.5) makes e^eps q exceed
+# delta for epsilon >~ 6 at delta = 1e-6; the second term keeps the cap's cost
+# at <= 1% of delta for any epsilon, and equals 20 at (1, 1e-6).
 _TRUNCATION_LOG_MASS = 20.0
 # Dense Renyi orders, including orders close to 1 (spec 3.5).
 _RDP_ORDERS = tuple(
@@ -1335,7 +1338,9 @@ def calibrate_selection(
     expected_trials : float or None, optional
         ``E[N] >= 1``; overrides the default ``theta`` with ``1/E[N]``.
     max_trials : int or None, optional
-        ``N_max >= 1``; default ``ceil(20 / theta)`` (``q ~ e^-20``).
+        ``N_max >= 1``; default ``ceil(L / theta)`` with
+        ``L = max(20, epsilon + log(100 / delta))`` (``q ~ e^-L``; the cap then
+        costs at most 1% of delta, for any epsilon).
     sensitivity : {"paper", "tight"}, optional
         ``s_gram`` of ``M`` and ``H`` and ``s_score = s_gram / h``.
     gamma_scale : float, optional
@@ -1391,7 +1396,8 @@ def calibrate_selection(
             expected_trials, "expected_trials", 1.0, math.inf, low_open=False
         )
     if max_trials is None:
-        n_max = math.ceil(_TRUNCATION_LOG_MASS / theta)
+        log_mass = max(_TRUNCATION_LOG_MASS, eps + math.log(100.0 / dlt))
+        n_max = math.ceil(log_mass / theta)
     else:
         n_max = check_int_in_range(max_trials, "max_trials", 1)
     q = _truncation_mass(theta, n_max)

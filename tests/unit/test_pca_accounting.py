@@ -926,3 +926,21 @@ def test_old_ledgers_stay_readable_and_bad_approx_records_are_refused(
             Ledger.open(ledger_path)
     ledger_path.write_text(json.dumps({**old, "releases": [*old["releases"], approx]}))
     assert Ledger.open(ledger_path).spent()[0] > 1.0
+
+
+def test_default_trial_cap_works_for_large_epsilon() -> None:
+    # The spec's cap ceil(20/theta) leaves e^eps * e^-20 > delta at eps = 8,
+    # delta = 1e-6 (no delta left for the mechanism); the default cap keeps the
+    # truncation cost e^eps q at <= 1% of delta for any epsilon.
+    for eps in (1.0, 8.0):
+        sel = calibrate_selection(
+            epsilon=eps,
+            delta=1e-6,
+            rank=2,
+            n_rows=4096,
+            n_features=16,
+            radii=(0.05, 0.1),
+            iteration_grid=(1, 2),
+        )
+        assert math.exp(eps) * sel.truncation_q <= 0.01 * 1e-6 * (1 + 1e-9)
+        sel.check()
