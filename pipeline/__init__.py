@@ -11,6 +11,8 @@ Ledger
     A dataset's persistent privacy ledger.
 read_release, generate_store
     Reading a published release; writing a synthetic matrix with a known spectrum.
+DPPCA, DPLowRank
+    scikit-learn transformers over the private PCA and the private factorization.
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ from pipeline.errors import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "DPPCA",
     "BudgetExceededError",
+    "DPLowRank",
     "Factorization",
     "InvalidParameterError",
     "Ledger",
@@ -55,4 +59,9 @@ def __getattr__(name: str) -> Any:
         from pipeline import io
 
         return getattr(io, name)
+    # estimators import scikit-learn; load it only when asked for
+    if name in ("DPPCA", "DPLowRank"):
+        from pipeline import estimators
+
+        return getattr(estimators, name)
     raise AttributeError(f"module 'pipeline' has no attribute {name!r}")

@@ -1,0 +1,1125 @@
+"""scikit-learn estimators over the private releases: ``DPPCA`` and ``DPLowRank``.
+
+Problem. Expose :func:`pipeline.api.pca` and :func:`pipeline.api.factorize` as
+scikit-learn transformers, so that a private projection can be cloned, grid
+searched over *public* hyper-parameters and placed in a
+:class:`sklearn.pipeline.Pipeline`. ``fit`` is the private step: it makes one
+release (and charges the dataset's ledger when there is one). ``transform`` and
+``inverse_transform`` are post-processing of that release: they are linear maps
+built from released values only, and may be applied to any data.
+
+Inputs of ``fit``: a numpy array (or anything :func:`sklearn.utils.validation.
+validate_data` accepts, such as a pandas DataFrame), a dask array, or a Zarr
+path. Dask arrays and Zarr paths run on a Dask cluster exactly as in the
+functional API. This module never imports dask or zarr itself: it only calls
+methods of the dask arrays it is given, and ``pipeline.io`` / ``pipeline.execution``
+for opening stores and for clients.
+
+Centring (spec power-pca section 7, D8). The PCA is uncentred by default.
+``DPPCA(centre=True)`` releases the mean of the clipped rows with the Gaussian
+mechanism, centres the rows with that *released* mean, re-clips them and runs
+the PCA on them; the two releases are composed exactly as Gaussian mechanisms
+(mu-GDP) so that together they satisfy the requested ``(epsilon, delta)``.
+
+References
+----------
+.. [DRS22] Dong, Roth, Su. Gaussian differential privacy. JRSS-B 84(1), 2022,
+   arXiv:1905.02383 (Cor. 3.3: composition of Gaussian mechanisms).
+.. [BW18] Balle, Wang. Improving the Gaussian mechanism for differential
+   privacy. ICML 2018, arXiv:1805.06530 (Thm 8: the exact (epsilon, delta)
+   curve of a Gaussian mechanism).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+import sys
+import uuid
+from typing import Any
+
+import numpy as np
+from sklearn.base import (
+    BaseEstimator,
+    ClassNamePrefixFeaturesOutMixin,
+    TransformerMixin,
+)
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+from pipeline._types import FloatArray
+from pipeline._validation import (
+    check_float_in_interval,
+    check_int_in_range,
+    check_privacy_pair,
+)
+from pipeline.accounting.calibration import ReleaseCalibration, SketchNoise
+from pipeline.accounting.gaussian import (
+    gaussian_delta,
+    gaussian_epsilon,
+    gaussian_noise_multiplier,
+)
+from pipeline.algorithms.power_pca import PcaParams, Secret, plan_pca, prep_rows
+from pipeline.api import (
+    PCA_BAND_BYTES,
+    _resolve_ledger,
+    factorize,
+    make_params,
+    pca,
+)
+from pipeline.errors import InvalidParameterError, PrivacyConfigError
+from pipeline.mechanisms.noise import GaussianNoise, NoiseKey
+
+__all__ = ["DPPCA", "DPLowRank"]
+
+#: L2 sensitivity of the sum of rows of norm <= 1 under replacement of one row
+#: (spec power-pca 7, D8: ``||a_i - a'_i|| <= 2``).
+MEAN_SENSITIVITY = 2.0
+
+
+# --------------------------------------------------------------------------
+# Shared helpers
+# --------------------------------------------------------------------------
+def _input_kind(X: Any) -> str:
+    """``"path"``, ``"dask"``, ``"zarr"`` or ``"memory"`` (numpy and array-likes)."""
+    if isinstance(X, str | os.PathLike):
+        return "path"
+    # Only a caller who already imported dask (zarr) can hold such an array, so
+    # looking the class up in sys.modules never imports either library here.
+    dask_array = sys.modules.get("dask.array")
+    if dask_array is not None and isinstance(X, dask_array.Array):
+        return "dask"
+    zarr = sys.modules.get("zarr")
+    if zarr is not None and isinstance(X, zarr.Array):
+        return "zarr"
+    return "memory"
+
+
+def _choice(value: Any, name: str, allowed: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in allowed:
+        raise InvalidParameterError(
+            f"{name} must be one of {', '.join(map(repr, allowed))}, got {name}={value!r}."
+        )
+    return value
+
+
+def _check_bool(value: Any, name: str) -> bool:
+    if not isinstance(value, bool | np.bool_):
+        raise InvalidParameterError(
+            f"{name} must be True or False, got {name}={value!r}."
+        )
+    return bool(value)
+
+
+def _check_random_state(random_state: Any, *, high: int) -> int | None:
+    """None or a non-negative int (a seed that may be published)."""
+    if random_state is None:
+        return None
+    return check_int_in_range(random_state, "random_state", 0, high)
+
+
+def _insecure_seed(insecure_noise: bool, random_state: int | None) -> int | None:
+    """The public noise seed of a test-only run (None in every private run)."""
+    if not insecure_noise:
+        return None
+    if random_state is None:
+        raise InvalidParameterError(
+            "insecure_noise=True needs an integer random_state to seed the noise "
+            "(test-only: the result is NOT PRIVATE), got random_state=None."
+        )
+    return random_state
+
+
+def _validate_fit_input(
+    est: BaseEstimator, X: Any, *, allow_nan: bool, min_samples: int
+) -> Any:
+    """Check an in-memory ``X`` (sets ``n_features_in_`` and feature names).
+
+    Dask arrays and Zarr paths are validated from metadata by ``pipeline.io``;
+    their feature names, if any were recorded by an earlier fit, are dropped.
+    """
+    if _input_kind(X) == "memory":
+        return validate_data(
+            est,
+            X,
+            reset=True,
+            dtype=[np.float64, np.float32],
+            ensure_all_finite="allow-nan" if allow_nan else True,
+            ensure_min_samples=min_samples,
+            # rank k < d needs two columns; said here in sklearn's words
+            ensure_min_features=2,
+        )
+    if hasattr(est, "feature_names_in_"):
+        del est.feature_names_in_
+    return X
+
+
+def _validate_transform_input(est: BaseEstimator, X: Any, *, allow_nan: bool) -> Any:
+    """Check ``X`` for ``transform``: numpy-like through sklearn, dask by shape."""
+    kind = _input_kind(X)
+    if kind == "dask":
+        if X.ndim != 2 or X.shape[1] != est.n_features_in_:
+            raise ValueError(
+                f"X has shape {tuple(X.shape)}, but {type(est).__name__} is expecting "
+                f"{est.n_features_in_} features as input."
+            )
+        return X
+    if kind in ("path", "zarr"):
+        raise InvalidParameterError(
+            "transform takes a numpy or dask array; open a Zarr store with "
+            "dask.array.from_zarr first."
+        )
+    return validate_data(
+        est,
+        X,
+        reset=False,
+        dtype=[np.float64, np.float32],
+        ensure_all_finite="allow-nan" if allow_nan else True,
+    )
+
+
+def _gaussian_release_calibration(
+    name: str,
+    shape: tuple[int, int],
+    *,
+    sensitivity: float,
+    sigma: float,
+    epsilon: float,
+    delta: float,
+) -> ReleaseCalibration:
+    """One plain Gaussian release in the ledger's terms (no sketch, ``delta_JL = 0``)."""
+    return ReleaseCalibration(
+        epsilon=epsilon,
+        delta=delta,
+        delta_mechanism=delta,
+        delta_jl=0.0,
+        n_sketch_matrices=0,
+        beta=0.0,
+        frobenius_bound=sensitivity,
+        noise_multiplier=sigma / sensitivity,
+        tree_levels=1,
+        sketches=(
+            SketchNoise(
+                name=name,
+                shape=shape,
+                sensitivity=sensitivity,
+                jl_factor=1.0,
+                weight=1.0,
+                sigma=sigma,
+            ),
+        ),
+    )
+
+
+def split_mean_budget(
+    epsilon: float, delta: float, mean_fraction: float
+) -> tuple[float, float]:
+    """Split ``(epsilon, delta)`` between a DP mean and a PCA, in mu-GDP.
+
+    Parameters
+    ----------
+    epsilon, delta : float
+        Budget of the two releases together.
+    mean_fraction : float
+        Share of ``mu^2`` given to the mean, in (0, 1).
+
+    Returns
+    -------
+    mu_total : float
+        ``1 / s(epsilon, delta)``: the largest ``mu`` such that a ``mu``-GDP
+        mechanism is ``(epsilon, delta)``-DP [BW18, Thm 8].
+    epsilon_pca : float
+        The epsilon at ``delta`` of a ``sqrt(1 - mean_fraction) mu_total``-GDP
+        mechanism: the budget to calibrate the PCA with.
+
+    Examples
+    --------
+    >>> mu, eps_pca = split_mean_budget(1.0, 1e-6, 0.1)
+    >>> 0 < eps_pca < 1.0
+    True
+    """
+    eps, dlt = check_privacy_pair(epsilon, delta)
+    f = check_float_in_interval(mean_fraction, "mean_fraction", 0.0, 1.0)
+    mu_total = 1.0 / gaussian_noise_multiplier(eps, dlt)
+    # [DRS22, Cor. 3.3]: mu^2 of composed Gaussians add, so shares split mu^2
+    mu_pca = math.sqrt(1.0 - f) * mu_total
+    return mu_total, gaussian_epsilon(1.0 / mu_pca, dlt)
+
+
+def _mean_mu(
+    mu_total: float, mu_pca: float, mean_fraction: float, epsilon: float, delta: float
+) -> float:
+    """The mean's ``mu``: its share, lowered until the composition fits exactly.
+
+    Returns ``mu_m <= sqrt(mean_fraction) mu_total`` with
+    ``gaussian_delta(1 / sqrt(mu_m^2 + mu_pca^2), epsilon) <= delta``: the PCA's
+    ``mu`` comes from its own calibration (rounded up there, and far below its
+    share under ``accounting="paper"``), so the check is done on the actual
+    values rather than assumed.
+
+    Raises
+    ------
+    PrivacyConfigError
+        If the PCA alone already uses the whole budget (a calibration bug).
+    """
+    mu_m = math.sqrt(mean_fraction) * mu_total
+
+    def fits(m: float) -> bool:
+        return gaussian_delta(1.0 / math.hypot(m, mu_pca), epsilon) <= delta
+
+    step = 1e-15
+    while mu_m > 0.0 and not fits(mu_m):
+        # the shortfall is rounding in the calibrations: shrink by growing steps
+        mu_m *= 1.0 - step
+        step *= 2.0
+        if step > 0.5:
+            mu_m = 0.0
+    if mu_m <= 0.0:
+        raise PrivacyConfigError(
+            "the PCA's calibration leaves no budget for the DP mean "
+            f"(mu_pca={mu_pca!r}, mu_total={mu_total!r})."
+        )
+    return mu_m
+
+
+def _block_centre(
+    block: Any, mean: FloatArray, row_norm_bound: float, clip: bool
+) -> FloatArray:
+    """Prepared rows minus the released mean (in the scaled units of ``prep_rows``)."""
+    return prep_rows(block, row_norm_bound, clip=clip) - mean
+
+
+def _row_total(array: Any, client: Any, row_norm_bound: float, clip: bool) -> Secret:
+    """``sum_i prep(a_i)``, the exact sum of the prepared rows, shape (d,)."""
+    if client is None:
+        return Secret(prep_rows(array, row_norm_bound, clip=clip).sum(axis=0))
+    rows = array.map_blocks(prep_rows, row_norm_bound, clip=clip, dtype=np.float64)
+    total = client.compute(rows.sum(axis=0), sync=True)
+    return Secret(np.asarray(total, dtype=np.float64))
+
+
+def _pca_accepts(name: str) -> bool:
+    return name in inspect.signature(pca).parameters
+
+
+# --------------------------------------------------------------------------
+# DPPCA
+# --------------------------------------------------------------------------
+class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
+    """Differentially private PCA (top-k principal subspace) as a scikit-learn transformer.
+
+    ``fit`` runs :func:`pipeline.api.pca`: the clipped, preconditioned power
+    method (Analyze Gauss start) or Analyze Gauss alone, (epsilon, delta)-DP for
+    neighbouring datasets that differ in one row.
+
+    Parameters
+    ----------
+    n_components : int
+        ``k``, the number of components, ``1 <= k < n_features``. Public.
+    epsilon : float, default=1.0
+        Privacy budget of the release (of the DP mean and the PCA together when
+        ``centre=True``); ignored when ``private=False``.
+    delta : float, default=1e-6
+        In (0, 1); ignored when ``private=False``.
+    method : {"power", "analyze-gauss"}, default="power"
+        The clipped, preconditioned power method, or Analyze Gauss alone with
+        the whole budget (no ``n_iter``, no ``clip_radius``).
+    n_iter : int or None, default=None
+        Public number of power iterations ``T`` (``1 + T`` passes over the
+        data). Required for ``method="power"`` unless ``select=True``: there is
+        no default, because ``T`` is a privacy-relevant choice and is never
+        chosen from the data; 3 to 10 is typical after the Analyze Gauss warm
+        start (spec power-pca D5).
+    clip_radius : float or None, default=None
+        Public clip radius ``R`` of the power iterations. Required for a
+        private ``method="power"`` run unless ``select=True`` (no silent
+        default; ``private=False`` without it does not clip). For
+        near-i.i.d. rows ``2 sqrt(k log(n) / n)`` is a reasonable *public*
+        guess; never choose it by looking at the data.
+    select : bool, default=False
+        Choose ``(R, T)`` privately over :func:`pipeline.api.pca`'s default
+        public grids (spec power-pca 2.5), inside the same budget; ``n_iter``
+        and ``clip_radius`` must then be None, with ``method="power"``,
+        ``private=True`` and ``centre=False``. If the installed
+        :func:`pipeline.api.pca` has no selection, ``fit`` raises
+        ``InvalidParameterError``.
+    accounting : {"gdp", "paper"}, default="gdp"
+        Exact Gaussian (GDP) calibration, or the paper's literal constants
+        (reproduction only; far more noise).
+    sensitivity : {"paper", "tight"}, default="paper"
+        Gram sensitivity 2 (the paper's) or sqrt(2) (the exact supremum).
+    init_fraction, h_fraction : float, default=0.5
+        Public budget split: initialisation vs iterations, ``H`` vs ``Z``.
+    beta : float, default=0.1
+        Failure probability of the utility analysis (sets the eigenvalue floor
+        only, never privacy).
+    gamma_scale : float, default=1.0
+        Public multiplier of the eigenvalue floor ``gamma``.
+    row_norm_bound : float, default=1.0
+        Public ``C``: rows are divided by ``C``, then clipped to norm 1. In a
+        private run, rows holding NaN or Inf count as zero rows, silently
+        (raising or counting them would be a data-dependent side channel);
+        ``private=False`` refuses them.
+    centre : bool, default=False
+        Centre the rows with a DP mean before the PCA (see Notes). The default
+        is the uncentred PCA of the paper (second-moment matrix ``A^T A``).
+    mean_fraction : float, default=0.1
+        With ``centre=True``: share of the budget (of ``mu^2`` in GDP terms)
+        spent on the mean, in (0, 1).
+    private : bool, default=True
+        False runs the classical block power method (no clipping, no noise, no
+        ledger; exact mean when ``centre=True``): a non-private baseline whose
+        report says NOT PRIVATE.
+    ledger : str, path or Ledger, default=None
+        The dataset's privacy ledger. For a Zarr path it defaults to the ledger
+        file beside the store; in-memory arrays are charged only when a
+        ledger is given.
+    budget : (float, float) or None, default=None
+        Lifetime ``(epsilon, delta)`` declared when the ledger does not exist.
+    scheduler : str or None, default=None
+        Dask scheduler address for dask and Zarr inputs (otherwise the active
+        client, ``DASK_SCHEDULER_ADDRESS``, or an embedded LocalCluster).
+    random_state : int or None, default=None
+        The PCA has no data-independent randomness (no sketch), so in a private
+        run this seeds nothing: the noise is always drawn from a fresh secret
+        key. It is used only with ``insecure_noise=True``. (The name follows
+        scikit-learn, so that ``clone`` and ``set_params`` work as usual.)
+    insecure_noise : bool, default=False
+        Test-only: draw the noise from a key derived from ``random_state``, so
+        that fits are reproducible. The result is NOT PRIVATE and
+        ``privacy_report_`` says so.
+
+    Attributes
+    ----------
+    components_ : ndarray of shape (n_components, n_features)
+        Orthonormal rows spanning the private estimate of the principal
+        subspace (the transpose of the ``(d, k)`` matrix of :func:`pca`).
+    n_components_ : int
+    n_features_in_ : int
+    feature_names_in_ : ndarray of shape (n_features_in_,)
+        Only when ``X`` had string column names.
+    explained_variance_ : ndarray of shape (n_components,)
+        Noisy estimates of the top eigenvalues of ``A^T A / n`` (of the rows
+        as prepared for the PCA: clipped and, with ``centre=True``, centred and
+        re-clipped), in the units of ``X``: the top-k eigenvalues of the
+        released Analyze Gauss matrix ``M`` times ``C^2 / n`` for the public
+        ``n`` (times ``1 / n`` with ``private=False``, which does not scale). Post-processing of the release only; they come from ``M``, not
+        from the final power-method components. No explained variance *ratio*
+        is given: the total variance is not released.
+    mean_ : ndarray of shape (n_features,) or None
+        The DP mean (``centre=True``), or None for the uncentred PCA.
+    n_iter_ : int
+        Iterations ``T`` run (0 for Analyze Gauss; the selected ``T`` with
+        ``select=True``).
+    clip_radius_ : float or None
+        Clip radius used (after the public cap), or None.
+    privacy_report_ : dict
+        The release's privacy report (the :func:`pca` report; with
+        ``centre=True`` extended by the mean release and the composition).
+
+    Notes
+    -----
+    Privacy. (epsilon, delta)-DP under replacement of one row of norm at most
+    ``row_norm_bound``, for everything ``fit`` stores (all attributes are
+    released values or post-processing of them) [spec power-pca 1.2, 3.4].
+    ``transform`` and ``inverse_transform`` are post-processing of the release
+    and apply to any data; their outputs on private rows are of course not
+    differentially private themselves.
+
+    Centring (``centre=True``, spec power-pca D8). Rows are scaled by ``1/C``
+    and clipped to norm 1; the mean ``(sum_i a_i + N(0, sigma_m^2 I_d)) / n``
+    is released with L2 sensitivity 2 (replacement) and
+    ``sigma_m = 2 / mu_m``; the rows are centred with this released mean,
+    re-clipped to norm 1 (centred rows can reach norm 2) and the PCA runs on
+    them. With ``mu_total = 1 / s(epsilon, delta)``, the mean gets
+    ``mu_m = sqrt(mean_fraction) mu_total`` (lowered if the rounding of the
+    calibrations requires it) and the PCA is calibrated to the
+    epsilon at which ``sqrt(1 - mean_fraction) mu_total``-GDP is
+    ``(epsilon, delta)``-DP; the adaptive composition is
+    ``sqrt(mu_m^2 + mu_pca^2)``-GDP [DRS22, Cor. 3.3], checked to be within
+    ``(epsilon, delta)`` on the actual calibrated values before any data is
+    read. Both releases are charged to the ledger, the mean first (before its
+    noise is drawn). Not available with ``select=True`` (the selection is
+    accounted in Renyi DP, not as a Gaussian).
+
+    Passes over the data: as :func:`pca` (``1 + T``), plus one for the mean.
+
+    scikit-learn conventions. All common checks of
+    :func:`sklearn.utils.estimator_checks.check_estimator` pass in the
+    test-only configuration ``insecure_noise=True`` with a fixed
+    ``random_state`` (fits are then deterministic). A private run draws fresh
+    secret noise on every fit, so it is randomized (tag
+    ``non_deterministic``) and:
+
+    - ``check_fit_idempotent`` fails: two fits on the same data are two
+      releases with independent noise (and a refit is charged again);
+    - sklearn skips ``check_pipeline_consistency``,
+      ``check_transformer_general`` and ``check_transformer_data_not_an_array``
+      for non-deterministic estimators: each compares two separate fits;
+    - sklearn also skips ``check_methods_sample_order_invariance`` and
+      ``check_methods_subset_invariance``, although they hold: they compare
+      one fitted estimator on reordered and sliced inputs, and ``transform``
+      is a fixed linear map.
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.normal(size=(500, 6)) * [3, 2, 1, 1, 1, 1] / 8
+    >>> est = DPPCA(2, epsilon=1.0, method="analyze-gauss").fit(X)
+    >>> est.components_.shape, est.transform(X).shape
+    ((2, 6), (500, 2))
+    """
+
+    def __init__(
+        self,
+        n_components: int,
+        *,
+        epsilon: float = 1.0,
+        delta: float = 1e-6,
+        method: str = "power",
+        n_iter: int | None = None,
+        clip_radius: float | None = None,
+        select: bool = False,
+        accounting: str = "gdp",
+        sensitivity: str = "paper",
+        init_fraction: float = 0.5,
+        h_fraction: float = 0.5,
+        beta: float = 0.1,
+        gamma_scale: float = 1.0,
+        row_norm_bound: float = 1.0,
+        centre: bool = False,
+        mean_fraction: float = 0.1,
+        private: bool = True,
+        ledger: Any = None,
+        budget: tuple[float, float] | None = None,
+        scheduler: str | None = None,
+        random_state: int | None = None,
+        insecure_noise: bool = False,
+    ) -> None:
+        self.n_components = n_components
+        self.epsilon = epsilon
+        self.delta = delta
+        self.method = method
+        self.n_iter = n_iter
+        self.clip_radius = clip_radius
+        self.select = select
+        self.accounting = accounting
+        self.sensitivity = sensitivity
+        self.init_fraction = init_fraction
+        self.h_fraction = h_fraction
+        self.beta = beta
+        self.gamma_scale = gamma_scale
+        self.row_norm_bound = row_norm_bound
+        self.centre = centre
+        self.mean_fraction = mean_fraction
+        self.private = private
+        self.ledger = ledger
+        self.budget = budget
+        self.scheduler = scheduler
+        self.random_state = random_state
+        self.insecure_noise = insecure_noise
+
+    def __sklearn_tags__(self) -> Any:
+        tags = super().__sklearn_tags__()
+        # NaN/Inf rows become zero rows, silently (spec power-pca 1.4, rule 2)
+        tags.input_tags.allow_nan = bool(self.private)
+        tags.non_deterministic = bool(self.private) and not self.insecure_noise
+        return tags
+
+    # -- parameters --------------------------------------------------------
+    def _pca_kwargs(self) -> dict[str, Any]:
+        """Validate the parameters (no data) into keyword arguments of :func:`pca`."""
+        check_int_in_range(self.n_components, "n_components", 1)
+        private = _check_bool(self.private, "private")
+        insecure = _check_bool(self.insecure_noise, "insecure_noise")
+        _check_bool(self.centre, "centre")
+        _choice(self.accounting, "accounting", ("gdp", "paper"))
+        _choice(self.sensitivity, "sensitivity", ("paper", "tight"))
+        for name in ("init_fraction", "h_fraction", "beta", "mean_fraction"):
+            check_float_in_interval(getattr(self, name), name, 0.0, 1.0)
+        for name in ("gamma_scale", "row_norm_bound"):
+            check_float_in_interval(getattr(self, name), name, 0.0, math.inf)
+        seed = _check_random_state(self.random_state, high=2**63 - 1)
+        kw: dict[str, Any] = {
+            "method": self.method,
+            "iterations": self.n_iter,
+            "clip_radius": self.clip_radius,
+            "accounting": self.accounting,
+            "sensitivity": self.sensitivity,
+            "init_fraction": self.init_fraction,
+            "h_fraction": self.h_fraction,
+            "beta": self.beta,
+            "gamma_scale": self.gamma_scale,
+            "row_norm_bound": self.row_norm_bound,
+            "private": private,
+            "ledger": self.ledger,
+            "budget": self.budget,
+            "scheduler": self.scheduler,
+            "epsilon": None,
+            "delta": None,
+            "insecure_noise_seed": None,
+        }
+        if self._check_iterations():
+            kw["select"] = True
+        if private:
+            kw["epsilon"], kw["delta"] = check_privacy_pair(self.epsilon, self.delta)
+            kw["insecure_noise_seed"] = _insecure_seed(insecure, seed)
+        return kw
+
+    def _check_iterations(self) -> bool:
+        """Check ``method``, ``select``, ``n_iter``, ``clip_radius``; True to select."""
+        method = _choice(self.method, "method", ("power", "analyze-gauss"))
+        if self.n_iter is not None:
+            check_int_in_range(self.n_iter, "n_iter", 1)
+        if self.clip_radius is not None:
+            check_float_in_interval(
+                self.clip_radius, "clip_radius", 0.0, math.inf, privacy=True
+            )
+        given = f"n_iter={self.n_iter!r}, clip_radius={self.clip_radius!r}"
+        if _check_bool(self.select, "select"):
+            if not _pca_accepts("select"):
+                raise InvalidParameterError(
+                    "select=True is not available yet: this version of pipeline.api.pca "
+                    "has no private selection of (R, T); give n_iter and clip_radius."
+                )
+            if self.centre or not self.private or method != "power":
+                raise InvalidParameterError(
+                    "select=True needs method='power', private=True and centre=False "
+                    "(the selection is accounted in Renyi DP, not as a Gaussian "
+                    "mechanism that composes with the DP mean)."
+                )
+            if self.n_iter is not None or self.clip_radius is not None:
+                raise InvalidParameterError(
+                    f"select=True chooses n_iter and clip_radius privately; leave them "
+                    f"None, got {given}."
+                )
+            return True
+        if method == "analyze-gauss":
+            if self.n_iter is not None or self.clip_radius is not None:
+                raise InvalidParameterError(
+                    f"n_iter and clip_radius apply to method='power' only, got {given}."
+                )
+            return False
+        # a non-private run may leave R unset (no clipping), never T
+        required = ("n_iter", "clip_radius") if self.private else ("n_iter",)
+        missing = [name for name in required if getattr(self, name) is None]
+        if missing:
+            raise InvalidParameterError(
+                f"{' and '.join(missing)} must be given for method='power' (public "
+                "T, e.g. 3 to 10, and public R, e.g. 2 sqrt(k log(n) / n)); they are "
+                "never chosen from the data. Use select=True, or "
+                "method='analyze-gauss', to do without them."
+            )
+        return False
+
+    # -- fit ---------------------------------------------------------------
+    def fit(self, X: Any, y: Any = None) -> DPPCA:
+        """Release the private principal subspace of ``X``.
+
+        Parameters
+        ----------
+        X : array-like, dask array or Zarr path, of shape (n_samples, n_features)
+            The private matrix, one individual per row. Zarr paths and dask
+            arrays run on a Dask cluster.
+        y : None
+            Ignored.
+
+        Returns
+        -------
+        self : DPPCA
+
+        Raises
+        ------
+        InvalidParameterError
+            A parameter is out of range or missing (before any data is read).
+        BudgetExceededError
+            The release does not fit the dataset's ledger; nothing read.
+
+        Notes
+        -----
+        Privacy. See the class Notes: one (epsilon, delta)-DP release under
+        replacement of one row.
+        """
+        kw = self._pca_kwargs()
+        X = _validate_fit_input(self, X, allow_nan=bool(self.private), min_samples=1)
+        if self.centre:
+            rel, mean, extra = self._fit_centred(X, kw)
+            report = _centring_report(dict(rel.report), extra)
+        else:
+            rel, mean = pca(X, int(self.n_components), **kw), None
+            report = dict(rel.report)
+        n, d = (int(s) for s in report["shape"])
+        scale = float(self.row_norm_bound) ** 2 if kw["private"] else 1.0
+        self.components_ = np.ascontiguousarray(np.asarray(rel.components).T)
+        self.n_components_ = int(self.components_.shape[0])
+        self.n_features_in_ = d
+        self._n_features_out = self.n_components_
+        # post-processing: released eigenvalues of M, in the units of X, over public n
+        self.explained_variance_ = (
+            np.asarray(rel.eigenvalues[: self.n_components_], dtype=np.float64)
+            * scale
+            / n
+        )
+        self.mean_ = mean
+        self.n_iter_ = int(report["parameters"].get("iterations") or 0)
+        self.clip_radius_ = report["parameters"].get("clip_radius")
+        self.privacy_report_ = report
+        return self
+
+    def _fit_centred(
+        self, X: Any, kw: dict[str, Any]
+    ) -> tuple[Any, FloatArray, dict[str, Any]]:
+        """DP mean, centre, re-clip, PCA (spec power-pca D8); see the class Notes."""
+        from pipeline.io import open_input
+
+        array, info = open_input(X, unit=None, band_bytes=PCA_BAND_BYTES)
+        shape = (int(info.shape[0]), int(info.shape[1]))
+        # public values only: refused here (bad split, over budget) before any read
+        plan = self._centred_plan(kw, shape) if kw["private"] else None
+        if isinstance(array, np.ndarray):
+            return self._centre_and_run(array, None, kw, plan, info.path, shape)
+        from pipeline.execution import cluster_client
+
+        if array.numblocks[1] > 1:
+            array = array.rechunk({1: -1})  # a row's norm needs all its columns
+        with cluster_client(kw["scheduler"]) as (client, cinfo):
+            run_kw = dict(kw)
+            if cinfo.kind == "local":
+                # the embedded cluster is not the default client: point pca at it
+                run_kw["scheduler"] = client.scheduler.address
+            return self._centre_and_run(array, client, run_kw, plan, info.path, shape)
+
+    def _centred_plan(
+        self, kw: dict[str, Any], shape: tuple[int, int]
+    ) -> dict[str, Any]:
+        """Budget split, the PCA's calibration, the ledger -- public values only."""
+        eps, dlt = kw["epsilon"], kw["delta"]
+        f = float(self.mean_fraction)
+        mu_total, eps_pca = split_mean_budget(eps, dlt, f)
+        params = PcaParams(
+            rank=int(self.n_components),
+            epsilon=eps_pca,
+            delta=dlt,
+            method=kw["method"],
+            iterations=kw["iterations"],
+            clip_radius=kw["clip_radius"],
+            accounting=kw["accounting"],
+            sensitivity=kw["sensitivity"],
+            init_fraction=kw["init_fraction"],
+            h_fraction=kw["h_fraction"],
+            beta=kw["beta"],
+            gamma_scale=kw["gamma_scale"],
+            row_norm_bound=1.0,
+        )
+        pca_plan = plan_pca(params, shape)
+        mu_pca = float(pca_plan.calibration.mu)
+        mu_m = _mean_mu(mu_total, mu_pca, f, eps, dlt)
+        sigma_m = MEAN_SENSITIVITY / mu_m
+        mu_joint = math.hypot(mu_m, mu_pca)
+        mean_cal = _gaussian_release_calibration(
+            "dp-mean",
+            (1, shape[1]),
+            sensitivity=MEAN_SENSITIVITY,
+            sigma=sigma_m,
+            epsilon=gaussian_epsilon(1.0 / mu_m, dlt),
+            delta=dlt,
+        )
+        # the two releases as one unit-sensitivity Gaussian, for the ledger check
+        joint_cal = _gaussian_release_calibration(
+            "dp-mean+pca", (1, 1), sensitivity=1.0, sigma=1.0 / mu_joint,
+            epsilon=eps, delta=dlt,
+        )  # fmt: skip
+        return {
+            "epsilon": eps,
+            "delta": dlt,
+            "epsilon_pca": eps_pca,
+            "mu_pca": mu_pca,
+            "mu_mean": mu_m,
+            "mu_joint": mu_joint,
+            "sigma_mean": sigma_m,
+            "pca_plan": pca_plan,
+            "mean_calibration": mean_cal,
+            "joint_calibration": joint_cal,
+        }
+
+    def _centre_and_run(
+        self,
+        array: Any,
+        client: Any,
+        kw: dict[str, Any],
+        plan: dict[str, Any] | None,
+        path: str | None,
+        shape: tuple[int, int],
+    ) -> tuple[Any, FloatArray, dict[str, Any]]:
+        """Release the mean, centre the rows with it and run the PCA on them.
+
+        Notes
+        -----
+        Privacy. The exact sum of the clipped rows stays a :class:`Secret`:
+        only ``sum + N(0, sigma_m^2 I)`` is used afterwards (L2 sensitivity 2
+        under replacement of a row of norm <= 1), and the ledger is charged
+        for it before the noise is drawn. The centring map uses that released
+        mean only, so it is the same per-row map for neighbouring datasets and
+        the PCA's guarantee holds for the centred, re-clipped rows; the two
+        Gaussian releases compose to ``sqrt(mu_m^2 + mu_pca^2)``-GDP
+        [DRS22, Cor. 3.3].
+        """
+        n, d = shape
+        C = float(self.row_norm_bound)
+        k = int(self.n_components)
+        run_kw = dict(kw)
+        extra: dict[str, Any] = {"path": path, "n": n, "plan": plan}
+        if plan is None:
+            # non-private baseline: the exact mean of the raw rows
+            mean = _row_total(array, client, C, clip=False).value / n
+            centred = self._centred_rows(array, mean, C, clip=False)
+            return pca(centred, k, **run_kw), mean, extra
+        book = _resolve_ledger(kw["ledger"], path, kw["budget"], plan["pca_plan"])
+        if book is not None:
+            # refused here, before the first read: the PCA alone, and both releases
+            book.check(plan["pca_plan"].calibration)
+            book.check(plan["joint_calibration"])
+        seed = kw["insecure_noise_seed"]
+        key = NoiseKey.fresh() if seed is None else NoiseKey.insecure_from_seed(seed)
+        total = _row_total(array, client, C, clip=True)
+        extra["mean_release_id"] = uuid.uuid4().hex if book is not None else None
+        if book is not None:
+            book.charge(
+                plan["mean_calibration"],
+                release_id=extra["mean_release_id"],
+                algorithm="pca-dp-mean",
+                details={
+                    "mean_fraction": float(self.mean_fraction),
+                    "sigma": plan["sigma_mean"],
+                    "noise_reproducible_not_private": seed is not None,
+                },
+            )
+            run_kw["ledger"] = getattr(
+                book, "ledger", book
+            )  # a declared one now exists
+        noise = GaussianNoise(
+            key=key.derive("pca-dp-mean"), sigma=plan["sigma_mean"], length=d, dim=1
+        ).dense()[:, 0]
+        # spec power-pca D8: the released sum divided by the public n
+        mean_scaled = (total.value + noise) / n
+        del total
+        centred = self._centred_rows(array, mean_scaled, C, clip=True)
+        run_kw["epsilon"] = plan["epsilon_pca"]
+        run_kw["row_norm_bound"] = 1.0  # rows are already scaled; re-clip to 1
+        return pca(centred, k, **run_kw), mean_scaled * C, extra
+
+    @staticmethod
+    def _centred_rows(array: Any, mean: FloatArray, C: float, *, clip: bool) -> Any:
+        if isinstance(array, np.ndarray):
+            return _block_centre(array, mean, C, clip)
+        return array.map_blocks(_block_centre, mean, C, clip, dtype=np.float64)
+
+    # -- post-processing ---------------------------------------------------
+    def transform(self, X: Any) -> Any:
+        """Project ``X`` on the released components: ``(X - mean_) @ components_.T``.
+
+        Parameters
+        ----------
+        X : array-like or dask array of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray (or dask array) of shape (n_samples, n_components), float64
+            NaN in a row of ``X`` gives NaN in that row of the output.
+        """
+        check_is_fitted(self, "components_")
+        X = _validate_transform_input(self, X, allow_nan=True)
+        if self.mean_ is not None:
+            X = X - self.mean_
+        return X @ self.components_.T
+
+    def inverse_transform(self, X: Any) -> Any:
+        """Map projections back: ``X @ components_ + mean_``.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_components)
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_features)
+        """
+        check_is_fitted(self, "components_")
+        if _input_kind(X) != "dask":
+            X = np.asarray(X, dtype=np.float64)
+        out = X @ self.components_
+        return out if self.mean_ is None else out + self.mean_
+
+
+def _centring_report(report: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """The PCA's report extended by the mean release and the composed guarantee."""
+    report["parameters"] = dict(report["parameters"], centred=True)
+    # the PCA ran on centred rows derived from the input: name the input itself
+    report["input"] = dict(report["input"], path=extra["path"])
+    plan = extra["plan"]
+    if plan is None:
+        report["centring"] = {"mechanism": None, "note": "exact mean; NOT PRIVATE"}
+        return report
+    dlt = plan["delta"]
+    report["pca_release"] = {
+        "epsilon": plan["epsilon_pca"],
+        "delta": dlt,
+        "mu": plan["mu_pca"],
+        "realised_epsilon": report.get("realised_epsilon"),
+    }
+    report["centring"] = {
+        "mechanism": "Gaussian mean of the clipped rows, divided by the public n; "
+        "rows centred with it and re-clipped to norm 1",
+        "sensitivity": MEAN_SENSITIVITY,
+        "sigma": plan["sigma_mean"],
+        "mu": plan["mu_mean"],
+        "epsilon": plan["mean_calibration"].epsilon,
+        "delta": dlt,
+        "n": extra["n"],
+        "ledger_release_id": extra["mean_release_id"],
+    }
+    report["epsilon"] = plan["epsilon"]
+    report["delta"] = dlt
+    report["mu_total"] = plan["mu_joint"]
+    report["realised_epsilon"] = gaussian_epsilon(1.0 / plan["mu_joint"], dlt)
+    report["mechanism"] = (
+        f"DP mean (Gaussian), then {report.get('mechanism')}; the two composed "
+        "exactly as Gaussian mechanisms (mu-GDP)"
+    )
+    return report
+
+
+# --------------------------------------------------------------------------
+# DPLowRank
+# --------------------------------------------------------------------------
+class DPLowRank(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
+    """Differentially private rank-k factorization ``A ~ U diag(S) V^T`` as a transformer.
+
+    ``fit`` runs :func:`pipeline.api.factorize` (one pass over the data,
+    Gaussian noise on the sketches); ``transform`` projects on the released
+    right factor ``V``.
+
+    Parameters
+    ----------
+    n_components : int
+        Target rank ``k``, ``1 <= k <= min(n_samples, n_features) - 1``. Public.
+    epsilon : float, default=1.0
+        Budget of the release; ignored when ``private=False``.
+    delta : float, default=1e-6
+        In (0, 1); ignored when ``private=False``.
+    algorithm : {"spectral", "low-space"}, default="spectral"
+    private : bool, default=True
+        False runs the non-private variant (no clipping, no noise, no ledger).
+    sketch_size, core_size : int or None, default=None
+        ``t`` and ``v`` of the sketches; None picks the defaults.
+    clip_norm : float, default=1.0
+        ``C``: every individual's contribution is clipped to norm ``<= C``.
+    unit : {"row", "column", "entry"}, default="row"
+        Who an individual is.
+    neighboring : {"add-remove", "replace"}, default="add-remove"
+    padded : bool, default=False
+        Low-Space-LRF in the paper's padded form (comparison only).
+    ledger : str, path or Ledger, default=None
+        As in :class:`DPPCA`.
+    budget : (float, float) or None, default=None
+        Lifetime budget declared when the ledger does not exist.
+    scheduler : str or None, default=None
+        Dask scheduler address for dask and Zarr inputs.
+    random_state : int or None, default=None
+        Seeds the sketch matrices (data-independent randomness, passed as
+        ``seed``); None draws a fresh secret seed. It never seeds the noise,
+        except with ``insecure_noise=True``.
+    insecure_noise : bool, default=False
+        Test-only: noise drawn from a key derived from ``random_state``;
+        reproducible and NOT PRIVATE (the report says so).
+
+    Attributes
+    ----------
+    U_ : ndarray of shape (n_samples, n_components)
+    S_ : ndarray of shape (n_components,)
+    V_ : ndarray of shape (n_features, n_components)
+    components_ : ndarray of shape (n_components, n_features)
+        ``V_.T``.
+    n_components_ : int
+    n_features_in_ : int
+    feature_names_in_ : ndarray of shape (n_features_in_,)
+        Only when ``X`` had string column names.
+    privacy_report_ : dict
+
+    Notes
+    -----
+    Privacy. (epsilon, delta)-DP for neighbours differing in one individual's
+    clipped contribution, as :func:`factorize`; all fitted attributes are
+    released values. ``transform`` is post-processing of ``V_``.
+
+    scikit-learn conventions. As for :class:`DPPCA`: every common check
+    passes with ``insecure_noise=True`` and a fixed ``random_state``; a private
+    run fails ``check_fit_idempotent`` (fresh noise per fit), and sklearn skips
+    ``check_pipeline_consistency``, ``check_transformer_general`` and
+    ``check_transformer_data_not_an_array`` (two separate fits) as well as
+    ``check_methods_sample_order_invariance`` and
+    ``check_methods_subset_invariance`` (which hold: one fit, a fixed linear
+    ``transform``) because it is non-deterministic. With ``private=False`` and
+    a fixed ``random_state`` the estimator is deterministic.
+
+    Examples
+    --------
+    >>> A = np.random.default_rng(0).normal(size=(60, 40)) / 10
+    >>> est = DPLowRank(3, private=False, random_state=1).fit(A)
+    >>> est.U_.shape, est.S_.shape, est.V_.shape, est.transform(A).shape
+    ((60, 3), (3,), (40, 3), (60, 3))
+    """
+
+    def __init__(
+        self,
+        n_components: int,
+        *,
+        epsilon: float = 1.0,
+        delta: float = 1e-6,
+        algorithm: str = "spectral",
+        private: bool = True,
+        sketch_size: int | None = None,
+        core_size: int | None = None,
+        clip_norm: float = 1.0,
+        unit: str = "row",
+        neighboring: str = "add-remove",
+        padded: bool = False,
+        ledger: Any = None,
+        budget: tuple[float, float] | None = None,
+        scheduler: str | None = None,
+        random_state: int | None = None,
+        insecure_noise: bool = False,
+    ) -> None:
+        self.n_components = n_components
+        self.epsilon = epsilon
+        self.delta = delta
+        self.algorithm = algorithm
+        self.private = private
+        self.sketch_size = sketch_size
+        self.core_size = core_size
+        self.clip_norm = clip_norm
+        self.unit = unit
+        self.neighboring = neighboring
+        self.padded = padded
+        self.ledger = ledger
+        self.budget = budget
+        self.scheduler = scheduler
+        self.random_state = random_state
+        self.insecure_noise = insecure_noise
+
+    def __sklearn_tags__(self) -> Any:
+        tags = super().__sklearn_tags__()
+        reproducible = self.random_state is not None and (
+            self.insecure_noise or not self.private
+        )
+        tags.non_deterministic = not reproducible
+        return tags
+
+    def _factorize_kwargs(self) -> dict[str, Any]:
+        """Validate every parameter (no data) into keyword arguments of :func:`factorize`."""
+        check_int_in_range(self.n_components, "n_components", 1)
+        private = _check_bool(self.private, "private")
+        insecure = _check_bool(self.insecure_noise, "insecure_noise")
+        seed = _check_random_state(self.random_state, high=2**128 - 1)
+        make_params(
+            int(self.n_components),
+            epsilon=self.epsilon if private else None,
+            delta=self.delta if private else None,
+            algorithm=self.algorithm,
+            private=private,
+            sketch_size=self.sketch_size,
+            core_size=self.core_size,
+            clip_norm=self.clip_norm,
+            unit=self.unit,
+            neighboring=self.neighboring,
+            padded=_check_bool(self.padded, "padded"),
+        )
+        kw: dict[str, Any] = {
+            "algorithm": self.algorithm,
+            "private": private,
+            "sketch_size": self.sketch_size,
+            "core_size": self.core_size,
+            "clip_norm": self.clip_norm,
+            "unit": self.unit,
+            "neighboring": self.neighboring,
+            "padded": _check_bool(self.padded, "padded"),
+            "seed": seed,
+            "ledger": self.ledger,
+            "budget": self.budget,
+            "scheduler": self.scheduler,
+            "epsilon": None,
+            "delta": None,
+            "insecure_noise_seed": None,
+        }
+        if private:
+            kw["epsilon"], kw["delta"] = check_privacy_pair(self.epsilon, self.delta)
+            kw["insecure_noise_seed"] = _insecure_seed(insecure, seed)
+        return kw
+
+    def fit(self, X: Any, y: Any = None) -> DPLowRank:
+        """Release a private rank-k factorization of ``X``.
+
+        Parameters
+        ----------
+        X : array-like, dask array or Zarr path, of shape (n_samples, n_features)
+        y : None
+            Ignored.
+
+        Returns
+        -------
+        self : DPLowRank
+
+        Raises
+        ------
+        InvalidParameterError
+            A parameter is out of range (before any data is read).
+        BudgetExceededError
+            The release does not fit the dataset's ledger; nothing read.
+
+        Notes
+        -----
+        Privacy. One (epsilon, delta)-DP release, as :func:`factorize`.
+        """
+        kw = self._factorize_kwargs()
+        X = _validate_fit_input(self, X, allow_nan=False, min_samples=2)
+        f = factorize(X, int(self.n_components), **kw)
+        self.U_ = np.asarray(f.U)
+        self.S_ = np.asarray(f.S)
+        self.V_ = np.asarray(f.V)
+        self.components_ = np.ascontiguousarray(self.V_.T)
+        self.n_components_ = int(self.V_.shape[1])
+        self.n_features_in_ = int(self.V_.shape[0])
+        self._n_features_out = self.n_components_
+        self.privacy_report_ = f.report
+        return self
+
+    def transform(self, X: Any) -> Any:
+        """Project ``X`` on the released right factor: ``X @ V_``.
+
+        Parameters
+        ----------
+        X : array-like or dask array of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray (or dask array) of shape (n_samples, n_components), float64
+        """
+        check_is_fitted(self, "V_")
+        X = _validate_transform_input(self, X, allow_nan=False)
+        return X @ self.V_
+
+    def inverse_transform(self, X: Any) -> Any:
+        """Map projections back: ``X @ V_.T``.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_components)
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_features)
+        """
+        check_is_fitted(self, "V_")
+        if _input_kind(X) != "dask":
+            X = np.asarray(X, dtype=np.float64)
+        return X @ self.V_.T
