@@ -1,0 +1,226 @@
+"""``pipeline.pca``: budget before data, the executed ledger equals the plan, resume.
+
+In-memory inputs (no cluster); the Dask paths are in tests/distributed and
+tests/cli.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+
+from pipeline import api
+from pipeline.accounting.ledger import Ledger
+from pipeline.algorithms import power_pca
+from pipeline.errors import BudgetExceededError, InvalidParameterError
+from pipeline.io import default_journal_path, read_group
+from pipeline.linalg.synthetic import coherent_matrix
+
+N, D, K = 4096, 16, 2
+
+
+@pytest.fixture
+def data() -> np.ndarray:
+    return coherent_matrix(N, D, K, support=N, top=300, bottom=60, rng=7).A
+
+
+@pytest.fixture
+def count_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every preparation of rows is a read of the data: count them."""
+    reads: list[int] = []
+    real = power_pca.prep_rows
+
+    def counting(*args: object, **kw: object) -> np.ndarray:
+        reads.append(1)
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(power_pca, "prep_rows", counting)
+    return reads
+
+
+def _ledger(tmp_path: os.PathLike[str], eps: float = 2.0) -> Ledger:
+    return Ledger.create(
+        os.path.join(tmp_path, "d.dplr-ledger.json"),
+        dataset="d",
+        epsilon=eps,
+        delta=1e-5,
+    )
+
+
+def test_executed_ledger_equals_the_plan(
+    data: np.ndarray, tmp_path: os.PathLike[str]
+) -> None:
+    book = _ledger(tmp_path)
+    rel = api.pca(
+        data, K, epsilon=1.0, delta=1e-6, iterations=3, clip_radius=0.05, ledger=book
+    )
+    plan = power_pca.plan_pca(
+        power_pca.PcaParams(
+            rank=K, epsilon=1.0, delta=1e-6, iterations=3, clip_radius=0.05
+        ),
+        data.shape,
+    )
+    (rec,) = book.releases
+    # one record, whose Gaussian cost is exactly the planned mu (the run is mu-GDP)
+    assert rec["noise_multiplier_total"] == pytest.approx(
+        1.0 / plan.calibration.mu, rel=1e-12
+    )
+    # every planned mechanism was released, T times for H and Z, and nothing else
+    planned = {m.label: m.count for m in plan.calibration.mechanisms}
+    done = rel.report["releases"]
+    assert planned == {"M": 1, "H": 3, "Z": 3}
+    assert done == ["M", "H0", "Z0", "H1", "Z1", "H2", "Z2"]
+    assert rel.report["n_passes"] == rel.report["n_passes_planned"] == 4
+
+
+def test_over_budget_is_refused_before_any_read(
+    data: np.ndarray, tmp_path: os.PathLike[str], count_reads: list[int]
+) -> None:
+    book = _ledger(tmp_path, eps=0.5)
+    with pytest.raises(BudgetExceededError):
+        api.pca(
+            data,
+            K,
+            epsilon=1.0,
+            delta=1e-6,
+            iterations=3,
+            clip_radius=0.05,
+            ledger=book,
+        )
+    assert count_reads == []  # refused before the first read
+    assert book.releases == ()
+    # negative control: the same counter sees the reads of an accepted run (1 + T)
+    api.pca(
+        data, K, epsilon=0.25, delta=1e-6, iterations=3, clip_radius=0.05, ledger=book
+    )
+    assert len(count_reads) == 4
+
+
+def test_selection_parameters_are_exclusive(data: np.ndarray) -> None:
+    with pytest.raises(InvalidParameterError, match="select=True"):
+        api.pca(data, K, epsilon=1.0, delta=1e-6, select=True, iterations=3)
+    with pytest.raises(InvalidParameterError, match="select=True only"):
+        api.pca(
+            data,
+            K,
+            epsilon=1.0,
+            delta=1e-6,
+            iterations=3,
+            clip_radius=0.1,
+            radius_grid=[0.1],
+        )
+
+
+def test_selection_report_withholds_the_number_of_trials(data: np.ndarray) -> None:
+    rel = api.pca(
+        data,
+        K,
+        epsilon=4.0,
+        delta=1e-6,
+        select=True,
+        radius_grid=[0.02, 0.04],
+        iterations_grid=[1, 2],
+        expected_trials=6,
+        insecure_noise_seed=1,
+    )
+    rep = rel.report
+    assert rep["n_passes"] is None
+    assert rep["releases"] is None
+    assert "n_graph_tasks" not in (rep["cluster"] or {})
+    assert rep["selection"]["selected_clip_radius"] in (
+        0.02,
+        0.04,
+    )
+    assert rep["epsilon"] == 4.0
+    assert rep["realised_epsilon"] <= 4.0
+    np.testing.assert_allclose(rel.components.T @ rel.components, np.eye(K), atol=1e-12)
+
+
+def test_resume_from_a_journal_draws_and_charges_nothing_twice(
+    data: np.ndarray,
+    tmp_path: os.PathLike[str],
+    monkeypatch: pytest.MonkeyPatch,
+    count_reads: list[int],
+) -> None:
+    book = _ledger(tmp_path)
+    out = os.path.join(tmp_path, "rel.zarr")
+    kw = {
+        "epsilon": 1.0,
+        "delta": 1e-6,
+        "iterations": 3,
+        "clip_radius": 0.05,
+        "insecure_noise_seed": 5,
+    }
+    clean = api.pca(data, K, **kw)  # type: ignore[arg-type]
+    count_reads.clear()
+
+    # crash right after the second Z release was journaled
+    real_qr = power_pca.qr_pos
+    calls: list[int] = []
+
+    def crashing_qr(Z: object) -> np.ndarray:
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt("simulated crash")
+        return real_qr(Z)
+
+    monkeypatch.setattr(power_pca, "qr_pos", crashing_qr)
+    with pytest.raises(KeyboardInterrupt):
+        api.pca(data, K, out=out, ledger=book, **kw)  # type: ignore[arg-type]
+    journal = default_journal_path(out)
+    assert sorted(os.listdir(journal)) == sorted(
+        ["header.json"]
+        + [
+            f"{x}{ext}"
+            for x in ("M", "H0", "Z0", "H1", "Z1")
+            for ext in (".npy", ".npy.sha256")
+        ]
+    )
+    assert oct(os.stat(journal).st_mode & 0o777) == "0o700"
+    assert oct(os.stat(os.path.join(journal, "header.json")).st_mode & 0o777) == "0o600"
+    assert len(book.releases) == 1
+    reads_before = len(count_reads)
+    monkeypatch.setattr(power_pca, "qr_pos", real_qr)
+
+    resumed = api.pca(data, K, out=out, ledger=book, **kw)  # type: ignore[arg-type]
+    assert len(book.releases) == 1  # charged once
+    assert resumed.report["resumed_releases"] == ["M", "H0", "Z0", "H1", "Z1"]
+    # the Gram pass is redone for H2 (it needs A^T A), then one pass for Z2
+    assert len(count_reads) - reads_before == resumed.report["n_passes"] == 2
+    np.testing.assert_array_equal(resumed.components, clean.components)
+    arrays, report = read_group(out, ("components", "eigenvalues"))
+    np.testing.assert_array_equal(arrays["components"], clean.components)
+    assert report["release_id"] == book.releases[0]["release_id"]
+    assert not os.path.exists(journal)  # it held the noise key
+
+
+def test_journal_of_another_job_is_refused(
+    data: np.ndarray, tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipeline.errors import StoreLayoutError
+
+    out = os.path.join(tmp_path, "rel.zarr")
+    monkeypatch.setattr(
+        power_pca, "qr_pos", lambda Z: (_ for _ in ()).throw(KeyboardInterrupt())
+    )
+    with pytest.raises(KeyboardInterrupt):
+        api.pca(
+            data, K, epsilon=1.0, delta=1e-6, iterations=3, clip_radius=0.05, out=out
+        )
+    monkeypatch.undo()
+    with pytest.raises(StoreLayoutError, match=r"iterations|parameters"):
+        api.pca(
+            data, K, epsilon=1.0, delta=1e-6, iterations=4, clip_radius=0.05, out=out
+        )
+
+
+def test_report_carries_no_data_values(data: np.ndarray) -> None:
+    rel = api.pca(data, K, epsilon=1.0, delta=1e-6, iterations=2, clip_radius=0.05)
+    text = repr(rel.report)
+    exact = np.linalg.svd(power_pca.prep_rows(data), compute_uv=False) ** 2
+    for v in exact[: K + 1]:
+        assert f"{v:.6g}" not in text  # no exact eigenvalue of A^T A
+    assert math.isfinite(rel.report["realised_epsilon"])
