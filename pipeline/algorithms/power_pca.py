@@ -153,7 +153,8 @@ def prep_rows(
     row_norm_bound : float
         Public bound ``C``: rows are divided by it before clipping.
     clip : bool
-        False for the non-private variant: only the float64 cast.
+        False for the non-private variant: the float64 cast and the zeroing of
+        non-finite rows only.
 
     Returns
     -------
@@ -175,11 +176,11 @@ def prep_rows(
            [0. , 0. ]])
     """
     a = np.array(block, dtype=np.float64, copy=True)
-    if not clip:
-        return a
     finite = np.isfinite(a).all(axis=1)
     if not finite.all():
         a[~finite] = 0.0
+    if not clip:
+        return a
     sumsq = np.einsum("ij,ij->i", a, a)
     norms = np.sqrt(sumsq)
     big = ~np.isfinite(norms)
