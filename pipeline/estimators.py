@@ -59,7 +59,13 @@ from pipeline.accounting.gaussian import (
     gaussian_epsilon,
     gaussian_noise_multiplier,
 )
-from pipeline.algorithms.power_pca import PcaParams, Secret, plan_pca, prep_rows
+from pipeline.algorithms.power_pca import (
+    PcaParams,
+    Secret,
+    plan_pca,
+    prep_rows,
+    release_mean,
+)
 from pipeline.api import (
     PCA_BAND_BYTES,
     _resolve_ledger,
@@ -68,7 +74,7 @@ from pipeline.api import (
     pca,
 )
 from pipeline.errors import InvalidParameterError, PrivacyConfigError
-from pipeline.mechanisms.noise import GaussianNoise, NoiseKey
+from pipeline.mechanisms.noise import NoiseKey
 
 __all__ = ["DPPCA", "DPLowRank"]
 
@@ -764,7 +770,7 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         Gaussian releases compose to ``sqrt(mu_m^2 + mu_pca^2)``-GDP
         [DRS22, Cor. 3.3].
         """
-        n, d = shape
+        n = shape[0]
         C = float(self.row_norm_bound)
         k = int(self.n_components)
         run_kw = dict(kw)
@@ -797,11 +803,8 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
             run_kw["ledger"] = getattr(
                 book, "ledger", book
             )  # a declared one now exists
-        noise = GaussianNoise(
-            key=key.derive("pca-dp-mean"), sigma=plan["sigma_mean"], length=d, dim=1
-        ).dense()[:, 0]
         # spec power-pca D8: the released sum divided by the public n
-        mean_scaled = (total.value + noise) / n
+        mean_scaled = release_mean(total, n, plan["sigma_mean"], key)
         del total
         centred = self._centred_rows(array, mean_scaled, C, clip=True)
         run_kw["epsilon"] = plan["epsilon_pca"]
