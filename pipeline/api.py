@@ -653,6 +653,7 @@ def pca(
     )
     from pipeline.io import (
         FileJournal,
+        PendingJournal,
         check_output_path,
         default_journal_path,
         input_fingerprint,
@@ -770,12 +771,19 @@ def pca(
         "input_fingerprint": input_fingerprint(info.path),
         "release_id": uuid.uuid4().hex,
     }
-    jr: Any
+    jr: Any = None
     if jpath is not None:
-        jr = FileJournal.open(jpath, header, noise_key=new_key)
+        jr = FileJournal.find(jpath, header)  # an interrupted run of this job?
+    if jr is not None:
         noise_key, release_id = jr.noise_key, str(jr.release_id)
     else:
-        jr, noise_key, release_id = MemoryJournal(), new_key, header["release_id"]
+        noise_key, release_id = new_key, header["release_id"]
+        # written only just before the first noise draw: a refused job leaves no key
+        jr = (
+            PendingJournal(jpath, header, noise_key)
+            if jpath is not None
+            else MemoryJournal()
+        )
 
     def already_charged() -> bool:
         return isinstance(book, Ledger) and any(
@@ -790,6 +798,8 @@ def pca(
     timings: dict[str, float] = {"plan": time.perf_counter() - t0}
 
     def charge() -> None:
+        if isinstance(jr, PendingJournal):
+            jr.ensure()  # the key is on disk before the ledger charge and any noise
         if book is None or cal is None or already_charged():
             return
         book.charge(
@@ -852,7 +862,7 @@ def pca(
                 rel.report,
                 overwrite=overwrite,
             )
-        if isinstance(jr, FileJournal):
+        if isinstance(jr, (FileJournal, PendingJournal)):
             jr.remove()  # it holds the noise key; the release is out
         return rel
 

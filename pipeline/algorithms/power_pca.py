@@ -55,7 +55,7 @@ import scipy.linalg
 
 from pipeline._types import FloatArray, Shape2D
 from pipeline._validation import check_float_in_interval, check_int_in_range
-from pipeline.errors import InvalidParameterError
+from pipeline.errors import InvalidParameterError, PrivacyConfigError
 from pipeline.mechanisms.noise import GaussianNoise, NoiseKey
 
 __all__ = [
@@ -181,17 +181,55 @@ def prep_rows(
         a[~finite] = 0.0
     if not clip:
         return a
-    sumsq = np.einsum("ij,ij->i", a, a)
-    norms = np.sqrt(sumsq)
-    big = ~np.isfinite(norms)
-    if big.any():
-        rows = a[big]
-        peak = np.abs(rows).max(axis=1)
-        scaled = rows / peak[:, None]
-        norms[big] = peak * np.sqrt(np.einsum("ij,ij->i", scaled, scaled))
-    with np.errstate(divide="ignore", over="ignore"):
-        factor = np.minimum(1.0 / row_norm_bound, ROW_CLIP / norms)
-    a *= factor[:, None]
+    # No floating-point warning may escape: it would tell a log which rows are
+    # extreme (a data-dependent side channel, spec 1.4).
+    with np.errstate(over="ignore", under="ignore", divide="ignore", invalid="ignore"):
+        sumsq = np.einsum("ij,ij->i", a, a)
+        inv_c = 1.0 / row_norm_bound
+        safe = (sumsq >= _TINY) & (sumsq < math.inf)
+        if safe.all() and math.isfinite(inv_c):
+            # the common case: one multiply per row
+            a *= np.minimum(inv_c, ROW_CLIP / np.sqrt(sumsq))[:, None]
+            return a
+        return _prep_rows_careful(a, sumsq, safe, row_norm_bound)
+
+
+_TINY = float(np.finfo(np.float64).tiny)
+
+
+def _prep_rows_careful(
+    a: FloatArray, sumsq: FloatArray, safe: Any, row_norm_bound: float
+) -> FloatArray:
+    """:func:`prep_rows` when a sum of squares over- or underflows, or ``1/C`` does.
+
+    Rows whose sum of squares is a normal float get exactly the fast path's
+    factor (so a band's result never depends on its other rows). For the
+    others the norm is kept as ``peak * sn`` (``peak = max_j |a_ij|``, ``sn`` the
+    norm of the row divided by its peak, in [1, sqrt(d)]), which never
+    overflows or underflows; such a row is clipped iff ``sn > ROW_CLIP C / peak``
+    and becomes ``(a_i / peak) (ROW_CLIP / sn)``, else ``a_i / C``. Output norms
+    are at most ``ROW_CLIP (1 + O(ulp))`` whatever the magnitudes.
+    """
+    inv_c = 1.0 / row_norm_bound
+    # with 1/C = inf every safe row (norm >= 1.5e-154 > C) is clipped: min picks the clip
+    a[safe] *= np.minimum(inv_c, ROW_CLIP / np.sqrt(sumsq[safe]))[:, None]
+    bad = ~safe
+    if not bad.any():
+        return a
+    rows = a[bad]
+    peak = np.abs(rows).max(axis=1)
+    nz = peak > 0.0  # all-zero rows stay zero
+    rows, peak = rows[nz], peak[nz]
+    scaled = rows / peak[:, None]
+    sn = np.sqrt(np.einsum("ij,ij->i", scaled, scaled))
+    clipped = sn > (ROW_CLIP * row_norm_bound) / peak
+    out = np.where(
+        clipped[:, None],
+        scaled * (ROW_CLIP / sn)[:, None],
+        rows * inv_c if math.isfinite(inv_c) else rows / row_norm_bound,
+    )
+    idx = np.flatnonzero(bad)[nz]
+    a[idx] = out
     return a
 
 
@@ -499,6 +537,11 @@ def plan_pca(params: PcaParams, shape: Shape2D) -> PcaPlan:
             "with method='analyze-gauss'."
         )
     passes = 1 + (T if route == "gram" else 2 * T)
+    if not params.private and (params.epsilon is not None or params.delta is not None):
+        raise PrivacyConfigError(
+            "a non-private run takes no epsilon or delta; drop them or drop non-private "
+            f"(got epsilon={params.epsilon!r}, delta={params.delta!r})."
+        )
     if not params.private:
         R = (
             math.inf

@@ -8,7 +8,12 @@ destination's directory and renamed into place in one step.
 """
 
 from pipeline.io.inputs import InputInfo, open_input
-from pipeline.io.journal import FileJournal, default_journal_path, input_fingerprint
+from pipeline.io.journal import (
+    FileJournal,
+    PendingJournal,
+    default_journal_path,
+    input_fingerprint,
+)
 from pipeline.io.release import (
     check_output_path,
     read_group,
@@ -21,6 +26,7 @@ from pipeline.io.synthetic import generate_pca_store, generate_store
 __all__ = [
     "FileJournal",
     "InputInfo",
+    "PendingJournal",
     "check_output_path",
     "default_journal_path",
     "generate_pca_store",

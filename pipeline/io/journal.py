@@ -30,7 +30,7 @@ from pipeline._types import FloatArray
 from pipeline.errors import StoreLayoutError
 from pipeline.mechanisms.noise import NoiseKey
 
-__all__ = ["FileJournal", "default_journal_path", "input_fingerprint"]
+__all__ = ["FileJournal", "PendingJournal", "default_journal_path", "input_fingerprint"]
 
 JOURNAL_FORMAT = "dplr-journal/1"
 _DIR_MODE = 0o700
@@ -114,7 +114,7 @@ class FileJournal:
         *,
         noise_key: NoiseKey | None,
     ) -> FileJournal:
-        """Create the journal, or reopen it when it belongs to the same job.
+        """Reopen the journal of the same job (:meth:`find`), or create it.
 
         Parameters
         ----------
@@ -133,12 +133,43 @@ class FileJournal:
         StoreLayoutError
             The journal belongs to another job or input, or is damaged.
         """
+        found = cls.find(path, header)
+        return (
+            found
+            if found is not None
+            else cls.create(path, header, noise_key=noise_key)
+        )
+
+    @classmethod
+    def find(
+        cls, path: str | os.PathLike[str], header: dict[str, Any]
+    ) -> FileJournal | None:
+        """The journal of an interrupted run of this job, or None; writes nothing.
+
+        A journal of another job that recorded no release yet is ignored (it
+        will be replaced); one that recorded releases is refused.
+
+        Raises
+        ------
+        StoreLayoutError
+            The journal belongs to another job or input, or is damaged.
+        """
         p = os.path.abspath(os.fspath(path))
         head = os.path.join(p, "header.json")
-        if os.path.exists(head):
-            found = cls._resume(p, head, header, strict=False)
-            if found is not None:
-                return found
+        if not os.path.exists(head):
+            return None
+        return cls._resume(p, head, header, strict=False)
+
+    @classmethod
+    def create(
+        cls,
+        path: str | os.PathLike[str],
+        header: dict[str, Any],
+        *,
+        noise_key: NoiseKey | None,
+    ) -> FileJournal:
+        """Start a new journal (replacing one that recorded nothing)."""
+        p = os.path.abspath(os.fspath(path))
         os.makedirs(p, mode=_DIR_MODE, exist_ok=True)
         os.chmod(p, _DIR_MODE)
         record = {
@@ -147,7 +178,9 @@ class FileJournal:
             "noise_key": None if noise_key is None else noise_key.secret.hex(),
             "insecure": bool(noise_key is not None and noise_key.insecure),
         }
-        _write_bytes(head, json.dumps(record, indent=2).encode())
+        _write_bytes(
+            os.path.join(p, "header.json"), json.dumps(record, indent=2).encode()
+        )
         return cls(p, header, noise_key)
 
     @classmethod
@@ -232,3 +265,40 @@ class FileJournal:
     def remove(self) -> None:
         """Delete the journal (after the release is published)."""
         shutil.rmtree(self.path, ignore_errors=True)
+
+
+class PendingJournal:
+    """A journal that is written only when the job is about to draw noise.
+
+    A job refused before that point (over budget, bad input, unreachable
+    scheduler) leaves nothing on disk -- in particular no noise key. The job
+    calls :meth:`ensure` before its ledger charge and its first noise draw.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        header: dict[str, Any],
+        noise_key: NoiseKey | None,
+    ) -> None:
+        self.path = os.path.abspath(os.fspath(path))
+        self.header = header
+        self.noise_key = noise_key
+        self.journal: FileJournal | None = None
+
+    def ensure(self) -> FileJournal:
+        if self.journal is None:
+            self.journal = FileJournal.create(
+                self.path, self.header, noise_key=self.noise_key
+            )
+        return self.journal
+
+    def load(self, label: str) -> FloatArray | None:
+        return None if self.journal is None else self.journal.load(label)
+
+    def record(self, label: str, value: FloatArray) -> None:
+        self.ensure().record(label, value)
+
+    def remove(self) -> None:
+        if self.journal is not None:
+            self.journal.remove()

@@ -214,7 +214,7 @@ def test_over_budget_is_refused_before_any_read(
     assert "exceed" in line
     assert "budget" in line
     assert not os.path.lexists(out)
-    # no temporary group either (the journal left behind: see the xfail test below)
+    # no temporary group either (and no journal: test_over_budget_leaves_no_journal)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(f".{out.name}.tmp-")]
     assert file_state(ledger) == before
 
@@ -227,11 +227,6 @@ def test_over_budget_is_refused_before_any_read(
     assert control.returncode == 1, control.stderr  # a decoding error: traceback (B.6)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pipeline/api.py pca opens the release journal (and writes the noise key "
-    "into it) before the budget check, so a refused run leaves .OUT.dplr-journal",
-)
 @pytest.mark.timeout(60)
 def test_over_budget_leaves_no_journal(store: Path, tmp_path: Path) -> None:
     ledger, out = tmp_path / "ledger.json", tmp_path / "pca.zarr"
@@ -396,11 +391,6 @@ def test_bad_input_exits_2_and_writes_nothing(
         assert _group_files(r.out) == r.out_before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pipeline.api.pca ignores epsilon/delta when private=False (factorize "
-    "refuses them), so --non-private --epsilon 1 publishes a NOT PRIVATE release",
-)
 @pytest.mark.timeout(120)
 def test_non_private_with_epsilon_is_refused(
     store: Path, tmp_path: Path, scheduler: str

@@ -340,12 +340,6 @@ def test_prep_rows_examples() -> None:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="prep_rows overflows when a finite row's norm exceeds the float64 maximum: "
-    "'peak * sqrt(sum(scaled^2))' warns (overflow in multiply) and the row is zeroed "
-    "instead of clipped",
-)
 def test_prep_rows_norm_beyond_float_max() -> None:
     """A finite row whose norm exceeds 1.8e308 (e.g. four entries of 1.7e308) must be
     clipped to norm 1 - 1e-9 without a warning, as prep_rows documents ("huge rows are
@@ -357,13 +351,6 @@ def test_prep_rows_norm_beyond_float_max() -> None:
     np.testing.assert_allclose(out[0], np.array([1, 1, -1, 1]) / 2, rtol=1e-8, atol=0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="prep_rows does not clip when the squared row norm underflows: with a "
-    "public row_norm_bound C below ~1.5e-154 a row of norm around C has "
-    "sum(a^2) == 0 (or subnormal, inexact), so the factor min(1/C, (1-1e-9)/norm) "
-    "is 1/C and the prepared row can have any norm",
-)
 @pytest.mark.parametrize(
     ("bound", "row"),
     [
@@ -374,8 +361,8 @@ def test_prep_rows_norm_beyond_float_max() -> None:
 )
 def test_prep_rows_tiny_public_bound(bound: float, row: list[float]) -> None:
     """P3 with a tiny public bound C: the rescaled row ``a / C`` has norm 10, sqrt(2)
-    and 5 here, so prep_rows must clip it to norm <= 1 (spec 1.4, rule 1). It returns
-    norms 10, 1.414 and 1.0000056 (the last from the inexact subnormal sum)."""
+    and 5 here, so prep_rows must clip it to norm <= 1 (spec 1.4, rule 1); a naive
+    sum of squares underflows and returned norms 10, 1.414 and 1.0000056."""
     out = _prep_no_warning(np.array([row]), bound)
     assert _safe_norms(out)[0] <= 1.0
 

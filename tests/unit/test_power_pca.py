@@ -747,7 +747,11 @@ def test_preconditioner_reads_released_h_only(
         ({"method": "svd"}, "method"),
         ({"method": "analyze-gauss", "iterations": 3}, "iterations"),
         ({"epsilon": None}, "epsilon"),
-        ({"private": False, "clip_radius": 0.0}, "clip_radius"),
+        (
+            {"private": False, "epsilon": None, "delta": None, "clip_radius": 0.0},
+            "clip_radius",
+        ),
+        ({"private": False}, "epsilon"),  # a non-private run takes no budget
     ],
 )
 def test_plan_validation_names_the_parameter(kw: dict[str, Any], needle: str) -> None:
