@@ -11,6 +11,7 @@ from __future__ import annotations
 
 __all__ = [
     "BudgetExceededError",
+    "ClusterMismatchError",
     "InvalidParameterError",
     "NonFiniteInputError",
     "NumericalWarning",
@@ -45,6 +46,10 @@ class NonFiniteInputError(StoreLayoutError):
 
 class SchedulerUnavailableError(PipelineError, ConnectionError):
     """The requested Dask scheduler could not be reached."""
+
+
+class ClusterMismatchError(PipelineError, RuntimeError):
+    """The cluster's workers lack this package or run other versions of it."""
 
 
 class BudgetExceededError(PipelineError):

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from distributed import Client, LocalCluster
 
-from pipeline.errors import SchedulerUnavailableError
+from pipeline.errors import ClusterMismatchError, SchedulerUnavailableError
+
+#: Packages whose versions must match between this process and every worker:
+#: tasks run this package's functions, and results must not depend on where.
+MATCHED_PACKAGES = ("dplr", "numpy", "scipy", "dask", "distributed", "zarr")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -63,12 +68,14 @@ def cluster_client(
                 "run on an embedded local cluster."
             ) from None
         try:
+            check_worker_versions(client)
             yield client, _info(client, "scheduler")
         finally:
             client.close()
         return
     active = _active_client()
     if active is not None:
+        check_worker_versions(active)
         yield active, _info(active, "active")
         return
     workers = n_workers or max(1, min(os.cpu_count() or 1, 4))
@@ -97,3 +104,37 @@ def _info(client: Client, kind: str) -> ClusterInfo:
         n_workers=len(sched.get("workers", {})),
         dashboard=dashboard,
     )
+
+
+def _version(pkg: str) -> str | None:
+    try:
+        return importlib.metadata.version(pkg)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def check_worker_versions(client: Client) -> None:
+    """Refuse a cluster whose workers lack this package or run other versions.
+
+    Each worker is asked for the versions of :data:`MATCHED_PACKAGES` with a
+    standard-library function (so the question itself needs nothing from this
+    package on the worker).
+
+    Raises
+    ------
+    ClusterMismatchError
+        Naming the first mismatching worker, package and both versions.
+    """
+    local = {pkg: _version(pkg) for pkg in MATCHED_PACKAGES}
+    for pkg in MATCHED_PACKAGES:
+        answers = client.run(importlib.metadata.version, pkg, on_error="return")
+        for worker, got in sorted(answers.items()):
+            remote = None if isinstance(got, BaseException) else str(got)
+            if remote != local[pkg]:
+                have = "is not installed" if remote is None else f"is version {remote}"
+                raise ClusterMismatchError(
+                    f"worker {worker} cannot run this job: {pkg} {have} there but "
+                    f"{local[pkg]} here. Install the same dplr (and numpy, scipy, dask, "
+                    "distributed, zarr) on every worker, e.g. `pip install dplr=="
+                    f"{local['dplr']}` in the workers' environment, and restart them."
+                )
