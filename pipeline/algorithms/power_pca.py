@@ -894,8 +894,10 @@ def run_selection(
         As in :func:`run_pca`. The journal of a selection run is secret (it
         holds non-selected trials, whose publication would void the analysis).
     max_concurrent_trials : int
-        Trials advanced together in one pass; trials with equal ``T`` share
-        batches, so passes = 1 + sum over batches of their ``T``.
+        Trials advanced together in one pass. Trials are sorted by ``T`` and
+        cut into batches of this size; a batch runs in lockstep (each trial
+        leaves after its own ``T``), so passes = 1 + sum over batches of their
+        largest ``T`` (1 + T_max when all trials fit one batch).
 
     Returns
     -------
@@ -982,53 +984,48 @@ def run_selection(
         return f
 
     trials = _draw_trials(noise_key, cal)
-    order = sorted(
-        range(len(trials)), key=lambda i: (cal.iteration_grid[trials[i][1]], i)
-    )
-    batches: list[list[int]] = []
-    for i in order:
-        if (
-            batches
-            and len(batches[-1]) < max_concurrent_trials
-            and trials[batches[-1][0]][1] == trials[i][1]
-        ):
-            batches[-1].append(i)
-        else:
-            batches.append([i])
+    # Lockstep (spec 4.6): a batch's trials start together and each leaves after
+    # its own T, so a batch costs max T passes; sorting by T keeps equal T together.
+    T_of = {i: int(cal.iteration_grid[trials[i][1]]) for i in range(len(trials))}
+    order = sorted(range(len(trials)), key=lambda i: (T_of[i], i))
+    batches = [
+        order[j : j + max_concurrent_trials]
+        for j in range(0, len(order), max_concurrent_trials)
+    ]
     best: tuple[float, int, FloatArray] | None = None
     for bno, batch in enumerate(batches):
-        T = int(cal.iteration_grid[trials[batch[0]][1]])
-        gamma = cal.gamma(T)
-        noise = cal.noise_iter(T)
         radii = {
-            i: cal.effective_clip_radius(cal.radii[trials[i][0]], T) for i in batch
+            i: cal.effective_clip_radius(cal.radii[trials[i][0]], T_of[i])
+            for i in batch
         }
         Xs = {i: X0 for i in batch}
-        for t in range(T):
-            say(f"selection batch {bno + 1}/{len(batches)}: iteration {t + 1}/{T}")
+        T_max = max(T_of[i] for i in batch)
+        for t in range(T_max):
+            say(f"selection batch {bno + 1}/{len(batches)}: step {t + 1}/{T_max}")
+            active = [i for i in batch if T_of[i] > t]
             Bs = {}
-            for i in batch:
+            for i in active:
                 Xi = Xs[i]
                 H = release(
                     f"H{i}_{t}",
                     lambda Xi=Xi: Secret(sym(Xi.T @ exact_gram().value @ Xi)),
-                    noise,
+                    cal.noise_iter(T_of[i]),
                     (k, k),
                     True,
                 )
-                Bs[i] = eig_floor_inv_sqrt(H, gamma)
-            todo = [i for i in batch if jr.load(f"Z{i}_{t}") is None]
+                Bs[i] = eig_floor_inv_sqrt(H, cal.gamma(T_of[i]))
+            todo = [i for i in active if jr.load(f"Z{i}_{t}") is None]
             exact_Z: dict[int, FloatArray] = {}
-            if todo:
+            if todo:  # one pass for every active trial (each block clipped on its own)
                 Xcat = np.hstack([Xs[i] for i in todo])
                 Zcat = source.power_step(Xcat, [(Bs[i], radii[i]) for i in todo]).value
                 for j, i in enumerate(todo):
                     exact_Z[i] = Zcat[:, j * k : (j + 1) * k]
-            for i in batch:
+            for i in active:
                 Z = release(
                     f"Z{i}_{t}",
                     lambda i=i, ez=exact_Z: Secret(ez[i]),
-                    noise * radii[i],
+                    cal.noise_iter(T_of[i]) * radii[i],
                     (d, k),
                     False,
                 )
