@@ -74,6 +74,7 @@ __all__ = [
     "clip_rows",
     "eig_floor_inv_sqrt",
     "plan_pca",
+    "prep_factors",
     "prep_rows",
     "qr_pos",
     "run_pca",
@@ -160,13 +161,15 @@ def prep_rows(
     -------
     ndarray of shape (r, d)
         ``a_i min(1/C, (1 - 1e-9) / ||a_i||)``; rows with NaN or Inf are zero.
+        Equal to ``a * f[:, None]`` for ``(a, f) = prep_factors(block, ...)``.
 
     Notes
     -----
-    The norm of a row whose squares overflow (entries near 1e308) is recomputed
-    with a per-row scaling, so huge rows are clipped, never zeroed or turned
-    into Inf. Rows too small to square (subnormals) are left as they are; their
-    norm is far below 1.
+    The norm of a row whose squares overflow (entries near 1e308) or underflow
+    (with a tiny public ``C``) is computed with a per-row scaling, so such rows
+    are clipped correctly, never zeroed, left unclipped or turned into Inf; and
+    no floating-point warning escapes (it would tell a log which rows are
+    extreme: a data-dependent side channel, spec 1.4).
 
     Examples
     --------
@@ -175,66 +178,88 @@ def prep_rows(
            [0.3, 0.4],
            [0. , 0. ]])
     """
+    a, f = prep_factors(block, row_norm_bound, clip=clip)
+    a *= f[:, None]
+    return a
+
+
+#: Below this public C, rows whose sum of squares underflows need the careful path.
+_SMALL_C = 1e-100
+
+
+def prep_factors(
+    block: Any, row_norm_bound: float = 1.0, *, clip: bool = True
+) -> tuple[FloatArray, FloatArray]:
+    """Rows in float64 (non-finite rows zeroed) and per-row factors ``f``.
+
+    The prepared rows of :func:`prep_rows` are ``a * f[:, None]``. The kernels
+    take the pair, so that ``(a X) f`` and ``a^T (W f)`` replace a scaled copy
+    of the band (one pass over it fewer per task); mathematically identical.
+
+    Returns
+    -------
+    a : ndarray of shape (r, d)
+    f : ndarray of shape (r,)
+        ``min(1/C, (1 - 1e-9) / ||a_i||)`` (1 for rows handled by the careful
+        path, which prepares them in ``a`` directly).
+    """
     a = np.array(block, dtype=np.float64, copy=True)
-    finite = np.isfinite(a).all(axis=1)
-    if not finite.all():
-        a[~finite] = 0.0
-    if not clip:
-        return a
-    # No floating-point warning may escape: it would tell a log which rows are
-    # extreme (a data-dependent side channel, spec 1.4).
+    r = a.shape[0]
     with np.errstate(over="ignore", under="ignore", divide="ignore", invalid="ignore"):
         sumsq = np.einsum("ij,ij->i", a, a)
+        # NaN/Inf rows have a NaN or Inf sum: look for them only among those rows
+        odd = np.flatnonzero(~(sumsq < math.inf))
+        if odd.size:
+            nonfinite = odd[~np.isfinite(a[odd]).all(axis=1)]
+            a[nonfinite] = 0.0
+            sumsq[nonfinite] = 0.0
+        if not clip:
+            return a, np.ones(r)
         inv_c = 1.0 / row_norm_bound
-        safe = (sumsq >= _TINY) & (sumsq < math.inf)
+        # a sum of squares below the smallest normal float is exact enough unless
+        # C is tiny too (then the row may need clipping): careful path
+        safe = (sumsq < math.inf) & ((sumsq >= _TINY) | (row_norm_bound >= _SMALL_C))
         if safe.all() and math.isfinite(inv_c):
-            # the common case: one multiply per row
-            a *= np.minimum(inv_c, ROW_CLIP / np.sqrt(sumsq))[:, None]
-            return a
-        return _prep_rows_careful(a, sumsq, safe, row_norm_bound)
+            return a, np.minimum(inv_c, ROW_CLIP / np.sqrt(sumsq))
+        f = np.ones(r)
+        f[safe] = np.minimum(inv_c, ROW_CLIP / np.sqrt(sumsq[safe]))
+        bad = np.flatnonzero(~safe)
+        a[bad] = _prep_rows_careful(a[bad], row_norm_bound)
+        return a, f
 
 
 _TINY = float(np.finfo(np.float64).tiny)
 
 
-def _prep_rows_careful(
-    a: FloatArray, sumsq: FloatArray, safe: Any, row_norm_bound: float
-) -> FloatArray:
-    """:func:`prep_rows` when a sum of squares over- or underflows, or ``1/C`` does.
+def _prep_rows_careful(rows: FloatArray, row_norm_bound: float) -> FloatArray:
+    """Prepared ``rows`` whose sum of squares over- or underflows, or when ``1/C`` does.
 
-    Rows whose sum of squares is a normal float get exactly the fast path's
-    factor (so a band's result never depends on its other rows). For the
-    others the norm is kept as ``peak * sn`` (``peak = max_j |a_ij|``, ``sn`` the
-    norm of the row divided by its peak, in [1, sqrt(d)]), which never
-    overflows or underflows; such a row is clipped iff ``sn > ROW_CLIP C / peak``
-    and becomes ``(a_i / peak) (ROW_CLIP / sn)``, else ``a_i / C``. Output norms
-    are at most ``ROW_CLIP (1 + O(ulp))`` whatever the magnitudes.
+    The norm is kept as ``peak * sn`` (``peak = max_j |a_ij|``, ``sn`` the norm
+    of the row divided by its peak, in [1, sqrt(d)]), which never overflows or
+    underflows; a row is clipped iff ``sn > ROW_CLIP C / peak`` and becomes
+    ``(a_i / peak) (ROW_CLIP / sn)``, else ``a_i / C``. Output norms are at
+    most ``ROW_CLIP (1 + O(ulp))`` whatever the magnitudes. Called inside the
+    caller's ``np.errstate``.
     """
-    inv_c = 1.0 / row_norm_bound
-    # with 1/C = inf every safe row (norm >= 1.5e-154 > C) is clipped: min picks the clip
-    a[safe] *= np.minimum(inv_c, ROW_CLIP / np.sqrt(sumsq[safe]))[:, None]
-    bad = ~safe
-    if not bad.any():
-        return a
-    rows = a[bad]
-    peak = np.abs(rows).max(axis=1)
-    nz = peak > 0.0  # all-zero rows stay zero
+    out = np.zeros_like(rows)
+    peak = np.abs(rows).max(axis=1) if rows.size else np.zeros(rows.shape[0])
+    nz = np.flatnonzero(peak > 0.0)  # all-zero rows stay zero
+    if nz.size == 0:
+        return out
     rows, peak = rows[nz], peak[nz]
     scaled = rows / peak[:, None]
     sn = np.sqrt(np.einsum("ij,ij->i", scaled, scaled))
     clipped = sn > (ROW_CLIP * row_norm_bound) / peak
-    out = np.where(
-        clipped[:, None],
-        scaled * (ROW_CLIP / sn)[:, None],
-        rows * inv_c if math.isfinite(inv_c) else rows / row_norm_bound,
-    )
-    idx = np.flatnonzero(bad)[nz]
-    a[idx] = out
-    return a
+    inv_c = 1.0 / row_norm_bound
+    kept = rows * inv_c if math.isfinite(inv_c) else rows / row_norm_bound
+    out[nz] = np.where(clipped[:, None], scaled * (ROW_CLIP / sn)[:, None], kept)
+    return out
 
 
-def band_gram(a: FloatArray) -> FloatArray:
-    """``a^T a`` of a prepared band, shape (d, d)."""
+def band_gram(a: FloatArray, scale: FloatArray | None = None) -> FloatArray:
+    """``b^T b`` for the prepared band ``b = a * scale[:, None]``, shape (d, d)."""
+    if scale is not None:
+        a = a * scale[:, None]
     return a.T @ a
 
 
@@ -255,7 +280,10 @@ def clip_rows(Y: FloatArray, radius: float) -> FloatArray:
 
 
 def band_update(
-    a: FloatArray, X: FloatArray, trials: Sequence[tuple[FloatArray, float]]
+    a: FloatArray,
+    X: FloatArray,
+    trials: Sequence[tuple[FloatArray, float]],
+    scale: FloatArray | None = None,
 ) -> FloatArray:
     """One band's share of ``Z = sum_i a_i Clip_R(a_i^T X B)``, for several trials.
 
@@ -268,23 +296,35 @@ def band_update(
     trials : sequence of (B, R)
         Per trial: preconditioner (k, k) and clip radius. Rows are clipped per
         trial block, never on the concatenation (spec 1.4, rule 6).
+    scale : ndarray of shape (r,) or None
+        Per-row factors: the prepared rows are ``a * scale[:, None]``
+        (:func:`prep_factors`); ``(a X) scale`` and ``a^T (W scale)`` avoid a
+        scaled copy of the band.
 
     Returns
     -------
     ndarray of shape (d, k * n_trials)
     """
     P = a @ X
+    if scale is not None:
+        P *= scale[:, None]
     k = P.shape[1] // len(trials)
     W = np.empty_like(P)
     for i, (B, R) in enumerate(trials):
         sl = slice(i * k, (i + 1) * k)
         W[:, sl] = clip_rows(P[:, sl] @ B, R)
+    if scale is not None:
+        W *= scale[:, None]
     return a.T @ W
 
 
-def band_products(a: FloatArray, X: FloatArray) -> FloatArray:
-    """``(a X)^T (a X)``, one band's share of ``X^T A^T A X`` (two-pass route)."""
+def band_products(
+    a: FloatArray, X: FloatArray, scale: FloatArray | None = None
+) -> FloatArray:
+    """``(b X)^T (b X)`` for ``b = a * scale[:, None]``: one band's share of ``X^T A^T A X``."""
     P = a @ X
+    if scale is not None:
+        P *= scale[:, None]
     return P.T @ P
 
 
@@ -373,20 +413,23 @@ class ArrayRowSource:
     def shape(self) -> Shape2D:
         return int(self._A.shape[0]), int(self._A.shape[1])
 
-    def _rows(self) -> FloatArray:
+    def _rows(self) -> tuple[FloatArray, FloatArray]:
         self.n_passes += 1
-        return prep_rows(self._A, self.row_norm_bound, clip=self.clip)
+        return prep_factors(self._A, self.row_norm_bound, clip=self.clip)
 
     def gram(self) -> Secret:
-        return Secret(band_gram(self._rows()))
+        a, f = self._rows()
+        return Secret(band_gram(a, f))
 
     def products(self, X: FloatArray) -> Secret:
-        return Secret(band_products(self._rows(), X))
+        a, f = self._rows()
+        return Secret(band_products(a, X, f))
 
     def power_step(
         self, X: FloatArray, trials: Sequence[tuple[FloatArray, float]]
     ) -> Secret:
-        return Secret(band_update(self._rows(), X, trials))
+        a, f = self._rows()
+        return Secret(band_update(a, X, trials, f))
 
 
 class ReleaseJournal(Protocol):

@@ -3,7 +3,7 @@
 Graph of one pass (``A`` in full-width row bands ``c``)::
 
     payload          = (X, [(B_j, R_j)])                  one task, fetched once per worker
-    (part, c)        = kernel(prep_rows(A[c]), payload)   one task per band; reads it once
+    (part, c)        = kernel(prep_factors(A[c]), payload) one task per band; reads it once
     total            = fixed tree-sum over c (fan-in 8)   delivered to the client
 
 Nothing is added in the tasks: the noise is drawn on the client, by the core,
@@ -26,7 +26,7 @@ from pipeline.algorithms.power_pca import (
     band_gram,
     band_products,
     band_update,
-    prep_rows,
+    prep_factors,
 )
 from pipeline.execution.progress import show_progress
 from pipeline.execution.source import _name, _tree
@@ -47,13 +47,13 @@ def _band_kernel(
     block: Any, kind: str, holder: _Payload, bound: float, clip: bool
 ) -> FloatArray:
     payload = holder.value
-    a = prep_rows(block, bound, clip=clip)
+    a, f = prep_factors(block, bound, clip=clip)
     if kind == "gram":
-        return band_gram(a)
+        return band_gram(a, f)
     if kind == "products":
-        return band_products(a, payload)
+        return band_products(a, payload, f)
     X, trials = payload
-    return band_update(a, X, trials)
+    return band_update(a, X, trials, f)
 
 
 class DaskRowSource:

@@ -31,13 +31,13 @@ def data() -> np.ndarray:
 def count_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Every preparation of rows is a read of the data: count them."""
     reads: list[int] = []
-    real = power_pca.prep_rows
+    real = power_pca.prep_factors
 
-    def counting(*args: object, **kw: object) -> np.ndarray:
+    def counting(*args: object, **kw: object) -> tuple[np.ndarray, np.ndarray]:
         reads.append(1)
         return real(*args, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(power_pca, "prep_rows", counting)
+    monkeypatch.setattr(power_pca, "prep_factors", counting)
     return reads
 
 
