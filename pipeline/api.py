@@ -22,7 +22,7 @@ import secrets
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 
@@ -45,6 +45,9 @@ from pipeline.algorithms.power_pca import PcaRelease
 from pipeline.errors import InvalidParameterError, PrivacyConfigError
 from pipeline.mechanisms.clipping import ClipSpec, Neighboring, PrivacyUnit
 from pipeline.mechanisms.noise import NoiseKey
+
+if TYPE_CHECKING:
+    from pipeline.execution.clusters import ClusterConfig
 
 
 def _enum(cls: Any, value: Any, name: str) -> Any:
@@ -238,6 +241,7 @@ def factorize(
     ledger: str | os.PathLike[str] | Ledger | None = None,
     budget: tuple[float, float] | None = None,
     scheduler: str | None = None,
+    cluster_config: str | os.PathLike[str] | ClusterConfig | None = None,
     insecure_noise_seed: int | None = None,
     progress: TextIO | None = None,
 ) -> Factorization:
@@ -280,6 +284,9 @@ def factorize(
         Lifetime budget declared when the ledger does not exist yet.
     scheduler : str or None
         Dask scheduler address.
+    cluster_config : path, ClusterConfig or None
+        A cluster configuration file (``cluster/*.yaml``) to start or connect
+        to instead; not together with ``scheduler``.
     insecure_noise_seed : int or None
         Test-only: reproducible noise; the report says ``"private": false``.
     progress : text stream or None
@@ -405,7 +412,9 @@ def factorize(
         return final
     from pipeline.execution import DaskSource, cluster_client
 
-    with cluster_client(scheduler) as (client, cinfo):
+    with cluster_client(
+        scheduler, cluster_config=cluster_config, progress=progress
+    ) as (client, cinfo):
         if progress is not None and cinfo.dashboard:
             print(
                 f"dask cluster: {cinfo.kind}, {cinfo.n_workers} workers, dashboard {cinfo.dashboard}",
@@ -550,6 +559,7 @@ def pca(
     ledger: str | os.PathLike[str] | Ledger | None = None,
     budget: tuple[float, float] | None = None,
     scheduler: str | None = None,
+    cluster_config: str | os.PathLike[str] | ClusterConfig | None = None,
     journal: str | os.PathLike[str] | None = None,
     insecure_noise_seed: int | None = None,
     progress: TextIO | None = None,
@@ -605,7 +615,7 @@ def pca(
     out : path or None
         Zarr v3 group to publish to (``components``, ``eigenvalues``, report).
     overwrite : bool
-    ledger, budget, scheduler, insecure_noise_seed, progress
+    ledger, budget, scheduler, cluster_config, insecure_noise_seed, progress
         As in :func:`factorize`.
     journal : path or None
         The release journal (trusted zone; holds the noise key). Default
@@ -874,7 +884,9 @@ def pca(
     from pipeline.execution import cluster_client
     from pipeline.execution.pca import DaskRowSource
 
-    with cluster_client(scheduler) as (client, cinfo):
+    with cluster_client(
+        scheduler, cluster_config=cluster_config, progress=progress
+    ) as (client, cinfo):
         if progress is not None and cinfo.dashboard:
             print(
                 f"dask cluster: {cinfo.kind}, {cinfo.n_workers} workers, dashboard {cinfo.dashboard}",

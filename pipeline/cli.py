@@ -106,6 +106,29 @@ def _add_ledger(g: Any) -> None:
     )
 
 
+def _add_cluster(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument(
+        "--scheduler",
+        help="Dask scheduler address (default: DASK_SCHEDULER_ADDRESS, else an embedded LocalCluster)",
+    )
+    g.add_argument(
+        "--cluster",
+        metavar="FILE",
+        help="cluster configuration to start or connect to (cluster/*.yaml: "
+        "local, scheduler, ssh, slurm, pbs or a Kubernetes DaskCluster)",
+    )
+
+
+def _cluster_of(args: argparse.Namespace) -> Any:
+    """The validated --cluster file, or None: checked before anything starts."""
+    if args.cluster is None:
+        return None
+    from pipeline.execution.clusters import load_cluster_config
+
+    return load_cluster_config(args.cluster)
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="dplr",
@@ -156,10 +179,7 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         help="sketch seed (data-independent; default: fresh secret). Never seeds noise.",
     )
-    f.add_argument(
-        "--scheduler",
-        help="Dask scheduler address (default: DASK_SCHEDULER_ADDRESS, else an embedded LocalCluster)",
-    )
+    _add_cluster(f)
     f.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
     f.add_argument("--json", action="store_true", help="print the full report as JSON")
     _add_privacy(f)
@@ -223,7 +243,7 @@ def _parser() -> argparse.ArgumentParser:
     pc.add_argument("--route", choices=("auto", "gram", "two-pass"), default="auto",
                     help="H from the client's Gram matrix (1+T passes) or from the data (1+2T)")
     pc.add_argument("--journal", help="release journal for crash recovery (default: .OUT.dplr-journal beside OUT)")
-    pc.add_argument("--scheduler", help="Dask scheduler address (default: DASK_SCHEDULER_ADDRESS, else an embedded LocalCluster)")
+    _add_cluster(pc)
     pc.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
     pc.add_argument("--json", action="store_true", help="print the full report as JSON")
     _add_privacy(pc, lrf=False)
@@ -421,6 +441,7 @@ def _factorize(args: argparse.Namespace) -> int:
         ledger=args.ledger,
         budget=_budget_of(args),
         scheduler=args.scheduler,
+        cluster_config=_cluster_of(args),
         insecure_noise_seed=args.insecure_noise_seed,
         progress=None if args.quiet else sys.stderr,
     )
@@ -501,6 +522,7 @@ def _pca(args: argparse.Namespace) -> int:
         ledger=args.ledger,
         budget=_budget_of(args),
         scheduler=args.scheduler,
+        cluster_config=_cluster_of(args),
         journal=args.journal,
         insecure_noise_seed=args.insecure_noise_seed,
         progress=None if args.quiet else sys.stderr,

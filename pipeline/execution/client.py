@@ -7,10 +7,21 @@ import importlib.metadata
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TextIO
 
 from distributed import Client, LocalCluster
 
-from pipeline.errors import ClusterMismatchError, SchedulerUnavailableError
+from pipeline.errors import (
+    ClusterMismatchError,
+    InvalidParameterError,
+    SchedulerUnavailableError,
+)
+from pipeline.execution.clusters import (
+    ClusterConfig,
+    load_cluster_config,
+    local_cluster_kwargs,
+    start_from_config,
+)
 
 #: Packages whose versions must match between this process and every worker:
 #: tasks run this package's functions, and results must not depend on where.
@@ -19,7 +30,12 @@ MATCHED_PACKAGES = ("dplr", "numpy", "scipy", "dask", "distributed", "zarr")
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ClusterInfo:
-    """Where a job ran: ``kind`` is ``active``, ``scheduler`` or ``local``."""
+    """Where a job ran.
+
+    ``kind`` is ``active``, ``scheduler`` or ``local``, or the kind of the
+    cluster configuration file that started it (``ssh``, ``slurm``, ``pbs``,
+    ``kubernetes``).
+    """
 
     kind: str
     address: str
@@ -40,23 +56,46 @@ def _active_client() -> Client | None:
 def cluster_client(
     scheduler: str | None = None,
     *,
+    cluster_config: str | os.PathLike[str] | ClusterConfig | None = None,
     n_workers: int | None = None,
     timeout: float = 10.0,
+    progress: TextIO | None = None,
 ) -> Iterator[tuple[Client, ClusterInfo]]:
     """Yield a distributed client, in order of preference.
 
-    1. ``scheduler`` (an address such as ``tcp://host:8786``), else the
+    1. ``scheduler`` (an address such as ``tcp://host:8786``) or
+       ``cluster_config`` (a ``cluster/*.yaml`` file, or its loaded
+       :class:`~pipeline.execution.clusters.ClusterConfig`; the cluster it
+       describes is started here and closed on exit), never both; else the
        ``DASK_SCHEDULER_ADDRESS`` environment variable;
     2. the active client of this process, if there is one (as dask-ml does);
     3. an embedded ``LocalCluster`` with one single-threaded worker process per
        core (threaded BLAS inside one worker would make results depend on the
        thread count), closed on exit.
 
+    Every cluster but an embedded local one must pass
+    :func:`check_worker_versions` first. ``progress`` receives a line when a
+    configured cluster is started (with its dashboard address).
+
     Raises
     ------
+    InvalidParameterError
+        Both ``scheduler`` and ``cluster_config``, or an invalid configuration.
     SchedulerUnavailableError
         If the given scheduler cannot be reached within ``timeout`` seconds.
+    ClusterMismatchError
+        If a worker lacks this package or runs other versions.
     """
+    if cluster_config is not None:
+        if scheduler:
+            raise InvalidParameterError(
+                "give either a scheduler address or a cluster configuration "
+                f"file, not both; got scheduler={scheduler!r} and "
+                f"cluster_config={_config_path(cluster_config)!r}."
+            )
+        with _configured(cluster_config, progress) as pair:
+            yield pair
+        return
     address = scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS") or None
     if address:
         try:
@@ -78,18 +117,33 @@ def cluster_client(
         check_worker_versions(active)
         yield active, _info(active, "active")
         return
-    workers = n_workers or max(1, min(os.cpu_count() or 1, 4))
     with (
-        LocalCluster(
-            n_workers=workers,
-            threads_per_worker=1,
-            processes=True,
-            dashboard_address=":0",
-            silence_logs=50,
-        ) as cluster,
+        LocalCluster(**local_cluster_kwargs({"n_workers": n_workers})) as cluster,
         Client(cluster, set_as_default=False) as client,
     ):
         yield client, _info(client, "local")
+
+
+def _config_path(config: str | os.PathLike[str] | ClusterConfig) -> str:
+    return config.path if isinstance(config, ClusterConfig) else os.fspath(config)
+
+
+@contextlib.contextmanager
+def _configured(
+    config: str | os.PathLike[str] | ClusterConfig, progress: TextIO | None
+) -> Iterator[tuple[Client, ClusterInfo]]:
+    """The cluster of a configuration file: validated before anything starts."""
+    if not isinstance(config, ClusterConfig):
+        config = load_cluster_config(config)
+
+    def announce(line: str) -> None:
+        if progress is not None:
+            print(line, file=progress, flush=True)
+
+    with start_from_config(config, announce=announce) as client:
+        if config.kind != "local":
+            check_worker_versions(client)
+        yield client, _info(client, config.kind)
 
 
 def _info(client: Client, kind: str) -> ClusterInfo:
