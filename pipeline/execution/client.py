@@ -168,7 +168,7 @@ def _version(pkg: str) -> str | None:
 
 
 def check_worker_versions(client: Client) -> None:
-    """Refuse a cluster whose workers lack this package or run other versions.
+    """Refuse a cluster whose scheduler or workers lack this package or run other versions.
 
     Each worker is asked for the versions of :data:`MATCHED_PACKAGES` with a
     standard-library function (so the question itself needs nothing from this
@@ -182,12 +182,18 @@ def check_worker_versions(client: Client) -> None:
     local = {pkg: _version(pkg) for pkg in MATCHED_PACKAGES}
     for pkg in MATCHED_PACKAGES:
         answers = client.run(importlib.metadata.version, pkg, on_error="return")
+        try:  # the scheduler unpickles task graphs that name this package's functions
+            answers["the scheduler"] = client.run_on_scheduler(
+                importlib.metadata.version, pkg
+            )
+        except Exception as exc:  # noqa: BLE001 - any failure means: not usable
+            answers["the scheduler"] = exc
         for worker, got in sorted(answers.items()):
             remote = None if isinstance(got, BaseException) else str(got)
             if remote != local[pkg]:
                 have = "is not installed" if remote is None else f"is version {remote}"
                 raise ClusterMismatchError(
-                    f"worker {worker} cannot run this job: {pkg} {have} there but "
+                    f"{'' if worker == 'the scheduler' else 'worker '}{worker} cannot run this job: {pkg} {have} there but "
                     f"{local[pkg]} here. Install the same dplr (and numpy, scipy, dask, "
                     "distributed, zarr) on every worker, e.g. `pip install dplr=="
                     f"{local['dplr']}` in the workers' environment, and restart them."
