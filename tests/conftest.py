@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import numpy as np
 import pytest
@@ -28,3 +29,29 @@ def global_seed(request: pytest.FixtureRequest) -> int:
 @pytest.fixture
 def rng(global_seed: int) -> np.random.Generator:
     return np.random.default_rng(global_seed)
+
+
+# -- privacy audit table (tests/audit) ----------------------------------------
+# Kept here rather than in tests/audit/conftest.py: with --doctest-modules every
+# conftest.py is also imported as a module named "conftest", and two of them
+# with that basename collide.
+_AUDIT_ROWS = pytest.StashKey[list[dict[str, Any]]]()
+
+
+@pytest.fixture(scope="session")
+def audit_rows(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
+    """Result rows of this session's privacy audits (appended by the tests)."""
+    return request.config.stash.setdefault(_AUDIT_ROWS, [])
+
+
+def pytest_terminal_summary(
+    terminalreporter: Any, exitstatus: int, config: pytest.Config
+) -> None:
+    rows = config.stash.get(_AUDIT_ROWS, [])
+    if rows:
+        from audit_cases import table_rows  # on sys.path once tests/audit ran
+
+        from pipeline.testing.audit import markdown_table
+
+        terminalreporter.section("privacy audit: eps lower bounds")
+        terminalreporter.write_line(markdown_table(table_rows(rows)))
