@@ -3,7 +3,7 @@
 Graph of one pass (``A`` in full-width row bands ``c``)::
 
     payload          = (X, [(B_j, R_j)])                  one task, fetched once per worker
-    (part, c)        = kernel(prep_factors(A[c]), payload) one task per band; reads it once
+    (part, c)        = band_pass(A[c], payload)           one task per band; reads it once
     total            = fixed tree-sum over c (fan-in 8)   delivered to the client
 
 Nothing is added in the tasks: the noise is drawn on the client, by the core,
@@ -21,13 +21,7 @@ import numpy as np
 from dask.highlevelgraph import HighLevelGraph
 
 from pipeline._types import FloatArray, Shape2D
-from pipeline.algorithms.power_pca import (
-    Secret,
-    band_gram,
-    band_products,
-    band_update,
-    prep_factors,
-)
+from pipeline.algorithms.power_pca import Secret, band_pass
 from pipeline.execution.progress import show_progress
 from pipeline.execution.source import _name, _tree
 
@@ -46,14 +40,7 @@ class _Payload:
 def _band_kernel(
     block: Any, kind: str, holder: _Payload, bound: float, clip: bool
 ) -> FloatArray:
-    payload = holder.value
-    a, f = prep_factors(block, bound, clip=clip)
-    if kind == "gram":
-        return band_gram(a, f)
-    if kind == "products":
-        return band_products(a, payload, f)
-    X, trials = payload
-    return band_update(a, X, trials, f)
+    return band_pass(block, kind, holder.value, bound, clip)
 
 
 class DaskRowSource:

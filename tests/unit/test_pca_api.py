@@ -29,15 +29,15 @@ def data() -> np.ndarray:
 
 @pytest.fixture
 def count_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Every preparation of rows is a read of the data: count them."""
+    """Every band pass reads the data: count them."""
     reads: list[int] = []
-    real = power_pca.prep_factors
+    real = power_pca.band_pass
 
-    def counting(*args: object, **kw: object) -> tuple[np.ndarray, np.ndarray]:
+    def counting(*args: object, **kw: object) -> np.ndarray:
         reads.append(1)
         return real(*args, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(power_pca, "prep_factors", counting)
+    monkeypatch.setattr(power_pca, "band_pass", counting)
     return reads
 
 
