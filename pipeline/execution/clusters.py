@@ -216,8 +216,13 @@ class ClusterConfig:
 # -------------------------------------------------------------------- loading
 
 
-def load_cluster_config(path: str | os.PathLike[str]) -> ClusterConfig:
+def load_cluster_config(
+    path: str | os.PathLike[str], *, require_extras: bool = True
+) -> ClusterConfig:
     """Read and validate a cluster configuration file; start nothing.
+
+    ``require_extras=False`` checks the file alone, without requiring the
+    optional library its kind needs to start (e.g. to lint configurations).
 
     Raises
     ------
@@ -247,7 +252,8 @@ def load_cluster_config(path: str | os.PathLike[str]) -> ClusterConfig:
             f"{where}: not valid YAML{at} ({getattr(exc, 'problem', None) or exc})."
         ) from None
     config = validate_cluster_config(data, where)
-    _check_extra(config)
+    if require_extras:
+        _check_extra(config)
     return config
 
 
