@@ -112,14 +112,15 @@ class DaskRowSource:
         )
         self.n_tasks += len(layer)
         self.n_passes += 1
-        (persisted,) = self.client.persist([total])
+        # one round trip: the reduced (small) result comes back with the pass
+        future = self.client.compute(total)
         show_progress(
             self.client,
-            [persisted],
+            [future],
             f"{label}: {self.n_bands} row bands",
             self.progress,
         )
-        return Secret(np.asarray(self.client.compute(persisted, sync=True)))
+        return Secret(np.asarray(future.result()))
 
     def gram(self) -> Secret:
         d = self.shape[1]
