@@ -751,6 +751,73 @@ def _noise(
     return sym(G) if symmetric else G
 
 
+class _Releases:
+    """The releases of one run: journal lookups, the one charge, keyed noise, the Gram.
+
+    Every data-derived value leaves through :meth:`release`: a label already in
+    the journal is reused (no pass, no draw, no charge); otherwise the exact
+    value is computed, the ledger hook runs once before the first draw, the
+    keyed noise is added and the result is journaled before it is used.
+    """
+
+    def __init__(
+        self,
+        source: RowSource,
+        noise_key: NoiseKey | None,
+        journal: ReleaseJournal | None,
+        before_first_release: Callable[[], None] | None,
+        on_step: Callable[[str], None] | None,
+    ) -> None:
+        self.source = source
+        self.noise_key = noise_key
+        self.journal: ReleaseJournal = (
+            journal if journal is not None else MemoryJournal()
+        )
+        self.before_first_release = before_first_release
+        self.on_step = on_step
+        self.passes0 = source.n_passes
+        self.labels: list[str] = []
+        self.resumed: list[str] = []
+        self.charged = False
+        self._gram: Secret | None = None
+
+    def say(self, msg: str) -> None:
+        if self.on_step is not None:
+            self.on_step(msg)
+
+    @property
+    def n_passes(self) -> int:
+        return self.source.n_passes - self.passes0
+
+    def gram(self) -> Secret:
+        """``A^T A`` of the clipped rows, symmetrised; one pass, at most once."""
+        if self._gram is None:
+            self.say("Gram pass: A^T A of the clipped rows")
+            self._gram = Secret(sym(self.source.gram().value))
+        return self._gram
+
+    def release(
+        self,
+        label: str,
+        exact: Callable[[], Secret],
+        sigma: float,
+        shape: tuple[int, int],
+        symmetric: bool,
+    ) -> FloatArray:
+        self.labels.append(label)
+        old = self.journal.load(label)
+        if old is not None:
+            self.resumed.append(label)
+            return old
+        value = exact().value
+        if not self.charged and self.before_first_release is not None:
+            self.before_first_release()
+        self.charged = True
+        noisy = value + sigma * _noise(self.noise_key, label, shape, symmetric)
+        self.journal.record(label, noisy)
+        return noisy
+
+
 def run_pca(
     source: RowSource,
     plan: PcaPlan,
@@ -785,46 +852,10 @@ def run_pca(
         raise InvalidParameterError(
             "a private plan needs a noise key and a non-private plan must not have one."
         )
-    jr: ReleaseJournal = journal if journal is not None else MemoryJournal()
     d = plan.shape[1]
     k = plan.params.rank
-    passes0 = source.n_passes
-    releases: list[str] = []
-    resumed: list[str] = []
-    charged = False
-    gram: list[Secret] = []
-
-    def say(msg: str) -> None:
-        if on_step is not None:
-            on_step(msg)
-
-    def exact_gram() -> Secret:
-        if not gram:
-            say("Gram pass: A^T A of the clipped rows")
-            S = source.gram().value
-            gram.append(Secret(sym(S)))
-        return gram[0]
-
-    def release(
-        label: str,
-        exact: Callable[[], Secret],
-        sigma: float,
-        shape: tuple[int, int],
-        symmetric: bool,
-    ) -> FloatArray:
-        nonlocal charged
-        releases.append(label)
-        old = jr.load(label)
-        if old is not None:
-            resumed.append(label)
-            return old
-        value = exact().value
-        if not charged and before_first_release is not None:
-            before_first_release()
-        charged = True
-        noisy = value + sigma * _noise(noise_key, label, shape, symmetric)
-        jr.record(label, noisy)
-        return noisy
+    rel = _Releases(source, noise_key, journal, before_first_release, on_step)
+    release, exact_gram, say = rel.release, rel.gram, rel.say
 
     M = release("M", exact_gram, plan.noise_init, (d, d), True)
     X, lam = topk_eig(M, k)
@@ -856,9 +887,9 @@ def run_pca(
     return PcaResult(
         components=X,
         eigenvalues=lam,
-        n_passes=source.n_passes - passes0,
-        releases=tuple(releases),
-        resumed=tuple(resumed),
+        n_passes=rel.n_passes,
+        releases=tuple(rel.labels),
+        resumed=tuple(rel.resumed),
         history=tuple(history),
     )
 
@@ -1006,45 +1037,10 @@ def run_selection(
     max_concurrent_trials = check_int_in_range(
         max_concurrent_trials, "max_concurrent_trials", 1
     )
-    jr: ReleaseJournal = journal if journal is not None else MemoryJournal()
     d = source.shape[1]
     k = cal.rank
-    passes0 = source.n_passes
-    releases: list[str] = []
-    resumed: list[str] = []
-    charged = False
-    gram: list[Secret] = []
-
-    def say(msg: str) -> None:
-        if on_step is not None:
-            on_step(msg)
-
-    def exact_gram() -> Secret:
-        if not gram:
-            say("Gram pass: A^T A of the clipped rows")
-            gram.append(Secret(sym(source.gram().value)))
-        return gram[0]
-
-    def release(
-        label: str,
-        exact: Callable[[], Secret],
-        sigma: float,
-        shape: tuple[int, int],
-        symmetric: bool,
-    ) -> FloatArray:
-        nonlocal charged
-        releases.append(label)
-        old = jr.load(label)
-        if old is not None:
-            resumed.append(label)
-            return old
-        value = exact().value
-        if not charged and before_first_release is not None:
-            before_first_release()
-        charged = True
-        noisy = value + sigma * _noise(noise_key, label, shape, symmetric)
-        jr.record(label, noisy)
-        return noisy
+    rel = _Releases(source, noise_key, journal, before_first_release, on_step)
+    release, exact_gram, say = rel.release, rel.gram, rel.say
 
     M = release("M", exact_gram, cal.noise_init, (d, d), True)
     X0, lam = topk_eig(M, k)
@@ -1057,9 +1053,9 @@ def run_selection(
             clip_radius=float(cal.radii[-1]),
             iterations=0,
             gap=h,
-            n_passes=source.n_passes - passes0,
-            releases=tuple(releases),
-            resumed=tuple(resumed),
+            n_passes=rel.n_passes,
+            releases=tuple(rel.labels),
+            resumed=tuple(rel.resumed),
         )
     basis: list[Secret] = []
 
@@ -1102,7 +1098,7 @@ def run_selection(
                     True,
                 )
                 Bs[i] = eig_floor_inv_sqrt(H, cal.gamma(T_of[i]))
-            todo = [i for i in active if jr.load(f"Z{i}_{t}") is None]
+            todo = [i for i in active if rel.journal.load(f"Z{i}_{t}") is None]
             exact_Z: dict[int, FloatArray] = {}
             if todo:  # one pass for every active trial (each block clipped on its own)
                 Xcat = np.hstack([Xs[i] for i in todo])
@@ -1134,9 +1130,9 @@ def run_selection(
         clip_radius=float(cal.radii[trials[win][0]]),
         iterations=int(cal.iteration_grid[trials[win][1]]),
         gap=h,
-        n_passes=source.n_passes - passes0,
-        releases=tuple(releases),
-        resumed=tuple(resumed),
+        n_passes=rel.n_passes,
+        releases=tuple(rel.labels),
+        resumed=tuple(rel.resumed),
     )
 
 
