@@ -132,6 +132,16 @@ def package_versions(extra: tuple[str, ...] = ()) -> dict[str, str]:
     return out
 
 
+_INSECURE_NOTE = "noise drawn from a public seed (--insecure-noise-seed): NOT PRIVATE"
+
+
+def _ledger_summary(ledger: Any) -> dict[str, Any] | None:
+    """The ledger's state after the charge, for a report (None without a ledger)."""
+    if ledger is None:
+        return None
+    return {"path": str(ledger.path), **ledger.remaining_summary()}
+
+
 def build_report(
     plan: LrfPlan,
     *,
@@ -209,15 +219,11 @@ def build_report(
             # spec 7.3: public pre-flight estimate of the additive error
             "noise_floor_estimate": max(s.sigma for s in cal.sketches)
             * (math.sqrt(m) + math.sqrt(n)),
-            "ledger": None
-            if ledger is None
-            else {"path": str(ledger.path), **ledger.remaining_summary()},
+            "ledger": _ledger_summary(ledger),
         }
     )
     if insecure:
-        report["note"] = (
-            "noise drawn from a public seed (--insecure-noise-seed): NOT PRIVATE"
-        )
+        report["note"] = _INSECURE_NOTE
     return report
 
 
@@ -1013,15 +1019,11 @@ def build_pca_report(
                 "insecure_noise_seed": insecure,
                 "calibration": cal.to_dict(),
                 "mechanisms": [],
-                "ledger": None
-                if ledger is None
-                else {"path": str(ledger.path), **ledger.remaining_summary()},
+                "ledger": _ledger_summary(ledger),
             }
         )
         if insecure:
-            report["note"] = (
-                "noise drawn from a public seed (--insecure-noise-seed): NOT PRIVATE"
-            )
+            report["note"] = _INSECURE_NOTE
         return report
     cd = cal.to_dict()
     report.update(
@@ -1036,13 +1038,9 @@ def build_pca_report(
             "insecure_noise_seed": insecure,
             "calibration": cd,
             "mechanisms": cd.get("mechanisms"),
-            "ledger": None
-            if ledger is None
-            else {"path": str(ledger.path), **ledger.remaining_summary()},
+            "ledger": _ledger_summary(ledger),
         }
     )
     if insecure:
-        report["note"] = (
-            "noise drawn from a public seed (--insecure-noise-seed): NOT PRIVATE"
-        )
+        report["note"] = _INSECURE_NOTE
     return report

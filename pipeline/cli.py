@@ -390,6 +390,17 @@ def _budget_of(args: argparse.Namespace) -> tuple[float, float] | None:
     return args.budget_epsilon, args.budget_delta
 
 
+def _ledger_lines(report: dict[str, Any]) -> list[str]:
+    led = report.get("ledger")
+    if not led:
+        return []
+    return [
+        f"  ledger: {led['path']}  lifetime budget (epsilon={led['budget_epsilon']:g}, "
+        f"delta={led['budget_delta']:g}); {led['n_releases']} release(s) compose to "
+        f"epsilon={led['epsilon_used']:.4g} at the budget's delta"
+    ]
+
+
 def _summary(report: dict[str, Any], out: str) -> str:
     lines = [f"released rank-{report['rank']} factorization to {out}"]
     if report.get("epsilon") is None:
@@ -403,11 +414,7 @@ def _summary(report: dict[str, Any], out: str) -> str:
             lines.append(
                 f"  sketch {s['name']:<3} shape={tuple(s['shape'])} sensitivity={s['sensitivity']:.4g} sigma={s['sigma']:.4g}"
             )
-        led = report.get("ledger")
-        if led:
-            lines.append(
-                f"  ledger: {led['path']}  lifetime budget (epsilon={led['budget_epsilon']:g}, delta={led['budget_delta']:g}); {led['n_releases']} release(s) compose to epsilon={led['epsilon_used']:.4g} at the budget's delta"
-            )
+        lines.extend(_ledger_lines(report))
         if not report["private"]:
             lines.append("  NOT PRIVATE: noise drawn from --insecure-noise-seed")
     p = report["parameters"]
@@ -468,11 +475,7 @@ def _pca_summary(report: dict[str, Any], out: str) -> str:
                 f"  release {m['label']:<2} x{m['count']:<3} shape={tuple(m['shape'])} "
                 f"sensitivity={m['sensitivity']:.4g} sigma={m['sigma']:.4g}"
             )
-        led = report.get("ledger")
-        if led:
-            lines.append(
-                f"  ledger: {led['path']}  lifetime budget (epsilon={led['budget_epsilon']:g}, delta={led['budget_delta']:g}); {led['n_releases']} release(s) compose to epsilon={led['epsilon_used']:.4g} at the budget's delta"
-            )
+        lines.extend(_ledger_lines(report))
         if not report["private"]:
             lines.append("  NOT PRIVATE: noise drawn from --insecure-noise-seed")
     if report["resumed_releases"]:
