@@ -42,7 +42,12 @@ from pipeline.algorithms.lrf import (
     seed_fingerprint,
 )
 from pipeline.algorithms.power_pca import PcaRelease
-from pipeline.errors import InvalidParameterError, PrivacyConfigError
+from pipeline.errors import (
+    InvalidParameterError,
+    PipelineError,
+    PrivacyConfigError,
+    StoreLayoutError,
+)
 from pipeline.mechanisms.clipping import ClipSpec, Neighboring, PrivacyUnit
 from pipeline.mechanisms.noise import NoiseKey
 
@@ -248,6 +253,7 @@ def factorize(
     budget: tuple[float, float] | None = None,
     scheduler: str | None = None,
     cluster_config: str | os.PathLike[str] | ClusterConfig | None = None,
+    journal: str | os.PathLike[str] | None = None,
     insecure_noise_seed: int | None = None,
     progress: TextIO | None = None,
 ) -> Factorization:
@@ -293,6 +299,12 @@ def factorize(
     cluster_config : path, ClusterConfig or None
         A cluster configuration file (``cluster/*.yaml``) to start or connect
         to instead; not together with ``scheduler``.
+    journal : path or None
+        The crash-recovery journal (trusted zone: it holds the exact sketches
+        of the pass, the noise key and the sketch seed). Default
+        ``.<out>.dplr-journal`` beside ``out``; none when ``out`` is None.
+        Rerunning an interrupted job with the same arguments resumes from it:
+        no second pass, the same noise, no second ledger charge.
     insecure_noise_seed : int or None
         Test-only: reproducible noise; the report says ``"private": false``.
     progress : text stream or None
@@ -308,6 +320,10 @@ def factorize(
     ------
     InvalidParameterError, StoreLayoutError, SchedulerUnavailableError
         Bad input; nothing read, written or charged.
+    StoreLayoutError
+        Also when the journal belongs to another job or input, or is damaged;
+        the message says whether that job was charged and what removing its
+        journal costs.
     BudgetExceededError
         The plan exceeds the dataset's budget; refused before any read.
 
@@ -317,8 +333,17 @@ def factorize(
     clipped contribution (``||A - A'||_F <= Delta_F``) [spec 4.4]. Emits one
     Gaussian mechanism, recorded in the ledger before noise is drawn.
 
+    Durable steps, in this order, so that a crash between any two of them and a
+    rerun of the same command give the same release charged once [design 3.2]:
+    the pass; the exact sketches, noise key and sketch seed to the journal; the
+    ledger charge (with the release id) and its marker in the journal; noise,
+    post-processing and the atomic write of ``out``; removal of the journal.
+    A rerun that finds committed sketches skips the pass, reuses the key (the
+    same noise, not a second draw) and charges only if the ledger does not
+    hold the release id yet.
+
     Passes over A: 1 (2 when rows must be clipped across column chunks that are
-    too wide to read together).
+    too wide to read together); 0 when resumed from a journal.
 
     Examples
     --------
@@ -327,7 +352,14 @@ def factorize(
     >>> f.U.shape, f.S.shape, f.V.shape
     ((60, 3), (3,), (40, 3))
     """
-    from pipeline.io import check_output_path, open_input, write_release
+    from pipeline.io import (
+        FileJournal,
+        check_output_path,
+        default_journal_path,
+        open_input,
+        read_release,
+        write_release,
+    )
 
     t0 = time.perf_counter()
     params = make_params(
@@ -353,25 +385,88 @@ def factorize(
         source, unit=params.clip.unit.value if params.private else None
     )
     plan = plan_lrf(params, info.shape)
+    jpath = (
+        os.fspath(journal)
+        if journal is not None
+        else (default_journal_path(out) if out is not None else None)
+    )
+    header: dict[str, Any] = {}
+    jr: FileJournal | None = None
+    if jpath is not None:
+        header = _factorize_header(
+            plan,
+            info,
+            array,
+            seed=seed,
+            insecure_noise_seed=insecure_noise_seed,
+            ledger=_ledger_location(ledger, info.path, plan),
+        )
+        jr = _find_factorize_journal(jpath, header)
+        if jr is not None and out is not None and _published_by(out, jr):
+            # the crash came after the publication: only the journal is left to remove
+            jr.remove()
+            return read_release(out)
     if out is not None:
         check_output_path(out, overwrite=overwrite, inputs=(info.path,))
     book = _resolve_ledger(ledger, info.path, budget, plan)
-    if book is not None and plan.calibration is not None:
-        book.check(plan.calibration)  # refused here, before the first read
-    sketch_seed = seed if seed is not None else secrets.randbits(128)
-    noise_key = None
-    if plan.calibration is not None:
-        noise_key = (
-            NoiseKey.insecure_from_seed(insecure_noise_seed)
-            if insecure_noise_seed is not None
-            else NoiseKey.fresh()
+    release_id = (
+        str(jr.release_id)
+        if jr is not None
+        else str(header.get("release_id") or uuid.uuid4().hex)
+    )
+
+    def already_charged() -> bool:
+        return isinstance(book, Ledger) and any(
+            r["release_id"] == release_id for r in book.releases
         )
-    release_id = uuid.uuid4().hex
+
+    if jr is not None and jr.charged() is not None and not already_charged():
+        raise StoreLayoutError(
+            f"the journal at {jr.path!r} records a ledger charge for release "
+            f"{release_id} but the ledger {header.get('ledger')!r} does not hold it; the "
+            "ledger was replaced or edited. Restore it before resuming; removing the "
+            "journal abandons the charged release."
+        )
+    if book is not None and plan.calibration is not None and not already_charged():
+        book.check(plan.calibration)  # refused here, before the first read
+    if jr is not None:
+        if jr.sketch_seed is None or (plan.calibration is not None) != (
+            jr.noise_key is not None
+        ):
+            raise StoreLayoutError(
+                f"the journal at {jr.path!r} lacks its sketch seed or noise key; it is "
+                "damaged and the job cannot resume safely."
+            )
+        sketch_seed, noise_key = jr.sketch_seed, jr.noise_key
+        exact = jr.load_sketches()  # None: the crash came before they were committed
+    else:
+        sketch_seed = seed if seed is not None else secrets.randbits(128)
+        noise_key = None
+        if plan.calibration is not None:
+            noise_key = (
+                NoiseKey.insecure_from_seed(insecure_noise_seed)
+                if insecure_noise_seed is not None
+                else NoiseKey.fresh()
+            )
+        exact = None
     timings: dict[str, float] = {"plan": time.perf_counter() - t0}
+
+    def journal_sketches(sketches: dict[str, Any], client: Any) -> None:
+        # the exact sketches, the key and the seed are durable before any charge
+        nonlocal jr
+        if jpath is None:
+            return
+        if jr is None:
+            jr = FileJournal.create(
+                jpath, header, noise_key=noise_key, sketch_seed=sketch_seed
+            )
+        jr.record_sketches(sketches, client=client)
 
     def charge() -> None:
         timings["pass"] = time.perf_counter() - t0 - timings["plan"]
-        if book is not None and plan.calibration is not None:
+        if book is None or plan.calibration is None:
+            return
+        if not already_charged():
             book.charge(
                 plan.calibration,
                 release_id=release_id,
@@ -384,8 +479,10 @@ def factorize(
                     "noise_reproducible_not_private": insecure_noise_seed is not None,
                 },
             )
+        if jr is not None and jr.charged() is None:
+            jr.mark_charged(str(book.path))
 
-    def execute(src: Any, cluster: dict[str, Any] | None) -> Factorization:
+    def execute(src: Any, cluster: dict[str, Any] | None, client: Any) -> Factorization:
         result = run_lrf(
             src,
             plan,
@@ -393,6 +490,8 @@ def factorize(
             noise_key=noise_key,
             before_noise=charge,
             input_dtype=array.dtype,
+            exact=exact,
+            after_pass=lambda sketches: journal_sketches(sketches, client),
         )
         timings["post"] = (
             time.perf_counter() - t0 - timings["plan"] - timings.get("pass", 0.0)
@@ -408,13 +507,19 @@ def factorize(
             timings=timings,
             cluster=cluster,
         )
+        report["resumed_from_journal"] = exact is not None
         return Factorization(U=result.U, S=result.S, V=result.V, report=report)
 
+    def finish() -> None:
+        if jr is not None:
+            jr.remove()  # the release is out; the journal held its key and sketches
+
     if isinstance(array, np.ndarray):
-        final = execute(ArraySource(array), None)
+        final = execute(ArraySource(array), None, None)
         final.report["timings_seconds"]["total"] = round(time.perf_counter() - t0, 4)
         if out is not None:
             write_release(out, final, overwrite=overwrite)
+        finish()
         return final
     from pipeline.execution import DaskSource, cluster_client
 
@@ -426,26 +531,146 @@ def factorize(
                 f"dask cluster: {cinfo.kind}, {cinfo.n_workers} workers, dashboard {cinfo.dashboard}",
                 file=progress,
             )
+        if exact is not None and progress is not None:
+            print(
+                "resuming from the journal of an interrupted run: no pass, same noise, "
+                "no new charge",
+                file=progress,
+            )
         dsrc = DaskSource(array, client, progress=progress)
         cluster = {
             "kind": cinfo.kind,
             "n_workers": cinfo.n_workers,
             "n_graph_tasks_pass": 0,
         }
-        staged = execute(dsrc, cluster)
+        staged = execute(dsrc, cluster, client)
         cluster["n_graph_tasks_pass"] = dsrc.n_tasks  # the report holds this dict
         if out is not None:
             write_release(out, staged, overwrite=overwrite, client=client)
-            from pipeline.io import read_release
-
+            finish()
             final = read_release(out)
             final.report["timings_seconds"]["total"] = round(
                 time.perf_counter() - t0, 4
             )
             return final
         U, V = _gather(staged.U, client), _gather(staged.V, client)
+        finish()
         staged.report["timings_seconds"]["total"] = round(time.perf_counter() - t0, 4)
         return Factorization(U=U, S=staged.S, V=V, report=staged.report)
+
+
+def _factorize_header(
+    plan: LrfPlan,
+    info: Any,
+    array: Any,
+    *,
+    seed: int | None,
+    insecure_noise_seed: int | None,
+    ledger: str | None,
+) -> dict[str, Any]:
+    """The public description of a factorize job that a resumed run must match."""
+    from pipeline.io.journal import array_fingerprint, input_fingerprint
+
+    p = plan.params
+    if info.path is not None:
+        fingerprint = input_fingerprint(info.path)
+    elif isinstance(array, np.ndarray):
+        fingerprint = array_fingerprint(array)
+    else:
+        fingerprint = None  # a dask array: shape, dtype and chunks are all we see
+    return {
+        "kind": "factorize",
+        "parameters": {
+            "algorithm": p.algorithm.value,
+            "rank": p.rank,
+            "sketch_size": plan.t,
+            "core_size": plan.v,
+            "transposed": plan.transpose,
+            "private": p.private,
+            "epsilon": p.epsilon,
+            "delta": p.delta,
+            "unit": p.clip.unit.value,
+            "clip_norm": p.clip.clip_norm,
+            "neighboring": p.neighboring.value,
+            "padded": p.padded,
+            "delta_jl_fraction": p.delta_jl_fraction,
+            "tile_size": p.tile_size,
+            # a one-way tag of a user-chosen seed; a secret seed lives in the journal
+            "seed": None if seed is None else seed_fingerprint(seed),
+            "insecure_noise_seed": insecure_noise_seed,
+        },
+        "shape": [int(x) for x in info.shape],
+        "dtype": str(info.dtype),
+        "chunks": [[int(c) for c in dim] for dim in info.dask_chunks],
+        "input": None if info.path is None else os.path.abspath(info.path),
+        "input_fingerprint": fingerprint,
+        "ledger": ledger,
+        "release_id": uuid.uuid4().hex,
+    }
+
+
+def _ledger_location(ledger: Any, path: str | None, plan: LrfPlan) -> str | None:
+    """Absolute path of the ledger a private run charges (None: no ledger)."""
+    if plan.calibration is None:
+        return None
+    if isinstance(ledger, Ledger):
+        return os.path.abspath(ledger.path)
+    if ledger is not None:
+        return os.path.abspath(os.fspath(ledger))
+    return None if path is None else os.path.abspath(default_ledger_path(path))
+
+
+def _find_factorize_journal(jpath: str, header: dict[str, Any]) -> Any:
+    """The journal of an interrupted run of this very job, or None.
+
+    A journal of any other job or input is refused (never reused, never
+    silently replaced), with what removing it would cost.
+    """
+    from pipeline.io.journal import FileJournal, JournalMismatchError
+
+    try:
+        return FileJournal.find(jpath, header, strict=True)
+    except JournalMismatchError as exc:
+        charged = exc.charged is not None or _in_ledger(exc.ledger, exc.release_id)
+        what = ", ".join(exc.differences)
+        cost = (
+            "that job was already charged to its ledger "
+            f"(release {exc.release_id}): rerun it with its original arguments to "
+            "finish it at no further cost; removing the journal abandons it and its "
+            "charge stays spent"
+            if charged
+            else "nothing was charged or published for that job yet, so removing the "
+            "journal costs no privacy budget (only that job's pass is lost)"
+        )
+        raise StoreLayoutError(
+            f"a journal of another interrupted job exists at {exc.path!r} (different "
+            f"{what}); it is never reused for a different job or input. {cost[0].upper()}"
+            f"{cost[1:]}. To start this job instead, remove the journal (rm -r "
+            f"{exc.path}) or pass --journal (journal=) with another path."
+        ) from None
+
+
+def _in_ledger(ledger: str | None, release_id: str | None) -> bool:
+    if ledger is None or release_id is None or not os.path.exists(ledger):
+        return False
+    try:
+        book = Ledger.open(ledger)
+    except PipelineError:
+        return False
+    return any(r["release_id"] == release_id for r in book.releases)
+
+
+def _published_by(out: str | os.PathLike[str], jr: Any) -> bool:
+    """True if ``out`` holds the release of the journaled job (then it is finished)."""
+    from pipeline.io import read_group
+
+    if not os.path.isdir(out):
+        return False
+    try:
+        _, report = read_group(out, ())
+    except (PipelineError, OSError):
+        return False
+    return report.get("release_id") == jr.release_id
 
 
 def _gather(x: Any, client: Any) -> np.ndarray:

@@ -179,6 +179,11 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         help="sketch seed (data-independent; default: fresh secret). Never seeds noise.",
     )
+    f.add_argument(
+        "--journal",
+        help="crash-recovery journal (default: .OUT.dplr-journal beside OUT); "
+        "rerunning the same command after a crash resumes from it",
+    )
     _add_cluster(f)
     f.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
     f.add_argument("--json", action="store_true", help="print the full report as JSON")
@@ -422,6 +427,10 @@ def _summary(report: dict[str, Any], out: str) -> str:
         f"  algorithm={report['algorithm']} t={p['sketch_size']} v={p['core_size']} passes={report['n_passes']} "
         f"time={report['timings_seconds'].get('total', float('nan')):.2f}s"
     )
+    if report.get("resumed_from_journal"):
+        lines.append(
+            "  resumed from the journal of an interrupted run (no pass, same noise, no new charge)"
+        )
     return "\n".join(lines)
 
 
@@ -449,6 +458,7 @@ def _factorize(args: argparse.Namespace) -> int:
         budget=_budget_of(args),
         scheduler=args.scheduler,
         cluster_config=_cluster_of(args),
+        journal=args.journal,
         insecure_noise_seed=args.insecure_noise_seed,
         progress=None if args.quiet else sys.stderr,
     )

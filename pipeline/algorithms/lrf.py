@@ -311,6 +311,8 @@ def run_lrf(
     before_noise: Callable[[], None] | None = None,
     request: PassRequest | None = None,
     input_dtype: Any = np.float64,
+    exact: dict[str, Any] | None = None,
+    after_pass: Callable[[dict[str, Any]], None] | None = None,
 ) -> Factorization:
     """Execute ``plan`` on ``source``: one pass, noise once, post-processing.
 
@@ -330,6 +332,14 @@ def run_lrf(
     input_dtype : numpy dtype
         Dtype of ``A``; a float32 input keeps float32 block products in the
         non-private mode (DP mode always computes in float64).
+    exact : dict or None
+        The exact sketches of an earlier pass of this plan with this
+        ``sketch_seed`` (from a release journal): the pass is skipped. They
+        must be the values :meth:`MatrixSource.sketch` returned, with the same
+        chunks, for the release to be bit for bit the same.
+    after_pass : callable or None
+        Called with the exact sketches right after the pass (not when
+        ``exact`` is given) and before ``before_noise``: the journal write.
 
     Returns
     -------
@@ -342,11 +352,21 @@ def run_lrf(
     Privacy. Noise is added exactly once to each entry of each globally reduced
     sketch [design 3.1]; the factorization reads only the noisy sketches
     [spec 3.2, R2]. Emits ``plan.calibration`` (one Gaussian mechanism).
+    ``after_pass`` receives noise-free sketches, as sensitive as ``A``: it
+    may only keep them in the trusted zone. With ``exact`` and the same
+    ``noise_key`` the noise is the same, not a second draw [design 3.2].
+
+    Passes over A: 1, or 0 when ``exact`` is given.
     """
     if plan.calibration is not None and noise_key is None:
         raise InvalidParameterError("a private release needs a noise key.")
-    request = request or pass_request(plan, sketch_seed, input_dtype)
-    exact = source.sketch(request)
+    if exact is None:
+        request = request or pass_request(plan, sketch_seed, input_dtype)
+        exact = source.sketch(request)
+        if after_pass is not None:
+            after_pass(exact)
+    else:
+        exact = dict(exact)  # the post-processing pops them
     if before_noise is not None:
         before_noise()
     ops = _operators(plan, sketch_seed)

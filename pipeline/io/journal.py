@@ -8,9 +8,16 @@ it) and continues with the first missing one; even a release lost just before
 it was recorded re-materialises with the same noise, because the key is kept
 (spec power-pca 4.9).
 
-The journal holds the noise key: it is inside the trusted zone, like the data.
-It is a directory with mode 0700 and files with mode 0600, and the job deletes
-it once its release is published.
+A one-pass factorization (``dplr factorize``) journals instead the *exact*
+(noise-free) sketches of its single pass, its noise key and sketch seed, and a
+marker once the ledger is charged: a rerun skips the pass, draws the same noise
+and does not charge again (:meth:`FileJournal.record_sketches`,
+:meth:`FileJournal.load_sketches`, :meth:`FileJournal.mark_charged`).
+
+The journal holds the noise key (and may hold exact sketches, which are as
+sensitive as the data): it is inside the trusted zone, like the data. It is a
+directory with mode 0700 and files with mode 0600 (subdirectories 0700), and
+the job deletes it once its release is published.
 """
 
 from __future__ import annotations
@@ -22,19 +29,69 @@ import json
 import os
 import shutil
 import tempfile
+import uuid
 from typing import Any
 
+import dask.array as da
 import numpy as np
+import zarr
+from zarr.codecs import Crc32cCodec
 
 from pipeline._types import FloatArray
 from pipeline.errors import StoreLayoutError
 from pipeline.mechanisms.noise import NoiseKey
 
-__all__ = ["FileJournal", "PendingJournal", "default_journal_path", "input_fingerprint"]
+__all__ = [
+    "FileJournal",
+    "JournalMismatchError",
+    "PendingJournal",
+    "array_fingerprint",
+    "default_journal_path",
+    "input_fingerprint",
+]
 
 JOURNAL_FORMAT = "dplr-journal/1"
 _DIR_MODE = 0o700
 _FILE_MODE = 0o600
+#: Commit marker of the exact sketches of a one-pass job (written last).
+_SKETCHES_FILE = "sketches.json"
+#: Marker written once the ledger holds the job's charge.
+_CHARGED_FILE = "charged.json"
+
+
+class JournalMismatchError(StoreLayoutError):
+    """A journal at the path belongs to another job or input.
+
+    Attributes
+    ----------
+    path : str
+        The journal directory.
+    differences : list of str
+        Header fields that differ (e.g. ``"parameters"``, ``"input_fingerprint"``).
+    release_id : str or None
+        The release id of the interrupted job (to look it up in a ledger).
+    ledger : str or None
+        The ledger that job charges, when its journal says.
+    charged : dict or None
+        That job's charge marker (:meth:`FileJournal.charged`), if written.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str,
+        differences: list[str],
+        release_id: str | None,
+        ledger: str | None = None,
+        charged: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.path = path
+        self.differences = differences
+        self.release_id = release_id
+        self.ledger = ledger
+        self.charged = charged
 
 
 def default_journal_path(out: str | os.PathLike[str]) -> str:
@@ -63,6 +120,18 @@ def input_fingerprint(path: str | None) -> str | None:
     return h.hexdigest()
 
 
+def array_fingerprint(array: np.ndarray) -> str:
+    """SHA-256 of an in-memory array's dtype, shape and bytes.
+
+    The in-memory counterpart of :func:`input_fingerprint` (which needs a path).
+    It is a digest of the data: it belongs to the trusted zone, like the journal.
+    """
+    a = np.ascontiguousarray(array)
+    h = hashlib.sha256(f"{a.dtype.str}\0{a.shape}\n".encode())
+    h.update(memoryview(a).cast("B"))
+    return h.hexdigest()
+
+
 def _fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -88,6 +157,21 @@ def _write_bytes(path: str, data: bytes) -> None:
     _fsync_dir(directory)
 
 
+def _make_private(root: str) -> None:
+    """Directories 0700, files 0600 under ``root`` (written by workers), fsynced."""
+    for dirpath, _, files in os.walk(root):
+        os.chmod(dirpath, _DIR_MODE)
+        for f in files:
+            p = os.path.join(dirpath, f)
+            os.chmod(p, _FILE_MODE)
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(dirpath)
+
+
 def _label_file(label: str) -> str:
     if not label or not all(ch.isalnum() or ch in "-_" for ch in label):
         raise ValueError(f"journal labels are alphanumeric, got {label!r}.")
@@ -100,10 +184,17 @@ class FileJournal:
     Use :meth:`open` to create one or to resume from one.
     """
 
-    def __init__(self, path: str, header: dict[str, Any], key: NoiseKey | None) -> None:
+    def __init__(
+        self,
+        path: str,
+        header: dict[str, Any],
+        key: NoiseKey | None,
+        sketch_seed: int | None = None,
+    ) -> None:
         self.path = path
         self.header = header
         self.noise_key = key
+        self.sketch_seed = sketch_seed
         self.resumed = False
 
     @classmethod
@@ -142,23 +233,30 @@ class FileJournal:
 
     @classmethod
     def find(
-        cls, path: str | os.PathLike[str], header: dict[str, Any]
+        cls,
+        path: str | os.PathLike[str],
+        header: dict[str, Any],
+        *,
+        strict: bool = False,
     ) -> FileJournal | None:
         """The journal of an interrupted run of this job, or None; writes nothing.
 
         A journal of another job that recorded no release yet is ignored (it
-        will be replaced); one that recorded releases is refused.
+        will be replaced) unless ``strict``; one that recorded releases is
+        refused.
 
         Raises
         ------
+        JournalMismatchError
+            The journal belongs to another job or input.
         StoreLayoutError
-            The journal belongs to another job or input, or is damaged.
+            The journal is damaged.
         """
         p = os.path.abspath(os.fspath(path))
         head = os.path.join(p, "header.json")
         if not os.path.exists(head):
             return None
-        return cls._resume(p, head, header, strict=False)
+        return cls._resume(p, head, header, strict=strict)
 
     @classmethod
     def create(
@@ -167,21 +265,28 @@ class FileJournal:
         header: dict[str, Any],
         *,
         noise_key: NoiseKey | None,
+        sketch_seed: int | None = None,
     ) -> FileJournal:
-        """Start a new journal (replacing one that recorded nothing)."""
+        """Start a new journal (replacing one that recorded nothing).
+
+        ``sketch_seed`` (secret unless the user chose it) is kept for jobs whose
+        post-processing regenerates the sketch operators after a resume.
+        """
         p = os.path.abspath(os.fspath(path))
         os.makedirs(p, mode=_DIR_MODE, exist_ok=True)
         os.chmod(p, _DIR_MODE)
-        record = {
+        record: dict[str, Any] = {
             "format": JOURNAL_FORMAT,
             "job": header,
             "noise_key": None if noise_key is None else noise_key.secret.hex(),
             "insecure": bool(noise_key is not None and noise_key.insecure),
         }
+        if sketch_seed is not None:
+            record["sketch_seed"] = format(int(sketch_seed), "x")
         _write_bytes(
             os.path.join(p, "header.json"), json.dumps(record, indent=2).encode()
         )
-        return cls(p, header, noise_key)
+        return cls(p, header, noise_key, sketch_seed)
 
     @classmethod
     def _resume(
@@ -208,11 +313,16 @@ class FileJournal:
             return None  # nothing was released yet: a new job may take the place
         if old != new:
             diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-            raise StoreLayoutError(
+            raise JournalMismatchError(
                 f"an interrupted job's release journal exists at {p!r} with different "
                 f"{', '.join(diff)}; rerun that job with the same parameters and input to "
                 "finish it (its releases are already charged), or remove the journal to "
-                "abandon it."
+                "abandon it.",
+                path=p,
+                differences=diff,
+                release_id=None if old_id is None else str(old_id),
+                ledger=None if old.get("ledger") is None else str(old["ledger"]),
+                charged=cls(p, {}, None).charged(),
             )
         hexkey = record.get("noise_key")
         key = (
@@ -220,9 +330,10 @@ class FileJournal:
             if hexkey is None
             else NoiseKey(bytes.fromhex(hexkey), insecure=bool(record.get("insecure")))
         )
+        seed_hex = record.get("sketch_seed")
         job = dict(header)
         job["release_id"] = old_id
-        journal = cls(p, job, key)
+        journal = cls(p, job, key, None if seed_hex is None else int(seed_hex, 16))
         journal.resumed = True
         return journal
 
@@ -250,8 +361,11 @@ class FileJournal:
         return np.load(io.BytesIO(raw), allow_pickle=False)  # type: ignore[no-any-return]
 
     def record(self, label: str, value: FloatArray) -> None:
+        self._save(label, np.asarray(value, dtype=np.float64))
+
+    def _save(self, label: str, value: np.ndarray) -> None:
         buf = io.BytesIO()
-        np.save(buf, np.asarray(value, dtype=np.float64), allow_pickle=False)
+        np.save(buf, value, allow_pickle=False)
         raw = buf.getvalue()
         f = os.path.join(self.path, _label_file(label))
         # checksum first: a value file without a matching checksum is never trusted
@@ -261,6 +375,147 @@ class FileJournal:
     def labels(self) -> list[str]:
         """Labels recorded so far."""
         return sorted(f[:-4] for f in os.listdir(self.path) if f.endswith(".npy"))
+
+    # -- the exact sketches of a one-pass job ------------------------------------
+    def record_sketches(self, sketches: dict[str, Any], *, client: Any = None) -> None:
+        """Write the exact (noise-free) sketches of a pass, then commit them.
+
+        numpy arrays (and dtypes) are kept as checksummed ``.npy`` files; dask
+        arrays -- tall sketches that stay distributed -- are written chunk by
+        chunk by the workers to a Zarr array ``exact-<name>.zarr`` (CRC32C
+        checksum per chunk) under a temporary name, made private (0700/0600),
+        then renamed into place. The manifest ``sketches.json`` is written last:
+        :meth:`load_sketches` sees all of them or none.
+
+        Parameters
+        ----------
+        sketches : dict of str to array
+            Name -> numpy array or 2-D dask array.
+        client : distributed.Client or None
+            Runs the writes of dask arrays (None: the default scheduler).
+        """
+        manifest: dict[str, Any] = {}
+        for name, value in sketches.items():
+            label = f"exact-{name}"
+            if isinstance(value, da.Array):
+                manifest[name] = self._write_tall(label, value, client)
+            else:
+                arr = np.asarray(value)
+                self._save(label, arr)
+                manifest[name] = {
+                    "kind": "npy",
+                    "label": label,
+                    "shape": list(arr.shape),
+                    "dtype": arr.dtype.str,
+                }
+        _write_bytes(
+            os.path.join(self.path, _SKETCHES_FILE),
+            json.dumps({"sketches": manifest}, indent=2).encode(),
+        )
+
+    def _write_tall(self, label: str, Y: da.Array, client: Any) -> dict[str, Any]:
+        rows = int(max(Y.chunks[0]))
+        final = os.path.join(self.path, f"{label}.zarr")
+        tmp = os.path.join(self.path, f".tmp-{label}-{uuid.uuid4().hex}.zarr")
+        try:
+            z = zarr.create_array(
+                store=tmp,
+                shape=Y.shape,
+                chunks=(rows, int(Y.shape[1])),
+                dtype=Y.dtype,
+                compressors=[Crc32cCodec()],
+                zarr_format=3,
+            )
+            # dask chunks equal the zarr chunks (no two tasks write one chunk); the
+            # rechunk is the identity unless the row chunks are irregular
+            stored = da.store(Y.rechunk({0: rows, 1: -1}), z, lock=False, compute=False)
+            if client is not None:
+                client.compute(stored, sync=True)
+            else:
+                stored.compute()
+            _make_private(tmp)
+            if os.path.lexists(final):
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+            _fsync_dir(self.path)
+        finally:
+            if os.path.exists(tmp):
+                shutil.rmtree(tmp, ignore_errors=True)
+        return {
+            "kind": "zarr",
+            "label": label,
+            "shape": [int(x) for x in Y.shape],
+            "dtype": np.dtype(Y.dtype).str,
+            # read back with the chunks of the pass: the post-processing (TSQR)
+            # then sees the same blocks, and gives the same bits
+            "chunks": [[int(c) for c in dim] for dim in Y.chunks],
+        }
+
+    def load_sketches(self) -> dict[str, Any] | None:
+        """The committed exact sketches (numpy or lazy dask arrays), or None.
+
+        Raises
+        ------
+        StoreLayoutError
+            The manifest or a sketch is damaged (a failed checksum included).
+        """
+        f = os.path.join(self.path, _SKETCHES_FILE)
+        if not os.path.exists(f):
+            return None
+        try:
+            with open(f, encoding="utf-8") as fh:
+                manifest = dict(json.load(fh)["sketches"])
+        except (OSError, ValueError, KeyError, TypeError):
+            raise StoreLayoutError(
+                f"the sketch manifest of the journal at {self.path!r} is damaged."
+            ) from None
+        out: dict[str, Any] = {}
+        for name, entry in manifest.items():
+            value: Any
+            if entry.get("kind") == "npy":
+                value = self.load(str(entry["label"]))
+            else:
+                where = os.path.join(self.path, f"{entry['label']}.zarr")
+                try:
+                    z = zarr.open_array(store=where, mode="r")
+                except Exception:  # noqa: BLE001 - zarr raises many types for a missing array
+                    raise StoreLayoutError(
+                        f"sketch {name!r} in the journal at {self.path!r} is missing or "
+                        "damaged; the job cannot resume safely."
+                    ) from None
+                value = da.from_zarr(z, chunks=tuple(tuple(c) for c in entry["chunks"]))
+            if (
+                value is None
+                or list(value.shape) != list(entry["shape"])
+                or np.dtype(value.dtype).str != entry["dtype"]
+            ):
+                raise StoreLayoutError(
+                    f"sketch {name!r} in the journal at {self.path!r} is missing or "
+                    "does not match its manifest; the job cannot resume safely."
+                )
+            out[name] = value
+        return out
+
+    # -- the ledger charge ------------------------------------------------------
+    def mark_charged(self, ledger: str | None) -> None:
+        """Record that the ledger ``ledger`` holds this job's charge."""
+        _write_bytes(
+            os.path.join(self.path, _CHARGED_FILE),
+            json.dumps({"release_id": self.release_id, "ledger": ledger}).encode(),
+        )
+
+    def charged(self) -> dict[str, Any] | None:
+        """The charge marker (``release_id``, ``ledger``), or None if not charged."""
+        f = os.path.join(self.path, _CHARGED_FILE)
+        if not os.path.exists(f):
+            return None
+        try:
+            with open(f, encoding="utf-8") as fh:
+                return dict(json.load(fh))
+        except (OSError, ValueError, TypeError):
+            raise StoreLayoutError(
+                f"the charge marker of the journal at {self.path!r} is damaged."
+            ) from None
 
     def remove(self) -> None:
         """Delete the journal (after the release is published)."""
