@@ -12,6 +12,8 @@ from __future__ import annotations
 __all__ = [
     "BudgetExceededError",
     "ClusterMismatchError",
+    "EpochError",
+    "HorizonExceededError",
     "InvalidParameterError",
     "NonFiniteInputError",
     "NumericalWarning",
@@ -19,6 +21,7 @@ __all__ = [
     "PipelineError",
     "PipelineWarning",
     "PrivacyConfigError",
+    "PrivacyUnitError",
     "SchedulerUnavailableError",
     "StoreLayoutError",
 ]
@@ -34,6 +37,14 @@ class InvalidParameterError(PipelineError, ValueError):
 
 class PrivacyConfigError(InvalidParameterError):
     """A privacy parameter (epsilon, delta, clip norm, unit) is invalid."""
+
+
+class PrivacyUnitError(InvalidParameterError):
+    """An entity's updates contradict the declared privacy unit (e.g. two rows)."""
+
+
+class EpochError(InvalidParameterError):
+    """An epoch is out of order: already released, or not the next one."""
 
 
 class StoreLayoutError(PipelineError, ValueError):
@@ -69,3 +80,11 @@ class NumericalWarning(PipelineWarning):
 
 class PerformanceWarning(PipelineWarning):
     """A choice of layout or size will make the job slower than it needs to be."""
+
+
+class HorizonExceededError(BudgetExceededError):
+    """An epoch lies beyond the stream's declared horizon (exit code 3).
+
+    The stream's budget was calibrated for ``horizon`` epochs; releasing more
+    would need more budget, so it is refused like an exhausted budget.
+    """

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import dask.array as da
@@ -79,6 +80,7 @@ def write_release(
     *,
     overwrite: bool,
     client: Any = None,
+    before_publish: Callable[[], None] | None = None,
 ) -> str:
     """Write ``U``, ``S``, ``V`` and ``attrs["report"]`` to the Zarr v3 group ``out``.
 
@@ -90,6 +92,7 @@ def write_release(
         result.report,
         overwrite=overwrite,
         client=client,
+        before_publish=before_publish,
     )
 
 
@@ -100,12 +103,14 @@ def write_group(
     *,
     overwrite: bool,
     client: Any = None,
+    before_publish: Callable[[], None] | None = None,
 ) -> str:
     """Write ``arrays`` and ``attrs["report"]`` to the Zarr v3 group ``out``.
 
     Everything goes to a hidden temporary group beside ``out``, which is renamed
     into place last (atomic on POSIX); a crash leaves at most a hidden directory,
-    never a group at ``out`` that looks complete.
+    never a group at ``out`` that looks complete. ``before_publish`` is called
+    when the temporary group is complete, just before the rename.
     """
     out = os.fspath(out)
     parent, base = os.path.split(os.path.abspath(out))
@@ -117,6 +122,8 @@ def write_group(
         # round-trip through json so a non-serialisable report fails here, not later
         group.attrs["report"] = json.loads(json.dumps(report))
         _fsync_tree(tmp)
+        if before_publish is not None:
+            before_publish()
         if os.path.lexists(out):
             if not overwrite:
                 raise StoreLayoutError(

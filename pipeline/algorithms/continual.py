@@ -1,0 +1,464 @@
+"""Turnstile streams and continual release by the binary-tree mechanism.
+
+Problem. A matrix ``A`` (n_rows x n_cols) starts at zero and changes by batches of
+updates ``(i, j, s)`` over epochs ``tau = 1..T``; after every epoch, release a
+differentially private rank-k factorization of the current ``A(tau)`` without
+re-reading the past and without paying the budget T times.
+
+Method.
+
+* Every sketch of Spectral-LRF (``X Phi``, ``S X``) and Low-Space-LRF
+  (``X Phi_c``, ``Psi X``, ``S X T``) is linear in the data, so a batch ``D`` is
+  folded into the sketches by regenerating only the operator rows its cells touch
+  [spec sketch-lrf 6.4]: ``Y[I] += D Phi[J]``, ``Z[:, J] += (D^T S^T[I])^T``, ...
+  The order, grouping and splitting of batches do not matter.
+* The binary-tree mechanism [DNPR10, CSS11], as corrected by spec 3.4: epoch
+  ``tau``'s exact sketch ``d`` is merged into the p-sum of level
+  ``l = lowest set bit of tau`` together with all lower levels; a released
+  sketch is ``sum over the set bits j of tau`` of ``alpha_j + noise(j, tau >> j)``,
+  whose noise has variance ``popcount(tau) sigma^2``. Node noise is keyed by
+  (stream key, statistic, level, node), so a retried release regenerates it
+  exactly and the noisy p-sums need not be stored.
+* The whole tree is calibrated as one Gaussian mechanism with ``L =
+  floor(log2 T) + 1`` levels: ``sigma_i = Delta_F Delta_i s sqrt(L / w_i)``
+  [spec 4.5]. The stream is charged its (epsilon, delta) once, whatever the
+  number of releases.
+
+Privacy. (epsilon, delta)-DP for streams that differ in one entity, under the
+continual relation ``sum_tau ||D_tau - D'_tau||_F <= Delta_F`` [spec 1.4],
+which per-entity clipping with a budget across epochs enforces
+(:mod:`pipeline.mechanisms.entities`). Continual Low-Space-LRF is offered
+unpadded only: shared padding would cancel between nodes [spec 3.4, P7].
+
+References
+----------
+.. [Upa18] J. Upadhyay, "The price of privacy for low-rank factorization",
+   NeurIPS 2018 (seed paper), Fig. 3; corrected by spec sketch-lrf.md.
+.. [DNPR10] Dwork, Naor, Pitassi, Rothblum. Differential privacy under
+   continual observation. STOC 2010.
+.. [CSS11] Chan, Shi, Song. Private and continual release of statistics.
+   ACM TISSEC 14(3), 2011.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+from pipeline._types import FloatArray, IntArray
+from pipeline._validation import check_int_in_range
+from pipeline.accounting.calibration import calibrate_release
+from pipeline.algorithms.base import ArraySource, Factorization
+from pipeline.algorithms.lrf import (
+    Algorithm,
+    LrfParams,
+    LrfPlan,
+    _low_space_post,
+    _operators,
+    _requests,
+    _spectral_post,
+    plan_lrf,
+)
+from pipeline.errors import EpochError, HorizonExceededError, InvalidParameterError
+from pipeline.mechanisms.noise import GaussianNoise, NoiseCode, NoiseKey
+from pipeline.sketches.gaussian import GaussianOperator
+
+__all__ = [
+    "SketchDelta",
+    "StreamPlan",
+    "advance_tree",
+    "apply_delta",
+    "empty_sketches",
+    "lowest_set_bit",
+    "noisy_sketches",
+    "partition_cells",
+    "plan_stream",
+    "release_factorization",
+    "sketch_cells",
+    "tree_levels",
+    "tree_nodes",
+]
+
+# noise stream of each statistic (the codes of one-shot releases, under a stream
+# key that is used for nothing else)
+_NOISE_CODES = {
+    Algorithm.SPECTRAL: {"Y": NoiseCode.Y, "Z": NoiseCode.Z},
+    Algorithm.LOW_SPACE: {"Yc": NoiseCode.Y_C, "Yr": NoiseCode.Y_R, "Z": NoiseCode.Z_CORE},
+}
+
+
+def tree_levels(horizon: int) -> int:
+    """``L = floor(log2 T) + 1``: levels of the binary tree over T epochs [spec 3.4, S1].
+
+    Examples
+    --------
+    >>> [tree_levels(t) for t in (1, 2, 3, 4, 63, 64)]
+    [1, 2, 2, 3, 6, 7]
+    """
+    return int(check_int_in_range(horizon, "horizon", 1)).bit_length()
+
+
+def lowest_set_bit(tau: int) -> int:
+    """Index of the lowest set bit of ``tau >= 1`` (the level epoch tau closes)."""
+    return (tau & -tau).bit_length() - 1
+
+
+def tree_nodes(tau: int) -> list[tuple[int, int]]:
+    """The (level, node) pairs whose p-sums make up ``A(tau)``.
+
+    Level j holds node ``tau >> j`` (epochs ``((tau >> j) - 1) 2^j + 1`` to
+    ``(tau >> j) 2^j``) whenever bit j of tau is set.
+
+    Examples
+    --------
+    >>> tree_nodes(6)
+    [(1, 3), (2, 1)]
+    """
+    return [(j, tau >> j) for j in range(tau.bit_length()) if (tau >> j) & 1]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StreamPlan:
+    """Public plan of a stream: shapes, sizes, orientation, tree and calibration.
+
+    ``lrf`` is the plan of one release of the same shape and sizes, whose
+    calibration covers the whole tree (``tree_levels = L``).
+    """
+
+    lrf: LrfPlan
+    horizon: int
+    levels: int
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Names of the stream's sketches."""
+        if self.lrf.params.algorithm is Algorithm.SPECTRAL:
+            return ("Y", "Z")
+        return ("Yc", "Yr", "Z")
+
+    @property
+    def tall(self) -> tuple[str, ...]:
+        """Sketches ``X G`` of shape (M, t), indexed by the rows of X."""
+        return ("Y",) if self.lrf.params.algorithm is Algorithm.SPECTRAL else ("Yc",)
+
+    @property
+    def wide(self) -> tuple[str, ...]:
+        """Sketches of shape (d, N), stored transposed as (N, d): indexed by the columns of X."""
+        return ("Z",) if self.lrf.params.algorithm is Algorithm.SPECTRAL else ("Yr",)
+
+    @property
+    def core(self) -> tuple[str, ...]:
+        """Small two-sided sketches (v, v)."""
+        return () if self.lrf.params.algorithm is Algorithm.SPECTRAL else ("Z",)
+
+    def shapes(self) -> dict[str, tuple[int, int]]:
+        """Shape of each exact sketch as stored: indexed by its data axis.
+
+        The wide sketches ``S X`` (v x N) and ``Psi X`` (t x N) are stored
+        transposed, so that a batch updates whole rows (contiguous memory) and
+        their noise is tiled the same way as in one-shot releases.
+        """
+        M, N = self.lrf.oriented_shape
+        t, v = self.lrf.t, self.lrf.v
+        if self.lrf.params.algorithm is Algorithm.SPECTRAL:
+            return {"Y": (M, t), "Z": (N, v)}
+        return {"Yc": (M, t), "Yr": (N, t), "Z": (v, v)}
+
+    def check_epoch(self, epoch: int) -> int:
+        """Validate ``1 <= epoch <= horizon``.
+
+        Raises
+        ------
+        EpochError
+            If ``epoch < 1`` or not an integer.
+        HorizonExceededError
+            If ``epoch > horizon`` (exit code 3: the budget covers T epochs).
+        """
+        if isinstance(epoch, bool) or not isinstance(epoch, int | np.integer) or epoch < 1:
+            raise EpochError(f"epoch must be an integer >= 1, got epoch={epoch!r}.")
+        if epoch > self.horizon:
+            raise HorizonExceededError(
+                f"epoch {int(epoch)} is beyond the stream's horizon of {self.horizon} "
+                "epochs; its budget was calibrated for the horizon. Start a new stream "
+                "(with its own budget) to continue."
+            )
+        return int(epoch)
+
+
+def plan_stream(params: LrfParams, shape: tuple[int, int], horizon: int) -> StreamPlan:
+    """Validate a stream's public parameters and calibrate its tree.
+
+    Parameters
+    ----------
+    params : LrfParams
+        Algorithm, rank, sizes, budget of the *whole stream*, clip norm and
+        neighbouring relation (``clip.unit`` is not used: streams clip per entity).
+    shape : (n_rows, n_cols)
+        Public shape of the matrix.
+    horizon : int
+        ``T >= 1``, the number of epochs the budget covers.
+
+    Returns
+    -------
+    StreamPlan
+
+    Raises
+    ------
+    InvalidParameterError
+        For a padded Low-Space stream [spec 3.4, P7] or inconsistent sizes.
+
+    Notes
+    -----
+    Privacy. One Gaussian mechanism over every node of the tree:
+    ``sigma_i = Delta_F Delta_i s sqrt(L / w_i)`` [spec 4.5].
+
+    Examples
+    --------
+    >>> p = plan_stream(LrfParams(algorithm=Algorithm.SPECTRAL, rank=2, epsilon=1.0,
+    ...                           delta=1e-6), (500, 300), horizon=64)
+    >>> p.levels, p.lrf.calibration.tree_levels
+    (7, 7)
+    """
+    if params.padded:
+        raise InvalidParameterError(
+            "padded=True is not offered for streams: padding shared by tree nodes "
+            "would cancel between them (spec sketch-lrf 3.4); use the unpadded mode."
+        )
+    levels = tree_levels(horizon)
+    one = plan_lrf(params, shape)
+    if one.calibration is None:
+        return StreamPlan(lrf=one, horizon=int(horizon), levels=levels)
+    M, N = one.oriented_shape
+    cal = calibrate_release(
+        _requests(params.algorithm, M, N, one.t, one.v),
+        epsilon=one.calibration.epsilon,
+        delta=one.calibration.delta,
+        frobenius_bound=one.calibration.frobenius_bound,
+        n_sketch_matrices=one.calibration.n_sketch_matrices,
+        tree_levels=levels,
+        delta_jl_fraction=params.delta_jl_fraction,
+    )
+    cal.check()
+    return StreamPlan(lrf=dataclasses.replace(one, calibration=cal), horizon=int(horizon), levels=levels)
+
+
+def operators(plan: StreamPlan, sketch_seed: int) -> dict[str, GaussianOperator]:
+    """The stream's sketch operators (the same as a one-shot release's)."""
+    return _operators(plan.lrf, sketch_seed)
+
+
+def empty_sketches(plan: StreamPlan) -> dict[str, FloatArray]:
+    """Zero exact sketches: the state of an empty matrix."""
+    return {name: np.zeros(shape) for name, shape in plan.shapes().items()}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SketchDelta:
+    """The contribution of some cells to every sketch, in compact form.
+
+    ``row_index`` / ``row_blocks[name]`` (|I| x t) update rows of the tall
+    sketches; ``col_index`` / ``col_blocks[name]`` (|J| x d) update rows of the
+    wide ones (stored transposed); ``core[name]`` is a full small sketch. All as
+    sensitive as the data.
+    """
+
+    row_index: IntArray
+    row_blocks: dict[str, FloatArray]
+    col_index: IntArray
+    col_blocks: dict[str, FloatArray]
+    core: dict[str, FloatArray]
+
+    def __repr__(self) -> str:
+        return "SketchDelta(<private>)"
+
+
+def partition_cells(rows: IntArray, cols: IntArray, vals: FloatArray, n_parts: int, tile_size: int) -> list[tuple[IntArray, IntArray, FloatArray]]:
+    """Split oriented cells sorted by row into up to ``n_parts`` row ranges.
+
+    Cuts fall on operator tile boundaries, so each tile of the row-indexed
+    operators is generated by one part only.
+    """
+    if rows.size == 0:
+        return []
+    n_parts = max(1, min(n_parts, rows.size))
+    tiles = rows // tile_size
+    targets = np.linspace(0, rows.size, n_parts + 1)[1:-1].astype(np.int64)
+    cuts = np.unique(np.searchsorted(tiles, tiles[targets], side="left")) if targets.size else np.zeros(0, np.int64)
+    cuts = cuts[(cuts > 0) & (cuts < rows.size)]
+    bounds = [0, *cuts.tolist(), rows.size]
+    return [(rows[a:b], cols[a:b], vals[a:b]) for a, b in itertools.pairwise(bounds) if b > a]
+
+
+def sketch_cells(
+    plan: StreamPlan,
+    ops: Mapping[str, GaussianOperator],
+    rows: IntArray,
+    cols: IntArray,
+    vals: FloatArray,
+) -> SketchDelta:
+    """Fold clipped cells of the oriented matrix X into every sketch [spec 6.4].
+
+    Parameters
+    ----------
+    plan : StreamPlan
+    ops : dict of GaussianOperator
+        From :func:`operators`.
+    rows, cols : ndarray of int64
+        Cells of ``X`` (``A`` or ``A.T`` per ``plan.lrf.transpose``); duplicates
+        allowed, they are summed.
+    vals : ndarray of float64
+
+    Returns
+    -------
+    SketchDelta
+
+    Notes
+    -----
+    Regenerates only the operator tiles the cells touch: cost
+    ``2 nnz (t + v)`` flops plus the touched tiles (Spectral), and
+    ``2 |I| v^2`` more for Low-Space's core sketch.
+    """
+    I, ii = np.unique(rows, return_inverse=True)
+    J, jj = np.unique(cols, return_inverse=True)
+    D = sp.csr_matrix((vals, (ii, jj)), shape=(I.size, J.size))  # duplicates summed
+    Dt = D.T.tocsr()
+    if plan.lrf.params.algorithm is Algorithm.SPECTRAL:
+        y = D @ ops["Phi"].rows(J)
+        z = Dt @ ops["S"].rows(I)  # (S X)^T restricted to columns J
+        return SketchDelta(row_index=I, row_blocks={"Y": y}, col_index=J, col_blocks={"Z": z}, core={})
+    yc = D @ ops["PhiC"].rows(J)
+    yr = Dt @ ops["Psi"].rows(I)
+    zc = ops["S"].rows(I).T @ (D @ ops["T"].rows(J))
+    return SketchDelta(row_index=I, row_blocks={"Yc": yc}, col_index=J, col_blocks={"Yr": yr}, core={"Z": zc})
+
+
+def apply_delta(sketches: dict[str, FloatArray], delta: SketchDelta) -> None:
+    """Add ``delta`` into ``sketches`` in place (indices are unique per delta)."""
+    for name, block in delta.row_blocks.items():
+        sketches[name][delta.row_index] += block
+    for name, block in delta.col_blocks.items():
+        sketches[name][delta.col_index] += block
+    for name, block in delta.core.items():
+        sketches[name] += block
+
+
+def advance_tree(
+    levels: dict[int, dict[str, FloatArray]],
+    last_epoch: int,
+    epoch_sketch: Mapping[str, FloatArray] | None,
+) -> dict[int, dict[str, FloatArray]]:
+    """Close epoch ``last_epoch + 1``: merge its exact sketch into the tree [spec 3.4, steps 2-3].
+
+    Parameters
+    ----------
+    levels : dict level -> exact p-sums
+        The non-empty p-sums after ``last_epoch`` (the set bits of it).
+    last_epoch : int
+        The last epoch closed (0 for a new stream).
+    epoch_sketch : dict or None
+        Exact sketch of the new epoch's batches (None: no update this epoch).
+
+    Returns
+    -------
+    dict level -> exact p-sums
+        After epoch ``tau = last_epoch + 1``: level ``l = lowest_set_bit(tau)``
+        holds ``d + sum_{j < l} alpha_j``, the lower levels are empty, so the
+        keys are exactly the set bits of tau.
+    """
+    tau = last_epoch + 1
+    ell = lowest_set_bit(tau)
+    merged: dict[str, FloatArray] | None = None
+    for j in range(ell):
+        part = levels.get(j)
+        if part is None:
+            continue
+        merged = {k: v.copy() for k, v in part.items()} if merged is None else {k: merged[k] + v for k, v in part.items()}
+    if epoch_sketch is not None:
+        merged = {k: np.array(v, dtype=np.float64) for k, v in epoch_sketch.items()} if merged is None else {k: merged[k] + epoch_sketch[k] for k in merged}
+    out = {j: v for j, v in levels.items() if j > ell}
+    if merged is not None:
+        out[ell] = merged
+    return out
+
+
+def node_noise(plan: StreamPlan, key: NoiseKey, name: str, level: int, node: int) -> FloatArray:
+    """The noise of statistic ``name`` at tree node (level, node), as stored.
+
+    Keyed by (stream key, statistic, level, node) [spec 3.4, step 4]: fresh for
+    every node, identical when regenerated.
+    """
+    cal = plan.lrf.calibration
+    if cal is None:
+        raise InvalidParameterError("a non-private stream has no noise.")
+    sigma = plan.lrf.sigma(name)
+    shape = plan.shapes()[name]
+    alg = plan.lrf.params.algorithm
+    sub = key.derive("tree", int(_NOISE_CODES[alg][name]), int(level), int(node))
+    g = GaussianNoise(key=sub, sigma=sigma, length=shape[0], dim=shape[1], tile_size=plan.lrf.params.tile_size)
+    return g.dense()
+
+
+def noisy_sketches(
+    plan: StreamPlan,
+    levels: Mapping[int, Mapping[str, FloatArray]],
+    epoch: int,
+    key: NoiseKey | None,
+) -> dict[str, FloatArray]:
+    """The released sketches of ``A(epoch)``: the p-sums of its set bits, each with its node's noise.
+
+    ``levels`` must be the tree right after closing ``epoch``.
+
+    Notes
+    -----
+    Privacy. Each p-sum gets its own node's noise once [spec 3.4, step 4-5]; the
+    result's noise has variance ``popcount(epoch) sigma_i^2`` per entry.
+    """
+    nodes = tree_nodes(epoch)
+    if set(levels) - {j for j, _ in nodes}:
+        raise EpochError(f"the tree does not hold the state of epoch {epoch}.")
+    out = {name: np.zeros(shape) for name, shape in plan.shapes().items()}
+    for j, q in nodes:
+        for name in out:
+            part = levels.get(j)
+            if part is not None:
+                out[name] += part[name]
+            if plan.lrf.calibration is not None:
+                if key is None:
+                    raise InvalidParameterError("a private stream needs its noise key.")
+                out[name] += node_noise(plan, key, name, j, q)
+    return out
+
+
+def release_factorization(plan: StreamPlan, sketches: Mapping[str, FloatArray], sketch_seed: int) -> Factorization:
+    """Factorize released (already noisy) sketches: pure post-processing [spec 3.4, step 6]."""
+    lrf = plan.lrf
+    ops = _operators(lrf, sketch_seed)
+    src = ArraySource(np.zeros((0, 0)))  # only its in-memory tall-matrix operations are used
+    exact = {name: (x.T if name in plan.wide else x) for name, x in sketches.items()}
+    post = _spectral_post if lrf.params.algorithm is Algorithm.SPECTRAL else _low_space_post
+    Ux, s, Vx = post(src, lrf, exact, ops, None)
+    U, V = (Vx, Ux) if lrf.transpose else (Ux, Vx)
+    return Factorization(U=U, S=s, V=V)
+
+
+def noise_std(plan: StreamPlan, epoch: int) -> dict[str, float]:
+    """Per-entry noise std of each released sketch at ``epoch``: ``sqrt(popcount) sigma``."""
+    cal = plan.lrf.calibration
+    if cal is None:
+        return {name: 0.0 for name in plan.names}
+    pc = int(epoch).bit_count()
+    return {name: math.sqrt(pc) * plan.lrf.sigma(name) for name in plan.names}
+
+
+def sum_deltas(plan: StreamPlan, deltas: Iterable[SketchDelta], into: dict[str, FloatArray] | None = None) -> dict[str, FloatArray]:
+    """Accumulate deltas into exact sketches (zero ones when ``into`` is None)."""
+    acc = empty_sketches(plan) if into is None else into
+    for d in deltas:
+        apply_delta(acc, d)
+    return acc

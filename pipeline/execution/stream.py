@@ -1,0 +1,95 @@
+"""Sketching a turnstile batch's partitions on Dask, with the sketch seed kept out of the graph.
+
+A clipped batch is split into row ranges (:func:`pipeline.algorithms.continual.partition_cells`);
+each range is one task that regenerates only the operator tiles its cells touch
+and returns its :class:`~pipeline.algorithms.continual.SketchDelta`. The client
+adds the deltas (they touch disjoint rows of the tall sketches).
+
+The sketch seed is confidential until release [spec sketch-lrf 4.6, item 4]. It
+never enters a task's arguments or key: it reaches the workers in a worker plugin
+registered under a random name for the duration of one ingest. The scheduler
+hands the plugin to every worker that joins, so a task retried on a replacement
+worker regenerates the same operators. Tasks name only the plugin.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from distributed import Client, WorkerPlugin, get_worker
+
+from pipeline._types import FloatArray, IntArray
+from pipeline.algorithms.continual import (
+    SketchDelta,
+    StreamPlan,
+    operators,
+    sketch_cells,
+)
+
+__all__ = ["sketch_partitions"]
+
+Part = tuple[IntArray, IntArray, FloatArray]
+
+
+class _SeedPlugin(WorkerPlugin):
+    """Holds one ingest's sketch seed on every worker; its repr shows no secret."""
+
+    def __init__(self, name: str, seed: int) -> None:
+        self.name = name
+        self._seed = seed
+
+    def __repr__(self) -> str:
+        return f"_SeedPlugin({self.name!r}, <redacted>)"
+
+    def setup(self, worker: Any) -> None:
+        worker._dplr_stream_seeds = getattr(worker, "_dplr_stream_seeds", {})
+        worker._dplr_stream_seeds[self.name] = self._seed
+
+    def teardown(self, worker: Any) -> None:
+        getattr(worker, "_dplr_stream_seeds", {}).pop(self.name, None)
+
+
+def _sketch_on_worker(plugin: str, plan: StreamPlan, part: Part) -> SketchDelta:
+    seed = get_worker()._dplr_stream_seeds[plugin]
+    return sketch_cells(plan, operators(plan, seed), *part)
+
+
+def sketch_partitions(
+    plan: StreamPlan,
+    sketch_seed: int,
+    parts: Sequence[Part],
+    client: Client | None = None,
+) -> list[SketchDelta]:
+    """The sketch deltas of ``parts``, on ``client``'s workers or in this process.
+
+    Parameters
+    ----------
+    plan : StreamPlan
+    sketch_seed : int
+        The stream's sketch seed (never put into a task).
+    parts : sequence of (rows, cols, vals)
+        Clipped cells of the oriented matrix, one row range each.
+    client : distributed.Client or None
+        None runs the parts here, one after the other: the kernels (Philox
+        generation, sparse products) hold the GIL, so threads would not help.
+
+    Returns
+    -------
+    list of SketchDelta, one per part, in order.
+    """
+    if client is None or len(parts) <= 1:
+        ops = operators(plan, sketch_seed)
+        return [sketch_cells(plan, ops, *p) for p in parts]
+    name = f"dplr-stream-{uuid.uuid4().hex}"
+    client.register_plugin(_SeedPlugin(name, sketch_seed), name=name)
+    try:
+        data = client.scatter(list(parts))
+        futures = [
+            client.submit(_sketch_on_worker, name, plan, d, key=f"dplr-stream-part-{uuid.uuid4().hex}", pure=False)
+            for d in data
+        ]
+        return list(client.gather(futures))
+    finally:
+        client.unregister_worker_plugin(name)

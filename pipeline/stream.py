@@ -1,0 +1,786 @@
+"""Turnstile streams with continual release: create, ingest, release, inspect.
+
+A stream is a matrix of public shape that changes by batches of updates
+``(entity, i, j, s)`` over epochs ``1..T`` (the horizon). Its state
+(:class:`pipeline.io.stream_state.StreamStore`) holds the exact sketches of the
+binary tree, the sketches of the batches of epochs not yet closed, and each
+entity's spent clipping budget. Every step is one atomic commit of the state:
+
+* :func:`stream_init` plans the stream, charges its whole (epsilon, delta) to
+  the ledger **once**, before any data exists, and creates the state with a fresh
+  secret sketch seed and noise key;
+* :func:`stream_ingest` validates a batch, clips it per entity against the
+  budgets left [spec sketch-lrf 1.3], sketches it (in parallel on Dask when a
+  client is given) and records its compact sketch under its epoch; a batch
+  already ingested, or for an epoch already closed, is refused;
+* :func:`stream_release` closes the epochs up to ``epoch`` (folding their
+  batches into the tree [spec 3.4]), adds each tree node's keyed noise and
+  publishes the factorization of ``A(epoch)`` atomically. A release is a pure
+  function of the committed state, so a rerun after a crash at any point
+  publishes byte-identical arrays and charges nothing.
+
+Privacy. The whole stream is one Gaussian mechanism calibrated over the tree's
+``L = floor(log2 T) + 1`` levels [spec 4.5], under the continual relation of
+spec 1.4, which per-entity clipping enforces. Errors, logs and progress never
+show data values, counts of clipped entities or norms.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import math
+import os
+import secrets
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pipeline._validation import check_float_in_interval, check_int_in_range
+from pipeline.accounting.ledger import Ledger, default_ledger_path
+from pipeline.algorithms.base import Factorization
+from pipeline.algorithms.continual import (
+    SketchDelta,
+    StreamPlan,
+    advance_tree,
+    noise_std,
+    noisy_sketches,
+    partition_cells,
+    plan_stream,
+    release_factorization,
+    tree_nodes,
+)
+from pipeline.algorithms.lrf import Algorithm, LrfParams, seed_fingerprint
+from pipeline.errors import EpochError, InvalidParameterError, StoreLayoutError
+from pipeline.mechanisms.clipping import ClipSpec, Neighboring, PrivacyUnit
+from pipeline.mechanisms.entities import EntityTable, StreamUnit, clip_updates, coalesce
+from pipeline.mechanisms.noise import NoiseKey
+
+__all__ = [
+    "DuplicateBatchError",
+    "StreamInfo",
+    "open_stream",
+    "stream_ingest",
+    "stream_init",
+    "stream_release",
+    "stream_status",
+]
+
+#: Environment variable naming a step at which the process kills itself with
+#: SIGKILL (fault injection for the crash-safety tests; unset in production).
+CRASH_ENV = "DPLR_CRASH_AT"
+
+
+class DuplicateBatchError(InvalidParameterError):
+    """The batch's content was already ingested into this stream."""
+
+
+def _crash_point(step: str) -> None:
+    if os.environ.get(CRASH_ENV) == step:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+
+
+def _enum(cls: Any, value: Any, name: str) -> Any:
+    try:
+        return value if isinstance(value, cls) else cls(value)
+    except ValueError:
+        allowed = ", ".join(repr(m.value) for m in cls)
+        raise InvalidParameterError(f"{name} must be one of {allowed}, got {name}={value!r}.") from None
+
+
+# -- the plan, rebuilt from the manifest's public parameters -------------------
+
+
+def _lrf_params(p: dict[str, Any]) -> LrfParams:
+    return LrfParams(
+        algorithm=Algorithm(p["algorithm"]),
+        rank=p["rank"],
+        sketch_size=p["sketch_size"],
+        core_size=p["core_size"],
+        private=p["private"],
+        epsilon=p["epsilon"],
+        delta=p["delta"],
+        # streams clip per entity (pipeline.mechanisms.entities); the full-matrix
+        # unit of LrfParams is not used, only the clip norm
+        clip=ClipSpec(unit=PrivacyUnit.ROW, clip_norm=p["clip_norm"]),
+        neighboring=Neighboring(p["neighboring"]),
+        delta_jl_fraction=p["delta_jl_fraction"],
+    )
+
+
+def _plan_of(manifest: dict[str, Any]) -> StreamPlan:
+    p = manifest["params"]
+    plan = plan_stream(_lrf_params(p), (p["n_rows"], p["n_cols"]), p["horizon"])
+    want = manifest["plan"]
+    if (plan.lrf.t, plan.lrf.v, plan.lrf.transpose, plan.levels) != (
+        want["sketch_size"], want["core_size"], want["transposed"], want["levels"]
+    ):
+        raise StoreLayoutError(
+            "the stream state's plan does not match what this dplr version derives "
+            "from its parameters; use the dplr version that created the stream."
+        )
+    return plan
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StreamInfo:
+    """Public summary of a stream (what ``dplr stream status`` prints)."""
+
+    path: str
+    stream_id: str
+    shape: tuple[int, int]
+    rank: int
+    algorithm: str
+    private: bool
+    horizon: int
+    levels: int
+    last_closed: int
+    released: tuple[int, ...]
+    pending_epochs: tuple[int, ...]
+    n_batches: int
+    epsilon: float | None
+    delta: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in self.__slots__}  # type: ignore[attr-defined]
+
+
+def _info(store: Any) -> StreamInfo:
+    m = store.manifest
+    p = m["params"]
+    return StreamInfo(
+        path=store.path,
+        stream_id=m["stream_id"],
+        shape=(p["n_rows"], p["n_cols"]),
+        rank=p["rank"],
+        algorithm=p["algorithm"],
+        private=p["private"],
+        horizon=p["horizon"],
+        levels=m["plan"]["levels"],
+        last_closed=m["last_closed"],
+        released=tuple(sorted(int(e) for e in m["releases"])),
+        pending_epochs=tuple(sorted(int(e) for e in m["pending"])),
+        n_batches=len(m["batches"]),
+        epsilon=p["epsilon"],
+        delta=p["delta"],
+    )
+
+
+def open_stream(state: str | os.PathLike[str]) -> Any:
+    """Open a stream state (a :class:`~pipeline.io.stream_state.StreamStore`)."""
+    from pipeline.io.stream_state import StreamStore
+
+    return StreamStore.open(state)
+
+
+def stream_status(state: str | os.PathLike[str]) -> StreamInfo:
+    """Public summary of the stream at ``state``."""
+    return _info(open_stream(state))
+
+
+# -- init -----------------------------------------------------------------------
+
+
+def stream_init(
+    state: str | os.PathLike[str],
+    *,
+    n_rows: int,
+    n_cols: int,
+    rank: int,
+    horizon: int,
+    epsilon: float | None = None,
+    delta: float | None = None,
+    algorithm: str = "spectral",
+    private: bool = True,
+    clip_norm: float = 1.0,
+    unit: str = "general",
+    neighboring: str = "add-remove",
+    sketch_size: int | None = None,
+    core_size: int | None = None,
+    ledger: str | os.PathLike[str] | None = None,
+    budget: tuple[float, float] | None = None,
+    seed: int | None = None,
+    insecure_noise_seed: int | None = None,
+) -> StreamInfo:
+    """Create a stream: plan it, charge its budget once, write its empty state.
+
+    Parameters
+    ----------
+    state : path
+        The state directory to create (must not exist).
+    n_rows, n_cols : int
+        Public shape, fixed from a public id space [spec 1.1].
+    rank : int
+        Target rank k of every release.
+    horizon : int
+        ``T``: the number of epochs the budget covers.
+    epsilon, delta : float
+        Budget of the **whole stream**, every release included.
+    algorithm : {"spectral", "low-space"}
+    private : bool
+        False: no clipping, no noise, no ledger (the linearity reference).
+    clip_norm : float
+        ``C``: each entity's contributions over the whole stream have total
+        Frobenius norm at most C.
+    unit : {"general", "row", "column", "entry"}
+        What one entity may touch [spec 1.3, rule 4].
+    neighboring : {"add-remove", "replace"}
+        ``Delta_F = C`` or ``2C``.
+    sketch_size, core_size : int or None
+        ``t``, ``v``; None takes the defaults of one-shot releases.
+    ledger : path or None
+        The privacy ledger charged; default ``<state>.dplr-ledger.json``.
+    budget : (epsilon, delta) or None
+        Lifetime budget of a ledger created here (default: the stream's own).
+    seed : int or None
+        Public sketch seed, for tests only (default: 128 secret bits).
+    insecure_noise_seed : int or None
+        Reproducible noise, for tests only: releases say NOT PRIVATE.
+
+    Returns
+    -------
+    StreamInfo
+
+    Raises
+    ------
+    InvalidParameterError, PrivacyConfigError
+        Bad parameters; nothing is created or charged.
+    BudgetExceededError
+        The ledger cannot afford the stream; nothing is created or charged.
+    StoreLayoutError
+        ``state`` exists.
+
+    Notes
+    -----
+    Privacy. Charges one Gaussian mechanism over the whole tree [spec 4.5];
+    releases are post-processing and are never charged again.
+    """
+    from pipeline.io.stream_state import StreamStore
+
+    alg = _enum(Algorithm, algorithm, "algorithm")
+    unit_e = _enum(StreamUnit, unit, "unit")
+    neigh = _enum(Neighboring, neighboring, "neighboring")
+    rank = check_int_in_range(rank, "rank", 1)
+    horizon = check_int_in_range(horizon, "horizon", 1)
+    if private:
+        from pipeline._validation import check_privacy_pair
+
+        eps, dlt = check_privacy_pair(epsilon, delta)
+    else:
+        if epsilon is not None or delta is not None:
+            raise InvalidParameterError("a non-private stream takes no epsilon or delta.")
+        eps = dlt = None
+    c = check_float_in_interval(clip_norm, "clip_norm", 0.0, math.inf, privacy=True)
+    m, n = check_int_in_range(n_rows, "n_rows", 1), check_int_in_range(n_cols, "n_cols", 1)
+    params = {
+        "n_rows": m, "n_cols": n, "rank": rank, "horizon": horizon,
+        "algorithm": alg.value, "private": bool(private), "epsilon": eps, "delta": dlt,
+        "clip_norm": c, "unit": unit_e.value, "neighboring": neigh.value,
+        "sketch_size": sketch_size, "core_size": core_size, "delta_jl_fraction": 0.5,
+    }
+    plan = plan_stream(_lrf_params(params), (m, n), horizon)  # validates sizes and calibrates
+    state = os.path.abspath(os.fspath(state))
+    if os.path.lexists(state):
+        raise StoreLayoutError(
+            f"stream state {state!r} already exists; a stream is created once (its "
+            "budget cannot be reset). Choose another path."
+        )
+    if seed is not None:
+        seed = check_int_in_range(seed, "seed", 0, 2**128 - 1)
+    sketch_seed = seed if seed is not None else secrets.randbits(128)
+    key = None
+    if private:
+        key = NoiseKey.insecure_from_seed(insecure_noise_seed) if insecure_noise_seed is not None else NoiseKey.fresh()
+    stream_id = uuid.uuid4().hex
+    cal = plan.lrf.calibration
+    ledger_doc = None
+    if cal is not None:
+        book = _stream_ledger(ledger, state, budget, (eps, dlt))
+        book.check(cal)  # refused here: nothing exists yet
+        ledger_doc = {"path": str(book.path), "release_id": f"stream-{stream_id}"}
+    manifest = {
+        "dplr_version": _version(),
+        "stream_id": stream_id,
+        "created": _now(),
+        "params": params,
+        "plan": {
+            "sketch_size": plan.lrf.t, "core_size": plan.lrf.v,
+            "transposed": plan.lrf.transpose, "levels": plan.levels,
+            "tile_size": plan.lrf.params.tile_size,
+            "calibration": None if cal is None else cal.to_dict(),
+        },
+        "sketch_seed_fingerprint": seed_fingerprint(sketch_seed),
+        "insecure_noise": insecure_noise_seed is not None,
+        "public_sketch_seed": seed is not None,
+        "ledger": ledger_doc,
+        "entity_kind": None,
+        "last_closed": 0,
+        "closed": {},
+        "pending": {},
+        "next_batch": 0,
+        "batches": [],
+        "releases": {},
+    }
+    if cal is not None:
+        # charged before the state exists: a crash in between forfeits budget,
+        # never spends it twice on one stream
+        book.charge(
+            cal,
+            release_id=ledger_doc["release_id"],  # type: ignore[index]
+            algorithm=f"continual-{alg.value}",
+            details={
+                "stream": state, "horizon": horizon, "tree_levels": plan.levels,
+                "rank": rank, "sketch_size": plan.lrf.t, "core_size": plan.lrf.v,
+                "noise_reproducible_not_private": insecure_noise_seed is not None,
+            },
+        )
+    store = StreamStore.create(state, manifest=manifest, sketch_seed=sketch_seed, noise_key=key)
+    return _info(store)
+
+
+def _stream_ledger(ledger: Any, state: str, budget: tuple[float, float] | None, own: tuple[float, float]) -> Ledger:
+    path = default_ledger_path(state) if ledger is None else os.fspath(ledger)
+    if os.path.exists(path):
+        if budget is not None:
+            raise InvalidParameterError(
+                f"the ledger {str(path)!r} exists with its own budget; drop budget."
+            )
+        return Ledger.open(path)
+    eps, dlt = budget if budget is not None else own
+    return Ledger.create(path, dataset=os.path.basename(state), epsilon=eps, delta=dlt)
+
+
+def _version() -> str:
+    from pipeline import __version__
+
+    return __version__
+
+
+# -- ingest ---------------------------------------------------------------------
+
+
+@contextmanager
+def _locked(state: Any, store: Any = None) -> Iterator[Any]:
+    if store is not None:  # the caller holds the lock (a nightly run)
+        yield store
+        return
+    st = open_stream(state)
+    with st.lock():
+        yield st
+
+
+def _entity_key(manifest: dict[str, Any]) -> bytes:
+    # keyed so that ids cannot be chosen to collide on purpose; a collision would
+    # only merge two entities' budgets (more clipping, never less privacy)
+    return hashlib.sha256(f"dplr-entity-ids:{manifest['stream_id']}".encode()).digest()[:16]
+
+
+def _load_entities(store: Any) -> EntityTable:
+    if not store.has("entities/keys"):
+        return EntityTable.empty()
+    return EntityTable(
+        keys=store.read("entities/keys"), spent=store.read("entities/spent"), anchor=store.read("entities/anchor")
+    )
+
+
+def batch_fingerprint(store: Any, path: str | os.PathLike[str]) -> str:
+    """Read and validate a batch for this stream; return its content fingerprint."""
+    from pipeline.io.batches import read_batch
+
+    m = store.manifest
+    p = m["params"]
+    return str(read_batch(path, shape=(p["n_rows"], p["n_cols"]), entity_key=_entity_key(m)).fingerprint())
+
+
+def stream_ingest(
+    state: str | os.PathLike[str],
+    batch: str | os.PathLike[str],
+    *,
+    epoch: int,
+    client: Any = None,
+    store: Any = None,
+) -> dict[str, Any]:
+    """Apply one batch of updates to epoch ``epoch`` of the stream.
+
+    Parameters
+    ----------
+    state : path
+        The stream state.
+    batch : path
+        A ``.parquet``, ``.csv``, ``.npz`` or ``.zarr`` batch with columns
+        ``entity, i, j, s`` (:func:`pipeline.io.batches.read_batch`).
+    epoch : int
+        The epoch the batch belongs to: after the last closed epoch, at most
+        the horizon.
+    client : distributed.Client or None
+        Sketch the batch's partitions on this cluster; None: in this process.
+    store : StreamStore or None
+        An already locked state (nightly runs); None locks ``state``.
+
+    Returns
+    -------
+    dict
+        ``fingerprint``, ``epoch``, ``batch`` (file name), ``seconds``: public
+        facts only (no counts of updates, entities or clipped entities).
+
+    Raises
+    ------
+    BatchError
+        The batch is unreadable or invalid; nothing changed.
+    EpochError
+        The epoch is already closed (released) or not a positive integer.
+    HorizonExceededError
+        The epoch is beyond the horizon (exit code 3).
+    DuplicateBatchError
+        The same content was already ingested.
+    PrivacyUnitError
+        An entity contradicts the stream's unit.
+    StateLockedError
+        Another process is writing the stream.
+    """
+    from pipeline.io.batches import read_batch
+
+    t0 = time.perf_counter()
+    with _locked(state, store) as st:
+        m = st.manifest
+        plan = _plan_of(m)
+        p = m["params"]
+        epoch = plan.check_epoch(epoch)
+        if epoch <= m["last_closed"]:
+            raise EpochError(
+                f"epoch {epoch} is already closed (the stream is released up to epoch "
+                f"{m['last_closed']}); a batch for it would rewrite a published release. "
+                f"Ingest it into epoch {m['last_closed'] + 1} or later."
+            )
+        b = read_batch(batch, shape=(p["n_rows"], p["n_cols"]), entity_key=_entity_key(m))
+        fp = b.fingerprint()
+        for rec in m["batches"]:
+            if rec["fingerprint"] == fp:
+                raise DuplicateBatchError(
+                    f"this batch's content was already ingested into epoch {rec['epoch']} "
+                    f"(as {rec['file']!r}); replaying it would count its updates twice. "
+                    "Nothing was applied."
+                )
+        if len(b) and m["entity_kind"] not in (None, b.entity_kind):
+            raise InvalidParameterError(
+                f"this stream's entity ids are of kind {m['entity_kind']!r}, the batch's "
+                f"are {b.entity_kind!r}; one stream keeps one kind of id."
+            )
+        arrays: dict[str, np.ndarray | None] = {}
+        if plan.lrf.calibration is not None:
+            clipped = clip_updates(
+                b.entity, b.i, b.j, b.s, table=_load_entities(st), unit=StreamUnit(p["unit"]),
+                clip_norm=p["clip_norm"], n_cols=p["n_cols"],
+            )
+            rows, cols, vals = clipped.rows, clipped.cols, clipped.vals
+            if clipped.table is not None and len(b):
+                arrays |= {
+                    "entities/keys": clipped.table.keys,
+                    "entities/spent": clipped.table.spent,
+                    "entities/anchor": clipped.table.anchor,
+                }
+        else:
+            rows, cols, vals = coalesce(b.i, b.j, b.s, p["n_cols"])
+        if plan.lrf.transpose:
+            rows, cols = cols, rows
+            order = np.argsort(rows, kind="stable")
+            rows, cols, vals = rows[order], cols[order], vals[order]
+        n_parts = 1 if client is None else 2 * max(1, len(client.scheduler_info().get("workers", {})))
+        parts = partition_cells(rows, cols, vals, n_parts, plan.lrf.params.tile_size)
+        from pipeline.execution.stream import sketch_partitions
+
+        seed, _ = st.secrets()
+        delta = _merge_deltas(plan, sketch_partitions(plan, seed, parts, client))
+        number = int(m["next_batch"])
+        prefix = f"pending/{epoch}/{number:06d}/"
+        arrays |= {prefix + k: v for k, v in _delta_arrays(delta).items()}
+        pending = dict(m["pending"])
+        pending[str(epoch)] = [*pending.get(str(epoch), []), number]
+        record = {"fingerprint": fp, "epoch": epoch, "file": os.path.basename(os.fspath(batch).rstrip("/")), "batch": number, "applied": _now()}
+        st.commit(
+            arrays=arrays,
+            changes={
+                "pending": pending,
+                "next_batch": number + 1,
+                "batches": [*m["batches"], record],
+                "entity_kind": m["entity_kind"] or (b.entity_kind if len(b) else None),
+            },
+        )
+        _crash_point("after-ingest")
+    return {"fingerprint": fp, "epoch": epoch, "batch": record["file"], "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def _merge_deltas(plan: StreamPlan, deltas: list[SketchDelta]) -> SketchDelta:
+    """One delta from the parts' deltas (row ranges are disjoint; columns may repeat)."""
+    if not deltas:
+        z = np.zeros(0, dtype=np.int64)
+        shapes = plan.shapes()
+        return SketchDelta(
+            row_index=z, row_blocks={n: np.zeros((0, shapes[n][1])) for n in plan.tall},
+            col_index=z.copy(), col_blocks={n: np.zeros((0, shapes[n][1])) for n in plan.wide},
+            core={n: np.zeros(shapes[n]) for n in plan.core},
+        )
+    if len(deltas) == 1:
+        return deltas[0]
+    rows = np.concatenate([d.row_index for d in deltas])
+    row_blocks = {n: np.concatenate([d.row_blocks[n] for d in deltas]) for n in deltas[0].row_blocks}
+    J, inv = np.unique(np.concatenate([d.col_index for d in deltas]), return_inverse=True)
+    col_blocks = {}
+    for n in deltas[0].col_blocks:
+        acc = np.zeros((J.size, deltas[0].col_blocks[n].shape[1]))
+        start = 0
+        for d in deltas:
+            k = d.col_index.size
+            acc[inv[start : start + k]] += d.col_blocks[n]  # unique within one part
+            start += k
+        col_blocks[n] = acc
+    core = {n: sum(d.core[n] for d in deltas) for n in deltas[0].core}
+    return SketchDelta(row_index=rows, row_blocks=row_blocks, col_index=J, col_blocks=col_blocks, core=core)  # type: ignore[arg-type]
+
+
+def _delta_arrays(d: SketchDelta) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {"rows": d.row_index, "cols": d.col_index}
+    out |= {f"row.{n}": v for n, v in d.row_blocks.items()}
+    out |= {f"col.{n}": v for n, v in d.col_blocks.items()}
+    out |= {f"core.{n}": v for n, v in d.core.items()}
+    return out
+
+
+def epoch_sketch(store: Any, plan: StreamPlan, epoch: int) -> dict[str, np.ndarray] | None:
+    """Exact sketch of the batches ingested into ``epoch`` (None if there are none).
+
+    As sensitive as the data: used to close the epoch, and by tests of linearity.
+    """
+    numbers = store.manifest["pending"].get(str(epoch), [])
+    if not numbers:
+        return None
+    acc = {n: np.zeros(s) for n, s in plan.shapes().items()}
+    for number in numbers:
+        prefix = f"pending/{epoch}/{number:06d}/"
+        rows, cols = store.read(prefix + "rows"), store.read(prefix + "cols")
+        for name, total in acc.items():
+            if name in plan.tall:
+                total[rows] += store.read(prefix + f"row.{name}")
+            elif name in plan.wide:
+                total[cols] += store.read(prefix + f"col.{name}")
+            else:
+                total += store.read(prefix + f"core.{name}")
+    return acc
+
+
+# -- release --------------------------------------------------------------------
+
+
+def _load_tree(store: Any, plan: StreamPlan) -> dict[int, dict[str, np.ndarray]]:
+    levels: dict[int, dict[str, np.ndarray]] = {}
+    for name in store.names("tree/"):
+        _, lvl, stat = name.split("/")
+        levels.setdefault(int(lvl), {})[stat] = store.read(name)
+    return levels
+
+
+def _close_epochs(store: Any, plan: StreamPlan, epoch: int) -> None:
+    """Fold the batches of epochs ``last_closed + 1 .. epoch`` into the tree; one commit."""
+    m = store.manifest
+    levels = _load_tree(store, plan)
+    before = {f"tree/{j}/{n}" for j, part in levels.items() for n in part}
+    closed = dict(m["closed"])
+    pending = dict(m["pending"])
+    arrays: dict[str, np.ndarray | None] = {}
+    for tau in range(m["last_closed"] + 1, epoch + 1):
+        levels = advance_tree(levels, tau - 1, epoch_sketch(store, plan, tau))
+        for number in pending.pop(str(tau), []):
+            for name in store.names(f"pending/{tau}/{number:06d}/"):
+                arrays[name] = None
+        closed[str(tau)] = _now()
+    after = {f"tree/{j}/{n}": v for j, part in levels.items() for n, v in part.items()}
+    arrays |= {name: None for name in before - set(after)}
+    arrays |= after
+    store.commit(arrays=arrays, changes={"last_closed": epoch, "closed": closed, "pending": pending})
+
+
+def _release_report(store: Any, plan: StreamPlan, epoch: int) -> dict[str, Any]:
+    """The release's report: a deterministic function of the committed state."""
+    m = store.manifest
+    p = m["params"]
+    cal = plan.lrf.calibration
+    insecure = bool(m["insecure_noise"])
+    report: dict[str, Any] = {
+        "format": "dplr-release/1",
+        "release_id": f"{m['stream_id']}-epoch-{epoch}",
+        "created": m["closed"][str(epoch)],
+        "private": cal is not None and not insecure,
+        "algorithm": f"continual-{p['algorithm']}",
+        "rank": p["rank"],
+        "shape": [p["n_rows"], p["n_cols"]],
+        "parameters": {
+            "sketch_size": plan.lrf.t, "core_size": plan.lrf.v,
+            "transposed": plan.lrf.transpose, "tile_size": plan.lrf.params.tile_size,
+        },
+        "stream": {
+            "stream_id": m["stream_id"], "epoch": epoch, "horizon": plan.horizon,
+            "tree_levels": plan.levels, "tree_nodes": [list(x) for x in tree_nodes(epoch)],
+            "noise_std": noise_std(plan, epoch),
+        },
+        "n_passes": 0,
+        "sketch_seed_fingerprint": m["sketch_seed_fingerprint"],
+        "versions": {"dplr": m["dplr_version"]},
+    }
+    if cal is None:
+        report |= {"mechanism": None, "epsilon": None, "delta": None,
+                   "note": "non-private stream: no clipping, no noise; NOT PRIVATE"}
+        return report
+    report |= {
+        "mechanism": (
+            "Gaussian binary-tree mechanism over all epochs, one joint mechanism over "
+            "every node and sketch (analytic calibration [BW18]); this release is "
+            "post-processing of the tree"
+        ),
+        "epsilon": cal.epsilon,
+        "delta": cal.delta,
+        "budget_scope": "the whole stream (every epoch's release together)",
+        "accountant": "analytic Gaussian mechanism; charged once to the ledger at stream creation",
+        "idealized_numerics": True,
+        "insecure_noise_seed": insecure,
+        "privacy_unit": p["unit"],
+        "neighboring": p["neighboring"],
+        "neighbour_relation": "continual: sum over epochs of ||D_tau - D'_tau||_F <= Delta_F",
+        "clip_norm": p["clip_norm"],
+        "calibration": cal.to_dict(),
+        "sketches": [
+            {"name": s.name, "shape": list(s.shape), "sensitivity": s.sensitivity,
+             "sigma": s.sigma, "weight": s.weight}
+            for s in cal.sketches
+        ],
+        "ledger": m["ledger"],
+    }
+    if insecure:
+        report["note"] = "noise drawn from a public seed (insecure_noise_seed): NOT PRIVATE"
+    return report
+
+
+def _release_digest(f: Factorization) -> str:
+    h = hashlib.sha256()
+    for x in (f.U, f.S, f.V):
+        a = np.ascontiguousarray(np.asarray(x, dtype=np.float64))
+        h.update(str(a.shape).encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def stream_release(
+    state: str | os.PathLike[str],
+    *,
+    epoch: int,
+    out: str | os.PathLike[str],
+    store: Any = None,
+) -> tuple[Factorization, bool]:
+    """Publish the factorization of ``A(epoch)`` to ``out``.
+
+    Closes the epochs after the last closed one up to ``epoch`` (their batches
+    go into the tree), draws each tree node's keyed noise, factorizes, and
+    writes ``out`` atomically.
+
+    Parameters
+    ----------
+    state : path
+    epoch : int
+        At least the last closed epoch, at most the horizon.
+    out : path
+        The Zarr v3 group to publish (must not exist, unless it is this very
+        release, published before a crash).
+    store : StreamStore or None
+        An already locked state (nightly runs).
+
+    Returns
+    -------
+    (Factorization, bool)
+        The release, and whether it was published now (False: it already was).
+
+    Raises
+    ------
+    EpochError
+        ``epoch`` was closed without a release (the tree no longer holds it),
+        or was released elsewhere.
+    HorizonExceededError
+        ``epoch`` is beyond the horizon (exit code 3).
+    StoreLayoutError
+        ``out`` exists and is not this release.
+
+    Notes
+    -----
+    Privacy. Post-processing of the tree's noisy p-sums, each noised exactly
+    once per node [spec 3.4, 6.3]; nothing is charged.
+    """
+    from pipeline.io.release import read_release, write_release
+
+    out = os.path.abspath(os.fspath(out))
+    with _locked(state, store) as st:
+        m = st.manifest
+        plan = _plan_of(m)
+        epoch = plan.check_epoch(epoch)
+        done = m["releases"].get(str(epoch))
+        if done is not None:
+            if done["out"] != out:
+                raise EpochError(
+                    f"epoch {epoch} was already released to {done['out']!r}; a release "
+                    "is published once. Read it from there."
+                )
+            if os.path.isdir(out):
+                return read_release(out), False
+            raise StoreLayoutError(
+                f"epoch {epoch} was released to {out!r}, which no longer exists; "
+                "restore it from a backup."
+            )
+        if epoch < m["last_closed"]:
+            raise EpochError(
+                f"epoch {epoch} was closed without a release (the stream is at epoch "
+                f"{m['last_closed']}); the tree no longer holds its state. Release epoch "
+                f"{m['last_closed']} or later."
+            )
+        if os.path.lexists(out) and not _is_this_release(out, m, epoch):
+            raise StoreLayoutError(f"the output {out!r} exists; nothing was replaced. Choose another path.")
+        if epoch > m["last_closed"]:
+            _close_epochs(st, plan, epoch)
+            _crash_point("after-close")
+        seed, key = st.secrets()
+        noisy = noisy_sketches(plan, _load_tree(st, plan), epoch, key)
+        result = release_factorization(plan, noisy, seed)
+        del noisy
+        _crash_point("after-noise")
+        final = Factorization(U=result.U, S=result.S, V=result.V, report=_release_report(st, plan, epoch))
+        digest = _release_digest(final)
+        if os.path.lexists(out):  # published before a crash: it must be this very release
+            if _release_digest(read_release(out)) != digest:
+                raise StoreLayoutError(
+                    f"the output {out!r} claims to be this release but differs from it; "
+                    "nothing was replaced."
+                )
+        else:
+            write_release(out, final, overwrite=False, before_publish=lambda: _crash_point("during-write"))
+        _crash_point("after-write")
+        releases = dict(st.manifest["releases"])
+        releases[str(epoch)] = {"out": out, "digest": digest, "published": _now()}
+        st.commit(changes={"releases": releases})
+        _crash_point("after-record")
+    return final, True
+
+
+def _is_this_release(out: str, m: dict[str, Any], epoch: int) -> bool:
+    from pipeline.io.release import read_release
+
+    try:
+        rep = read_release(out).report
+    except (StoreLayoutError, OSError, ValueError, KeyError, TypeError):
+        return False
+    return bool(rep.get("release_id") == f"{m['stream_id']}-epoch-{epoch}")
