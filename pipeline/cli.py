@@ -378,6 +378,9 @@ def _parser() -> argparse.ArgumentParser:
     bs = bsub.add_parser("show", help="print the budget and what has been spent")
     bs.add_argument("dataset", metavar="DATASET")
     bs.add_argument("--ledger")
+    from pipeline import cli_stream
+
+    cli_stream.add_parsers(sub)
     return ap
 
 
@@ -714,6 +717,12 @@ def _budget(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _stream(args: argparse.Namespace) -> int:
+    from pipeline import cli_stream
+
+    return cli_stream.run(args, _cluster_of)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``dplr``; returns the exit code."""
     args = _parser().parse_args(argv)
@@ -723,6 +732,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "generate": _generate,
         "demo": _demo,
         "budget": _budget,
+        "stream": _stream,
+        "nightly": _stream,
     }
     try:
         return handlers[args.command](args)

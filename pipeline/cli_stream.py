@@ -1,0 +1,169 @@
+"""The ``dplr stream`` and ``dplr nightly`` commands (registered by :mod:`pipeline.cli`).
+
+Exit codes, as for every dplr command: 0 success, 2 bad input (nothing lost or
+changed), 3 exhausted budget or horizon, 75 another run holds the stream's lock
+(retry later), 1 any other failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+EXIT_LOCKED = 75  # EX_TEMPFAIL: a concurrent run holds the lock; try again later
+
+
+def add_parsers(sub: Any) -> None:
+    """Add ``stream`` (init, ingest, release, status) and ``nightly`` to ``sub``."""
+    s = sub.add_parser(
+        "stream",
+        help="turnstile update streams with continual (nightly) DP releases",
+        description=(
+            "A matrix that changes by batches of (entity, i, j, s) updates over epochs "
+            "1..T, released after any epoch by the binary-tree mechanism; the whole "
+            "stream costs its (epsilon, delta) once."
+        ),
+    )
+    ss = s.add_subparsers(dest="stream_command", required=True, metavar="ACTION")
+
+    i = ss.add_parser("init", help="create a stream state and charge its budget once")
+    i.add_argument("state", metavar="STATE", help="stream state directory to create")
+    i.add_argument("--rows", type=int, required=True, help="number of rows m (public)")
+    i.add_argument("--cols", type=int, required=True, help="number of columns n (public)")
+    i.add_argument("--rank", "-k", type=int, required=True, help="target rank k")
+    i.add_argument("--horizon", type=int, required=True, help="number of epochs T the budget covers")
+    i.add_argument("--epsilon", type=float, help="epsilon of the whole stream")
+    i.add_argument("--delta", type=float, help="delta of the whole stream")
+    i.add_argument("--non-private", action="store_true", help="no clipping, no noise (NOT PRIVATE)")
+    i.add_argument("--algorithm", choices=("spectral", "low-space"), default="spectral")
+    i.add_argument("--clip-norm", type=float, default=1.0,
+                   help="C: an entity's total contribution over the stream has Frobenius norm <= C")
+    i.add_argument("--unit", choices=("general", "row", "column", "entry"), default="general",
+                   help="what one entity may touch (default: general)")
+    i.add_argument("--neighboring", choices=("add-remove", "replace"), default="add-remove")
+    i.add_argument("--sketch-size", "-t", type=int, help="t (default as for dplr factorize)")
+    i.add_argument("--core-size", "-v", type=int, help="v (default as for dplr factorize)")
+    i.add_argument("--ledger", help="privacy ledger to charge (default: STATE.dplr-ledger.json)")
+    i.add_argument("--budget", nargs=2, type=float, metavar=("EPSILON", "DELTA"),
+                   help="lifetime budget of a ledger created now (default: the stream's)")
+    i.add_argument("--seed", type=int, help=argparse.SUPPRESS)
+    i.add_argument("--insecure-noise-seed", type=int, help=argparse.SUPPRESS)
+
+    g = ss.add_parser("ingest", help="apply a batch of updates to an epoch")
+    g.add_argument("state", metavar="STATE")
+    g.add_argument("batch", metavar="BATCH", help=".parquet, .csv, .npz or .zarr with columns entity,i,j,s")
+    g.add_argument("--epoch", type=int, required=True, help="epoch of the batch (after the last release)")
+    c = g.add_mutually_exclusive_group()
+    c.add_argument("--scheduler", help="sketch the batch on this Dask scheduler (default: "
+                   "DASK_SCHEDULER_ADDRESS if set, else in this process)")
+    c.add_argument("--cluster", metavar="FILE", help="cluster configuration (cluster/*.yaml)")
+
+    r = ss.add_parser("release", help="publish the factorization after an epoch")
+    r.add_argument("state", metavar="STATE")
+    r.add_argument("--epoch", type=int, required=True)
+    r.add_argument("--out", "-o", required=True, help="Zarr group to publish")
+    r.add_argument("--json", action="store_true", help="print the full report as JSON")
+
+    st = ss.add_parser("status", help="public summary of a stream")
+    st.add_argument("state", metavar="STATE")
+
+    n = sub.add_parser(
+        "nightly",
+        help="scheduled run of a stream job: ingest the date's batches, release, update latest",
+        description=(
+            "Ingest the batches that arrived for DATE (and any missed earlier dates), "
+            "release, and point <releases>/latest at the new release. Idempotent, "
+            "resumable after a crash, serialised by a lock."
+        ),
+    )
+    n.add_argument("--config", required=True, help="the job's TOML file (see workflows/nightly.toml)")
+    n.add_argument("--date", required=True, help="YYYY-MM-DD")
+    n.add_argument("--dry-run", action="store_true",
+                   help="validate, plan and check the horizon and ledger; read and write nothing")
+
+
+def run(args: argparse.Namespace, cluster_of: Any) -> int:
+    """Dispatch ``dplr stream ...`` / ``dplr nightly``; errors propagate to main()."""
+    from pipeline.io.stream_state import StateLockedError
+
+    try:
+        if args.command == "nightly":
+            return _nightly(args)
+        return {
+            "init": _init,
+            "ingest": lambda a: _ingest(a, cluster_of),
+            "release": _release,
+            "status": _status,
+        }[args.stream_command](args)
+    except StateLockedError as exc:
+        print(f"dplr: busy: {exc}", file=sys.stderr)
+        return EXIT_LOCKED
+
+
+def _init(a: argparse.Namespace) -> int:
+    from pipeline.stream import stream_init
+
+    private = not a.non_private
+    info = stream_init(
+        a.state, n_rows=a.rows, n_cols=a.cols, rank=a.rank, horizon=a.horizon,
+        epsilon=a.epsilon if private else None, delta=a.delta if private else None,
+        algorithm=a.algorithm, private=private, clip_norm=a.clip_norm, unit=a.unit,
+        neighboring=a.neighboring, sketch_size=a.sketch_size, core_size=a.core_size,
+        ledger=a.ledger, budget=tuple(a.budget) if a.budget else None, seed=a.seed,
+        insecure_noise_seed=a.insecure_noise_seed,
+    )
+    what = f"(epsilon={info.epsilon:g}, delta={info.delta:g})-DP over all {info.horizon} epochs" if info.private else "NOT PRIVATE"
+    print(f"created stream {info.path}: {info.shape[0]} x {info.shape[1]}, rank {info.rank}, "
+          f"{info.algorithm}, {info.levels} tree levels, {what}")
+    return 0
+
+
+def _ingest(a: argparse.Namespace, cluster_of: Any) -> int:
+    import os
+
+    from pipeline.stream import stream_ingest
+
+    if a.scheduler is None and a.cluster is None and not os.environ.get("DASK_SCHEDULER_ADDRESS"):
+        out = stream_ingest(a.state, a.batch, epoch=a.epoch)
+    else:
+        from pipeline.execution import cluster_client
+
+        with cluster_client(a.scheduler, cluster_config=cluster_of(a)) as (client, _):
+            out = stream_ingest(a.state, a.batch, epoch=a.epoch, client=client)
+    # the batch's content fingerprint stays in the state: it is derived from private data
+    print(f"applied {out['batch']} to epoch {out['epoch']} in {out['seconds']:.2f} s")
+    return 0
+
+
+def _release(a: argparse.Namespace) -> int:
+    from pipeline.stream import stream_release
+
+    f, new = stream_release(a.state, epoch=a.epoch, out=a.out)
+    rep = f.report
+    if a.json:
+        print(json.dumps(rep, indent=2))
+        return 0
+    word = "released" if new else "already released"
+    stds = ", ".join(f"{k}={v:.4g}" for k, v in rep["stream"]["noise_std"].items())
+    priv = (f"(epsilon={rep['epsilon']:g}, delta={rep['delta']:g})-DP for the whole stream"
+            if rep["epsilon"] is not None else "NOT PRIVATE")
+    if rep.get("note"):
+        priv += f"; {rep['note']}"
+    print(f"epoch {a.epoch} {word} -> {a.out}: rank {rep['rank']}, {priv}; noise std {stds}")
+    return 0
+
+
+def _status(a: argparse.Namespace) -> int:
+    from pipeline.stream import stream_status
+
+    print(json.dumps(stream_status(a.state).to_dict(), indent=2))
+    return 0
+
+
+def _nightly(a: argparse.Namespace) -> int:
+    from pipeline.nightly import parse_date, run_nightly
+
+    run_nightly(a.config, parse_date(a.date), dry_run=a.dry_run, say=lambda s: print(s, flush=True))
+    return 0
