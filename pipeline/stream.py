@@ -73,8 +73,10 @@ __all__ = [
 ]
 
 #: Environment variable naming a step at which the process kills itself with
-#: SIGKILL (fault injection for the crash-safety tests; unset in production).
+#: SIGKILL: ``STEP`` (the first time STEP is reached) or ``STEP#N`` (the N-th
+#: time). Fault injection for the crash-safety tests; unset in production.
 CRASH_ENV = "DPLR_CRASH_AT"
+_crash_counts: dict[str, int] = {}
 
 
 class DuplicateBatchError(InvalidParameterError):
@@ -82,7 +84,14 @@ class DuplicateBatchError(InvalidParameterError):
 
 
 def _crash_point(step: str) -> None:
-    if os.environ.get(CRASH_ENV) == step:
+    target = os.environ.get(CRASH_ENV)
+    if not target:
+        return
+    name, _, nth = target.partition("#")
+    if name != step:
+        return
+    _crash_counts[step] = _crash_counts.get(step, 0) + 1
+    if _crash_counts[step] == int(nth or 1):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
