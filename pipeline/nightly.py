@@ -47,7 +47,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.errors import InvalidParameterError, StoreLayoutError
+from pipeline.errors import (
+    HorizonExceededError,
+    InvalidParameterError,
+    StoreLayoutError,
+)
 
 __all__ = ["NightlyConfig", "load_nightly_config", "parse_date", "run_nightly"]
 
@@ -159,6 +163,11 @@ def load_nightly_config(path: str | os.PathLike[str]) -> NightlyConfig:
     cluster = doc.get("cluster", {})
     if "scheduler" in cluster and "config" in cluster:
         raise _bad(path, "[cluster] takes scheduler or config, not both.")
+    for key in ("scheduler", "config"):
+        if key in cluster and (not isinstance(cluster[key], str) or not cluster[key]):
+            raise _bad(path, f"[cluster] {key} must be a non-empty string.")
+    if "config" in cluster and not os.path.isfile(where(cluster["config"])):
+        raise _bad(path, f"[cluster] config {where(cluster['config'])!r} does not exist.")
     return NightlyConfig(
         path=path,
         state=where(need("stream", "state")),
@@ -241,11 +250,20 @@ def run_nightly(
         raise InvalidParameterError(
             f"date {day.isoformat()} is before the stream's start date {cfg.start_date.isoformat()}."
         )
-    plan.check_epoch(epoch)  # HorizonExceededError before anything else
+    try:
+        plan.check_epoch(epoch)  # HorizonExceededError before anything else
+    except HorizonExceededError:
+        last = cfg.date_of(plan.horizon).isoformat()
+        raise HorizonExceededError(
+            f"date {day.isoformat()} is epoch {epoch}, beyond the stream's horizon of "
+            f"{plan.horizon} epochs (the last date it covers is {last}); its budget was "
+            "calibrated for the horizon. Start a new stream (with its own budget) to continue."
+        ) from None
     summary: dict[str, Any] = {"dry_run": dry_run, "dates": []}
     if dry_run:
         if m["ledger"] is not None:
             _check_ledger(m["ledger"])
+        _check_writable(cfg)
         if str(epoch) in m["releases"]:
             say(f"{day.isoformat()} epoch {epoch}: already released; nothing to do")
             summary["dates"].append({"date": day.isoformat(), "epoch": epoch, "action": "already released"})
@@ -253,8 +271,10 @@ def run_nightly(
             d = cfg.date_of(e)
             files = _batches(cfg, d) if e > m["last_closed"] else []
             if files is None:
-                raise _no_inbox(cfg, d)
-            say(f"{d.isoformat()} epoch {e}/{plan.horizon}: to release, {len(files)} batch file(s) -> {cfg.release_for(d)}")
+                raise _no_inbox(cfg, d, dry_run=True)
+            names = ", ".join(os.path.basename(f) for f in files) or "none"
+            say(f"{d.isoformat()} epoch {e}/{plan.horizon}: to release, {len(files)} batch file(s) "
+                f"[{names}] -> {cfg.release_for(d)}")
             summary["dates"].append({
                 "date": d.isoformat(), "epoch": e, "batches": [os.path.basename(f) for f in files],
                 "release": cfg.release_for(d), "action": "to release",
@@ -302,16 +322,24 @@ def _first_epoch(m: dict[str, Any]) -> int:
     return last + 1
 
 
-def _no_inbox(cfg: NightlyConfig, d: _dt.date) -> InvalidParameterError:
+def _no_inbox(cfg: NightlyConfig, d: _dt.date, *, dry_run: bool = False) -> InvalidParameterError:
+    what = "a run would stop at that date" if dry_run else "nothing was released for that date"
     return InvalidParameterError(
-        f"the inbox {cfg.inbox_for(d)!r} for {d.isoformat()} does not exist; nothing "
-        "was released for that date (set [input] missing = 'empty' to release a date "
-        "without updates)."
+        f"the inbox {cfg.inbox_for(d)!r} for {d.isoformat()} does not exist; {what} "
+        "(set [input] missing = 'empty' to release a date without updates)."
     )
 
 
 def _released(m: dict[str, Any]) -> set[int]:
     return {int(e) for e in m["releases"]}
+
+
+def _check_writable(cfg: NightlyConfig) -> None:
+    """The run will write the state and the releases directory: check it may."""
+    releases = cfg.releases if os.path.isdir(cfg.releases) else os.path.dirname(cfg.releases)
+    for what, where in (("stream state", cfg.state), ("releases directory", releases)):
+        if not os.access(where, os.W_OK | os.X_OK):
+            raise StoreLayoutError(f"the {what} {where!r} is not writable by this user.")
 
 
 def _check_ledger(ledger: dict[str, Any]) -> None:

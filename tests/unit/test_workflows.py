@@ -576,11 +576,6 @@ def test_dry_runs_wrote_nothing(dry_runs):
     assert dry_runs["after"] == dry_runs["before"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="dplr nightly --dry-run prints how many batch files a date has, not which "
-    "(pipeline/nightly.py:257), though its docstring says it lists them",
-)
 def test_dry_run_names_the_batch_files(dry_runs):
     assert BATCH in dry_runs["results"]["cron"].stdout
 
