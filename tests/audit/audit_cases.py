@@ -41,6 +41,13 @@ import numpy as np
 from pipeline.accounting.gaussian import paper_gaussian_sigma
 from pipeline.algorithms import lrf as lrf_module
 from pipeline.algorithms.base import ArraySource
+from pipeline.algorithms.continual import (
+    StreamPlan,
+    apply_delta,
+    plan_stream,
+    sketch_cells,
+)
+from pipeline.algorithms.continual import operators as stream_operators
 from pipeline.algorithms.lrf import (
     Algorithm,
     LrfParams,
@@ -64,6 +71,7 @@ from pipeline.algorithms.power_pca import (
     topk_eig,
 )
 from pipeline.mechanisms.clipping import ClipSpec, Neighboring, PrivacyUnit
+from pipeline.mechanisms.entities import EntityTable, StreamUnit, clip_updates
 from pipeline.mechanisms.noise import NoiseKey
 from pipeline.testing.audit import (
     GaussianBlock,
@@ -558,6 +566,71 @@ def pca_key(
 # --------------------------------------------------------------------------
 # Registry and runner
 # --------------------------------------------------------------------------
+# Continual release (binary tree)
+# --------------------------------------------------------------------------
+#: Horizon of the audited stream: L = 4 levels, so one epoch's difference is
+#: released in 4 tree nodes per sketch.
+CONT_T = 8
+CONT_EPOCH = 3  # the epoch in which the audited entity's updates arrive
+
+
+def continual_plan(epsilon: float, *, horizon: int = CONT_T, delta: float = DELTA) -> StreamPlan:
+    """The project's stream plan: Spectral-LRF sizes of the one-shot audit, replace-one."""
+    params = LrfParams(
+        algorithm=Algorithm.SPECTRAL, rank=LRF_RANK, sketch_size=LRF_SIZES[0],
+        core_size=LRF_SIZES[1], epsilon=epsilon, delta=delta,
+        clip=ClipSpec(unit=PrivacyUnit.ROW, clip_norm=CLIP), neighboring=Neighboring.REPLACE,
+    )
+    return plan_stream(params, LRF_SHAPE, horizon)
+
+
+def continual_entity_sketch(plan: StreamPlan, sign: float) -> dict[str, np.ndarray]:
+    """Exact sketch of one entity's batch: row 0 set to ``sign 10 C u``, clipped per entity.
+
+    Replace-one neighbours differ by this entity's contribution ``+C u`` vs
+    ``-C u`` (Delta_F = 2C), all of it in epoch ``CONT_EPOCH``: the worst case
+    of the continual relation (spec sketch-lrf 1.4), whose mass then reaches
+    one node of every level. Clipping is the stream's own per-entity clipping.
+    """
+    n = LRF_SHAPE[1]
+    u = np.ones(n) / math.sqrt(n)
+    cells = clip_updates(
+        np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64), np.arange(n),
+        sign * ROW_SCALE * CLIP * u, table=EntityTable.empty(), unit=StreamUnit.ROW,
+        clip_norm=CLIP, n_cols=n,
+    )
+    assert not plan.lrf.transpose
+    delta = sketch_cells(plan, stream_operators(plan, SKETCH_SEED), cells.rows, cells.cols, cells.vals)
+    out = {name: np.zeros(shape) for name, shape in plan.shapes().items()}
+    apply_delta(out, delta)
+    return out
+
+
+def _continual_case(epsilon: float, variant: str) -> Case:
+    plan = continual_plan(epsilon)
+    plus, minus = continual_entity_sketch(plan, 1.0), continual_entity_sketch(plan, -1.0)
+    one_shot = continual_plan(epsilon, horizon=1)
+    blocks = []
+    for level, node in ((j, -(-CONT_EPOCH // 2**j)) for j in range(plan.levels)):
+        for name in plan.names:
+            sigma = plan.lrf.sigma(name) if variant == "correct" else one_shot.lrf.sigma(name)
+            blocks.append(GaussianBlock.from_pair(f"{name}[{level},{node}]", plus[name], minus[name], sigma))
+    names = {
+        "correct": "correct",
+        "no-tree-factor": f"BROKEN: each of the L={plan.levels} tree nodes calibrated as a one-shot release",
+    }
+    return Case(
+        key=f"continual-{variant}-eps{epsilon:g}",
+        mechanism=f"Continual Spectral-LRF (binary tree, T={CONT_T}, L={plan.levels})",
+        releases=f"Y, Z in the {plan.levels} nodes holding epoch {CONT_EPOCH}",
+        variant=names[variant],
+        epsilon=epsilon,
+        delta=DELTA,
+        blocks=tuple(blocks),
+    )
+
+
+# --------------------------------------------------------------------------
 def _registry() -> tuple[dict[str, Callable[[], Case]], dict[str, Callable[[], Case]]]:
     """Case key -> builder (keys are known without building: cheap collection).
 
@@ -605,6 +678,8 @@ def _registry() -> tuple[dict[str, Callable[[], Case]], dict[str, Callable[[], C
         pca(cases, "H", eps, "correct")
         pca(cases, "Z", eps, "correct")
     lrf(cases, S, 1.0, "correct", wide=True)
+    for eps, variant in ((1.0, "correct"), (2.0, "correct"), (1.0, "no-tree-factor")):
+        cases[f"continual-{variant}-eps{eps:g}"] = lambda eps=eps, variant=variant: _continual_case(eps, variant)
     pca(cases, "M", 1.0, "correct", method="analyze-gauss", sensitivity="paper")
     lrf(cases, S, 1.0, "per-chunk")
     lrf(cases, L, 1.0, "per-chunk")
