@@ -110,16 +110,20 @@ def test_sketch_journal_round_trip_keeps_bits_dtypes_and_chunks(tmp_path: Path) 
     _assert_private_tree(tmp_path / "j")
 
     again = FileJournal.find(tmp_path / "j", {"kind": "t"}, strict=True)
-    assert again is not None and again.sketch_seed == 2**100 + 5
+    assert again is not None
+    assert again.sketch_seed == 2**100 + 5
     got = again.load_sketches()
-    assert got is not None and sorted(got) == ["W", "Y", "Yo", "Z"]
+    assert got is not None
+    assert sorted(got) == ["W", "Y", "Yo", "Z"]
     for name, want in (("Z", small64), ("W", small32)):
         assert isinstance(got[name], np.ndarray)
         assert got[name].dtype == want.dtype
         assert got[name].tobytes() == want.tobytes()
     for name, want in (("Y", tall), ("Yo", odd)):
         assert isinstance(got[name], da.Array)
-        assert got[name].chunks == want.chunks  # irregular chunks come back as they were
+        assert (
+            got[name].chunks == want.chunks
+        )  # irregular chunks come back as they were
         with dask.config.set(scheduler="synchronous"):
             assert got[name].compute().tobytes() == want.compute().tobytes()
 
@@ -136,28 +140,38 @@ def test_damaged_sketches_are_refused(tmp_path: Path) -> None:
     with pytest.raises(StoreLayoutError, match="checksum"):
         j.load_sketches()
     npy.unlink()
-    with pytest.raises(StoreLayoutError, match="missing|damaged"):
+    with pytest.raises(StoreLayoutError, match=r"missing|damaged"):
         j.load_sketches()
 
     j2 = FileJournal.create(tmp_path / "j2", {"kind": "t"}, noise_key=None)
     with dask.config.set(scheduler="synchronous"):
         j2.record_sketches({"Y": tall})
-        chunk = next(p for p in (tmp_path / "j2" / "exact-Y.zarr" / "c").rglob("*") if p.is_file())
+        chunk = next(
+            p
+            for p in (tmp_path / "j2" / "exact-Y.zarr" / "c").rglob("*")
+            if p.is_file()
+        )
         raw = bytearray(chunk.read_bytes())
         raw[3] ^= 1
         chunk.write_bytes(bytes(raw))
         loaded = j2.load_sketches()
         assert loaded is not None
-        with pytest.raises(Exception, match="(?i)checksum|crc"):  # zarr's CRC32C check
+        with pytest.raises(Exception, match=r"(?i)checksum|crc"):  # zarr's CRC32C check
             loaded["Y"].compute()
 
 
-def test_journal_of_another_kind_is_a_mismatch_with_its_release_id(tmp_path: Path) -> None:
-    FileJournal.create(tmp_path / "j", {"kind": "pca", "release_id": "r1"}, noise_key=None)
+def test_journal_of_another_kind_is_a_mismatch_with_its_release_id(
+    tmp_path: Path,
+) -> None:
+    FileJournal.create(
+        tmp_path / "j", {"kind": "pca", "release_id": "r1"}, noise_key=None
+    )
     from pipeline.io.journal import JournalMismatchError
 
     with pytest.raises(JournalMismatchError) as info:
-        FileJournal.find(tmp_path / "j", {"kind": "factorize", "release_id": "r2"}, strict=True)
+        FileJournal.find(
+            tmp_path / "j", {"kind": "factorize", "release_id": "r2"}, strict=True
+        )
     assert info.value.differences == ["kind"]
     assert info.value.release_id == "r1"
     assert info.value.charged is None
@@ -208,14 +222,30 @@ def _before_publish(mp: pytest.MonkeyPatch) -> None:
 CRASHES: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], bool, bool, int]] = {
     "in the pass": (_crash_in_pass, False, False, 1),
     "sketches written, manifest not": (
-        _after(FileJournal, "record_sketches", uncommit=True), False, False, 1
+        _after(FileJournal, "record_sketches", uncommit=True),
+        False,
+        False,
+        1,
     ),
-    "sketches committed, not charged": (_after(FileJournal, "record_sketches"), True, False, 0),
+    "sketches committed, not charged": (
+        _after(FileJournal, "record_sketches"),
+        True,
+        False,
+        0,
+    ),
     "charged, marker not written": (_after(Ledger, "charge"), True, True, 0),
-    "charge marker written, before noise": (_after(FileJournal, "mark_charged"), True, True, 0),
+    "charge marker written, before noise": (
+        _after(FileJournal, "mark_charged"),
+        True,
+        True,
+        0,
+    ),
     "noise drawn, not published": (_before_publish, True, True, 0),
     "published, journal not removed": (
-        _after(FileJournal, "remove", instead=True), True, True, 0
+        _after(FileJournal, "remove", instead=True),
+        True,
+        True,
+        0,
     ),
 }
 
@@ -301,7 +331,9 @@ def test_secret_sketch_seed_and_fresh_key_are_kept_across_the_crash(
     captured: dict[str, Any] = {}
     real = FileJournal.create.__func__  # type: ignore[attr-defined]
 
-    def spying(cls: Any, path: Any, header: Any, *, noise_key: Any, sketch_seed: Any = None) -> Any:
+    def spying(
+        cls: Any, path: Any, header: Any, *, noise_key: Any, sketch_seed: Any = None
+    ) -> Any:
         captured.update(key=noise_key, seed=sketch_seed)
         return real(cls, path, header, noise_key=noise_key, sketch_seed=sketch_seed)
 
@@ -311,30 +343,52 @@ def test_secret_sketch_seed_and_fresh_key_are_kept_across_the_crash(
         with pytest.raises(SimulatedCrash):
             api.factorize(data, RANK, **PRIVACY, out=out, ledger=_ledger(tmp_path))
     key = captured["key"]
-    assert isinstance(key, NoiseKey) and not key.insecure
-    rel = api.factorize(data, RANK, **PRIVACY, out=out, ledger=Ledger.open(tmp_path / "d.dplr-ledger.json"))
+    assert isinstance(key, NoiseKey)
+    assert not key.insecure
+    rel = api.factorize(
+        data,
+        RANK,
+        **PRIVACY,
+        out=out,
+        ledger=Ledger.open(tmp_path / "d.dplr-ledger.json"),
+    )
     assert len(passes) == 1  # the crashed run's pass only
     assert rel.report["private"] is True
     from pipeline.algorithms.lrf import plan_lrf, run_lrf
 
     params = api.make_params(RANK, **PRIVACY)
-    ref = run_lrf(ArraySource(data), plan_lrf(params, data.shape), sketch_seed=captured["seed"], noise_key=key)
+    ref = run_lrf(
+        ArraySource(data),
+        plan_lrf(params, data.shape),
+        sketch_seed=captured["seed"],
+        noise_key=key,
+    )
     _assert_same_arrays(rel, ref)
 
 
 # ---------------------------------------------------------------------------
 # refusals
 # ---------------------------------------------------------------------------
-def _crashed_job(data: np.ndarray, out: Path, book: Ledger, mp: pytest.MonkeyPatch, when: str) -> Path:
+def _crashed_job(
+    data: np.ndarray, out: Path, book: Ledger, mp: pytest.MonkeyPatch, when: str
+) -> Path:
     with mp.context() as m:
-        (_after(FileJournal, "record_sketches") if when == "before charge" else _before_publish)(m)
+        (
+            _after(FileJournal, "record_sketches")
+            if when == "before charge"
+            else _before_publish
+        )(m)
         with pytest.raises(SimulatedCrash):
             api.factorize(data, RANK, **_kw(True, "spectral"), out=out, ledger=book)
     return Path(default_journal_path(out))
 
 
 def _snapshot(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.mark.parametrize("when", ["before charge", "after charge"])
@@ -370,11 +424,14 @@ def test_journal_of_another_job_or_input_is_refused_with_what_removing_it_costs(
         api.factorize(A, rank, **kw, out=out, ledger=book)
     msg = str(info.value)
     assert "\n" not in msg
-    assert str(journal) in msg and field in msg
+    assert str(journal) in msg
+    assert field in msg
     if when == "before charge":
-        assert "nothing was charged" in msg.lower() and "costs no privacy budget" in msg
+        assert "nothing was charged" in msg.lower()
+        assert "costs no privacy budget" in msg
     else:
-        assert "already charged" in msg and "charge stays spent" in msg
+        assert "already charged" in msg
+        assert "charge stays spent" in msg
     # refused before anything is read, written or charged
     assert _snapshot(journal) == before
     assert book.path.read_bytes() == ledger_before

@@ -1,0 +1,368 @@
+"""A client crash during ``dplr factorize`` on a cluster, then a rerun.
+
+The exact sketches of the single pass are journaled (the tall range sketch as a
+Zarr array written by the workers, chunk by chunk) with the noise key and the
+sketch seed before the ledger is charged; the charge comes before any noise. A
+rerun of the same job after a crash at any of these step boundaries
+
+* does not read the input store again (chunk reads are counted on the workers),
+* draws the same noise (the release is bit for bit the undisturbed one), and
+* leaves exactly one ledger record, with the release id of the published report;
+
+the journal (trusted zone: key and exact sketches) is removed once the release
+is published. Crashes are injected in process at each boundary, and a real
+``dplr factorize`` process is SIGKILLed right after its pass was journaled and
+right after its charge.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dist_util import seeded_matrix, write_matrix
+from distributed import Client, LocalCluster
+
+import pipeline.io
+from pipeline.accounting.ledger import Ledger
+from pipeline.api import factorize
+from pipeline.execution import DaskSource
+from pipeline.io import FileJournal, default_journal_path, read_release
+
+pytestmark = pytest.mark.distributed
+
+M, N, RANK = 400, 150, 5
+STORE_CHUNKS = (50, N)  # 8 chunks, whole rows: one pass
+N_CHUNKS = M // STORE_CHUNKS[0]
+SKETCH_SEED = 31337
+NOISE_SEED = 99
+BUDGET = (10.0, 1e-4)
+
+
+class SimulatedCrash(Exception):
+    """Stands for the client process dying at the injection point."""
+
+
+# ---------------------------------------------------------------------------
+# counting chunk reads of the input store on the workers
+# ---------------------------------------------------------------------------
+def _count_reads_on_worker(root: str, marks: str) -> None:
+    """Make every chunk read of the store at ``root`` leave a file in ``marks``."""
+    from zarr.storage import LocalStore
+
+    real = LocalStore.__dict__.get("_unpatched_get", LocalStore.get)
+    LocalStore._unpatched_get = real  # type: ignore[attr-defined]
+
+    async def get(self, key, prototype, byte_range=None):  # type: ignore[no-untyped-def]
+        value = await real(self, key, prototype, byte_range)
+        if key.startswith("c/") and os.path.abspath(str(self.root)) == root:
+            Path(marks, uuid.uuid4().hex).touch()
+        return value
+
+    LocalStore.get = get  # type: ignore[method-assign]
+
+
+def _stop_counting_on_worker() -> None:
+    from zarr.storage import LocalStore
+
+    real = LocalStore.__dict__.get("_unpatched_get")
+    if real is not None:
+        LocalStore.get = real  # type: ignore[method-assign]
+        del LocalStore._unpatched_get  # type: ignore[attr-defined]
+
+
+@contextmanager
+def counted_reads(
+    client: Client, store: str, marks: Path
+) -> Iterator[Callable[[], int]]:
+    """Count the chunk reads of ``store`` by every worker while the block runs."""
+    marks.mkdir()
+    client.run(_count_reads_on_worker, os.path.abspath(store), str(marks))
+    try:
+        yield lambda: len(os.listdir(marks))
+    finally:
+        client.run(_stop_counting_on_worker)
+
+
+# ---------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------
+def _records(ledger: Path) -> list[dict[str, Any]]:
+    return list(json.loads(ledger.read_text())["releases"])
+
+
+def _assert_private_tree(root: Path) -> None:
+    for dirpath, _, files in os.walk(root):
+        assert stat.S_IMODE(os.stat(dirpath).st_mode) == 0o700, dirpath
+        for f in files:
+            mode = stat.S_IMODE(os.stat(os.path.join(dirpath, f)).st_mode)
+            assert mode == 0o600, os.path.join(dirpath, f)
+
+
+def _assert_same_release(out: Path, ref: Path) -> None:
+    a, b = read_release(out), read_release(ref)
+    for name in ("U", "S", "V"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert x.dtype == y.dtype, name
+        assert x.tobytes() == y.tobytes(), name  # bit for bit
+
+
+def _kw(algorithm: str, private: bool) -> dict[str, Any]:
+    kw: dict[str, Any] = {"algorithm": algorithm, "seed": SKETCH_SEED}
+    if private:
+        kw.update(epsilon=1.0, delta=1e-6, insecure_noise_seed=NOISE_SEED)
+    else:
+        kw["private"] = False
+    return kw
+
+
+_CLEAN: dict[tuple[int, str, bool], Path] = {}
+
+
+def _clean_release(
+    path: str, algorithm: str, private: bool, seed: int, tmp: Path
+) -> Path:
+    """An uninterrupted run of the same job (cached per data seed and mode)."""
+    key = (seed, algorithm, private)
+    if key not in _CLEAN:
+        out = tmp / f"clean-{algorithm}-{private}.zarr"
+        factorize(
+            path, RANK, **_kw(algorithm, private), out=out,
+            ledger=tmp / "clean-ledger.json", budget=BUDGET,
+        )  # fmt: skip
+        _CLEAN[key] = out
+    return _CLEAN[key]
+
+
+# ---------------------------------------------------------------------------
+# (1) the client dies at each step boundary (injected in process)
+# ---------------------------------------------------------------------------
+def _after(
+    cls: Any, name: str, *, instead: bool = False
+) -> Callable[[pytest.MonkeyPatch], None]:
+    def install(mp: pytest.MonkeyPatch) -> None:
+        real = getattr(cls, name)
+
+        def crashing(self: Any, *a: Any, **kw: Any) -> Any:
+            if not instead:
+                real(self, *a, **kw)
+            raise SimulatedCrash(f"after {name}")
+
+        mp.setattr(cls, name, crashing)
+
+    return install
+
+
+def _before_publish(mp: pytest.MonkeyPatch) -> None:
+    def crashing(*a: Any, **kw: Any) -> None:
+        raise SimulatedCrash("before publishing")
+
+    mp.setattr(pipeline.io, "write_release", crashing)
+
+
+# name -> (algorithm, private, injection, charged at the crash, chunk reads on rerun)
+CRASHES: dict[str, tuple[str, bool, Callable[[pytest.MonkeyPatch], None], bool, int]] = {
+    # negative control of the read counter: the pass ended, nothing was journaled
+    "spectral, pass done, not journaled": (
+        "spectral", True, _after(DaskSource, "sketch"), False, N_CHUNKS
+    ),
+    "spectral, journaled, not charged": (
+        "spectral", True, _after(FileJournal, "record_sketches"), False, 0
+    ),
+    "spectral, charged, marker not written": (
+        "spectral", True, _after(Ledger, "charge"), True, 0
+    ),
+    "spectral, charge marked, before noise": (
+        "spectral", True, _after(FileJournal, "mark_charged"), True, 0
+    ),
+    "spectral, noise drawn, not published": ("spectral", True, _before_publish, True, 0),
+    "spectral, published, journal left": (
+        "spectral", True, _after(FileJournal, "remove", instead=True), True, 0
+    ),
+    "low-space, journaled, not charged": (
+        "low-space", True, _after(FileJournal, "record_sketches"), False, 0
+    ),
+    "low-space, noise drawn, not published": ("low-space", True, _before_publish, True, 0),
+    "non-private, journaled, not published": ("spectral", False, _before_publish, False, 0),
+}  # fmt: skip
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", list(CRASHES))
+def test_rerun_after_a_client_crash_neither_reads_nor_draws_nor_charges_again(
+    client: Client,
+    tmp_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    global_seed: int,
+    case: str,
+) -> None:
+    algorithm, private, install, charged, rerun_reads = CRASHES[case]
+    path = write_matrix(
+        tmp_path / "A.zarr", seeded_matrix(global_seed, M, N), STORE_CHUNKS
+    )
+    clean = _clean_release(
+        path, algorithm, private, global_seed, tmp_path_factory.mktemp("clean")
+    )
+    out, ledger = tmp_path / "release.zarr", tmp_path / "ledger.json"
+    journal = Path(default_journal_path(out))
+    kw = {**_kw(algorithm, private), "out": out, "ledger": ledger, "budget": BUDGET}
+
+    with counted_reads(client, path, tmp_path / "marks") as reads:
+        with monkeypatch.context() as mp:
+            install(mp)
+            with pytest.raises(SimulatedCrash):
+                factorize(path, RANK, **kw)
+        assert reads() == N_CHUNKS  # the crashed run read each chunk once
+        published = case.endswith("published, journal left")
+        assert os.path.isdir(out) is published
+        if rerun_reads:
+            assert not os.path.lexists(journal)
+        else:
+            # the tall sketch stayed distributed: the workers wrote it to the journal
+            tall = "exact-Y.zarr" if algorithm == "spectral" else "exact-Yc.zarr"
+            assert (journal / tall / "zarr.json").exists()
+            assert (journal / "sketches.json").exists()
+            _assert_private_tree(journal)
+        n_charged = len(_records(ledger)) if ledger.exists() else 0
+        assert n_charged == int(charged)
+
+        rel = factorize(path, RANK, **kw)
+        assert reads() - N_CHUNKS == rerun_reads  # a journaled pass is not read again
+    _assert_same_release(out, clean)
+    rep = rel.report
+    if private:
+        (record,) = _records(ledger)  # exactly one charge
+        assert record["release_id"] == rep["release_id"]
+        assert rep["ledger"]["n_releases"] == 1
+    else:
+        assert not ledger.exists()  # a non-private run is not accounted
+    if not published:
+        assert rep["resumed_from_journal"] is (rerun_reads == 0)
+        assert rep["n_passes"] == (1 if rerun_reads else 0)
+        assert (rep["cluster"]["n_graph_tasks_pass"] == 0) is (rerun_reads == 0)
+    assert not os.path.lexists(journal)
+
+
+# ---------------------------------------------------------------------------
+# (2) a real `dplr factorize` process SIGKILLed, then the same command rerun
+# ---------------------------------------------------------------------------
+# Runs `dplr factorize ARGV` with one step wrapped so that the process SIGKILLs
+# itself right after that step's durable write: the hardest possible crash there.
+_KILLED_RUN = """
+import os, signal, sys
+from pipeline.io import FileJournal
+from pipeline.cli import main
+step = getattr(FileJournal, sys.argv[1])
+def then_die(self, *a, **kw):
+    step(self, *a, **kw)
+    os.kill(os.getpid(), signal.SIGKILL)
+setattr(FileJournal, sys.argv[1], then_die)
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "DASK_SCHEDULER_ADDRESS"}
+
+
+def _run(args: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        args, check=False, capture_output=True, text=True, timeout=120, env=_env()
+    )
+
+
+def _dplr_args(
+    path: str, out: Path, ledger: Path, scheduler: str, *extra: str
+) -> list[str]:
+    return [
+        "factorize", path, "--rank", str(RANK), "--epsilon", "1", "--delta", "1e-6",
+        "--seed", str(SKETCH_SEED), "--insecure-noise-seed", str(NOISE_SEED),
+        "--out", str(out), "--ledger", str(ledger), "--budget-epsilon", str(BUDGET[0]),
+        "--budget-delta", str(BUDGET[1]), "--scheduler", scheduler, "--quiet", *extra,
+    ]  # fmt: skip
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.mark.cli
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("step", ["record_sketches", "mark_charged"])
+def test_dplr_factorize_sigkilled_after_a_durable_step_resumes_on_rerun(
+    cluster: LocalCluster,
+    client: Client,
+    tmp_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    global_seed: int,
+    step: str,
+) -> None:
+    path = write_matrix(
+        tmp_path / "A.zarr", seeded_matrix(global_seed, M, N), STORE_CHUNKS
+    )
+    sched = cluster.scheduler_address
+    # the undisturbed run of the same job (the command calls exactly this)
+    ref_out = _clean_release(
+        path, "spectral", True, global_seed, tmp_path_factory.mktemp("clean")
+    )
+
+    out, ledger = tmp_path / "release.zarr", tmp_path / "ledger.json"
+    journal = Path(default_journal_path(out))
+    argv = _dplr_args(path, out, ledger, sched)
+    with counted_reads(client, path, tmp_path / "marks") as reads:
+        killed = _run([sys.executable, "-c", _KILLED_RUN, step, *argv])
+        assert killed.returncode == -signal.SIGKILL, killed.stderr
+        assert reads() == N_CHUNKS
+        assert not os.path.lexists(out)
+        assert (journal / "sketches.json").exists()
+        assert (journal / "charged.json").exists() is (step == "mark_charged")
+        _assert_private_tree(journal)
+        before_ledger = ledger.read_bytes() if ledger.exists() else None
+        charged = [] if before_ledger is None else _records(ledger)
+        assert len(charged) == (step == "mark_charged")
+
+        # another job on the same OUT is refused (exit 2, one line), nothing changes
+        before_journal = _snapshot(journal)
+        other = _run([sys.executable, "-m", "pipeline", *argv, "--rank", str(RANK + 1)])
+        assert other.returncode == 2, (other.returncode, other.stderr)
+        line = other.stderr.strip()
+        assert "\n" not in line
+        assert "Traceback" not in line
+        assert line.startswith("dplr: error: ")
+        assert str(journal) in line
+        assert "different parameters" in line
+        if step == "mark_charged":
+            assert "already charged" in line
+            assert "charge stays spent" in line
+        else:
+            assert "costs no privacy budget" in line
+        assert _snapshot(journal) == before_journal
+        assert (ledger.read_bytes() if ledger.exists() else None) == before_ledger
+
+        # the same command resumes: no read, the same noise, no second charge
+        again = _run([sys.executable, "-m", "pipeline", *argv])
+        assert again.returncode == 0, again.stderr
+        assert reads() == N_CHUNKS
+    assert "resumed from the journal of an interrupted run" in again.stdout
+    assert "passes=0" in again.stdout
+    _assert_same_release(out, ref_out)
+    (record,) = _records(ledger)
+    assert record["release_id"] == read_release(out).report["release_id"]
+    if charged:
+        assert record == charged[0]
+    assert not os.path.lexists(journal)
