@@ -14,11 +14,13 @@ worker regenerates the same operators. Tasks name only the plugin.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from distributed import Client, WorkerPlugin, get_worker
+from distributed import Client, WorkerPlugin, get_worker, wait
+from distributed.client import FuturesCancelledError
 
 from pipeline._types import FloatArray, IntArray
 from pipeline.algorithms.continual import (
@@ -31,6 +33,7 @@ from pipeline.algorithms.continual import (
 __all__ = ["sketch_partitions"]
 
 Part = tuple[IntArray, IntArray, FloatArray]
+_ATTEMPTS = 3  # scatters of a part whose data died with its worker
 
 
 class _SeedPlugin(WorkerPlugin):
@@ -85,11 +88,32 @@ def sketch_partitions(
     name = f"dplr-stream-{uuid.uuid4().hex}"
     client.register_plugin(_SeedPlugin(name, sketch_seed), name=name)
     try:
-        data = client.scatter(list(parts))
-        futures = [
-            client.submit(_sketch_on_worker, name, plan, d, key=f"dplr-stream-part-{uuid.uuid4().hex}", pure=False)
-            for d in data
-        ]
-        return list(client.gather(futures))
+        results: list[SketchDelta | None] = [None] * len(parts)
+        todo = list(range(len(parts)))
+        for _ in range(_ATTEMPTS):
+            # the cells are scattered (not embedded in the graph); a part whose
+            # scattered cells died with their worker is scattered again
+            data = client.scatter([parts[k] for k in todo], hash=False)
+            futures = {
+                k: client.submit(_sketch_on_worker, name, plan, d, key=f"dplr-stream-part-{uuid.uuid4().hex}", pure=False)
+                for k, d in zip(todo, data, strict=True)
+            }
+            with contextlib.suppress(FuturesCancelledError):  # looked at one by one below
+                wait(list(futures.values()))
+            lost = []
+            for k, f in futures.items():
+                if f.status == "finished":
+                    results[k] = f.result()
+                elif f.status == "error":
+                    f.result()  # a bug in the kernel: raise it
+                else:
+                    lost.append(k)
+            todo = lost
+            if not todo:
+                return [r for r in results if r is not None]
+        raise RuntimeError(
+            f"{len(todo)} part(s) of the batch were lost {_ATTEMPTS} times with their workers; "
+            "nothing was applied. Check the cluster and retry."
+        )
     finally:
         client.unregister_worker_plugin(name)

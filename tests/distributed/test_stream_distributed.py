@@ -1,0 +1,96 @@
+"""Stream batches sketched on a real two-worker cluster agree with the in-process sketch."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from distributed import Client
+
+from pipeline.algorithms.continual import operators, partition_cells, plan_stream, sketch_cells, sum_deltas
+from pipeline.algorithms.lrf import Algorithm, LrfParams
+from pipeline.execution.stream import sketch_partitions
+from pipeline.io.batches import write_batch
+from pipeline.stream import _plan_of, epoch_sketch, open_stream, stream_ingest, stream_init, stream_release
+
+pytestmark = pytest.mark.distributed
+
+SHAPE = (5000, 300)  # several operator tiles of rows, so batches are split across workers
+SEED = 31337
+# The parts' column blocks are summed in another grouping than one in-process
+# product: a few ulps of the largest entry (the acceptance bound is 1e-10).
+SUM_ORDER_RTOL = 1e-12
+
+
+def _cells(n: int, seed: int):
+    rng = np.random.default_rng(seed)
+    r = np.sort(rng.integers(0, SHAPE[0], n))
+    return r, rng.integers(0, SHAPE[1], n), rng.normal(size=n)
+
+
+@pytest.mark.parametrize("alg", list(Algorithm))
+def test_partitions_on_workers_equal_the_local_sketch(client: Client, alg: Algorithm):
+    plan = plan_stream(LrfParams(algorithm=alg, rank=3, epsilon=1.0, delta=1e-6), SHAPE, 8)
+    r, c, v = _cells(20000, 1)
+    if plan.lrf.transpose:
+        r, c = c, r
+        o = np.argsort(r, kind="stable")
+        r, c, v = r[o], c[o], v[o]
+    parts = partition_cells(r, c, v, 4, plan.lrf.params.tile_size)
+    assert len(parts) >= 2
+    remote = sum_deltas(plan, sketch_partitions(plan, SEED, parts, client))
+    local = sum_deltas(plan, [sketch_cells(plan, operators(plan, SEED), r, c, v)])
+    for name in local:
+        scale = np.abs(local[name]).max()
+        np.testing.assert_allclose(remote[name], local[name], rtol=0, atol=SUM_ORDER_RTOL * scale)
+    # the plugin that carried the seed is gone from the workers afterwards
+    left = client.run(lambda dask_worker: len(getattr(dask_worker, "_dplr_stream_seeds", {})))
+    assert set(left.values()) == {0}
+
+
+def test_ingest_on_the_cluster_equals_ingest_in_process(client: Client, tmp_path: Path):
+    rng = np.random.default_rng(2)
+    i = rng.integers(0, SHAPE[0], 30000)
+    write_batch(tmp_path / "b.npz", {"entity": i, "i": i, "j": rng.integers(0, SHAPE[1], 30000),
+                                     "s": rng.normal(size=30000) * 0.01})
+    states = {}
+    for where, cl in (("local", None), ("cluster", client)):
+        state = tmp_path / f"{where}.stream"
+        stream_init(state, n_rows=SHAPE[0], n_cols=SHAPE[1], rank=3, horizon=4, epsilon=1.0, delta=1e-6,
+                    unit="row", seed=SEED, insecure_noise_seed=5, ledger=tmp_path / f"{where}.ledger.json")
+        stream_ingest(state, tmp_path / "b.npz", epoch=1, client=cl)
+        states[where] = state
+    plans = {w: _plan_of(open_stream(s).manifest) for w, s in states.items()}
+    sk = {w: epoch_sketch(open_stream(s), plans[w], 1) for w, s in states.items()}
+    for name in sk["local"]:
+        scale = np.abs(sk["local"][name]).max()
+        np.testing.assert_allclose(sk["cluster"][name], sk["local"][name], rtol=0, atol=SUM_ORDER_RTOL * scale)
+    # entity budgets are identical: clipping runs on the client, before any task
+    a, b = open_stream(states["local"]), open_stream(states["cluster"])
+    np.testing.assert_array_equal(a.read("entities/spent"), b.read("entities/spent"))
+    fa, _ = stream_release(states["local"], epoch=1, out=tmp_path / "a.zarr")
+    fb, _ = stream_release(states["cluster"], epoch=1, out=tmp_path / "b.zarr")
+    np.testing.assert_allclose(fa.S, fb.S, rtol=1e-9)
+
+
+def test_a_worker_killed_during_an_ingest_changes_nothing(client: Client, tmp_path: Path):
+    """The scheduler re-runs lost parts on a live worker, which holds the plugin too."""
+    plan = plan_stream(LrfParams(algorithm=Algorithm.SPECTRAL, rank=3, epsilon=1.0, delta=1e-6), SHAPE, 8)
+    r, c, v = _cells(400000, 3)
+    parts = partition_cells(r, c, v, 4, plan.lrf.params.tile_size)
+    local = sum_deltas(plan, [sketch_cells(plan, operators(plan, SEED), *p) for p in parts])
+    pids = list(client.run(os.getpid).values())
+    timer = threading.Timer(0.3, os.kill, args=(pids[0], signal.SIGKILL))
+    timer.start()
+    try:
+        remote = sum_deltas(plan, sketch_partitions(plan, SEED, parts, client))
+    finally:
+        timer.cancel()
+    client.wait_for_workers(2, timeout=60)
+    for name in local:
+        scale = np.abs(local[name]).max()
+        np.testing.assert_allclose(remote[name], local[name], rtol=0, atol=SUM_ORDER_RTOL * scale)
