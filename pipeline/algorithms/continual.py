@@ -295,6 +295,17 @@ def partition_cells(rows: IntArray, cols: IntArray, vals: FloatArray, n_parts: i
     return [(rows[a:b], cols[a:b], vals[a:b]) for a, b in itertools.pairwise(bounds) if b > a]
 
 
+def _compact(index: IntArray, length: int) -> tuple[IntArray, IntArray]:
+    """``np.unique(index, return_inverse=True)`` in O(n + length) instead of a sort."""
+    if index.size * 8 < length:  # few indices in a long axis: sorting is cheaper
+        u, inv = np.unique(index, return_inverse=True)
+        return u, inv.reshape(-1)
+    present = np.zeros(length, dtype=bool)
+    present[index] = True
+    rank = np.cumsum(present) - 1
+    return np.flatnonzero(present), rank[index]
+
+
 def sketch_cells(
     plan: StreamPlan,
     ops: Mapping[str, GaussianOperator],
@@ -324,8 +335,9 @@ def sketch_cells(
     ``2 nnz (t + v)`` flops plus the touched tiles (Spectral), and
     ``2 |I| v^2`` more for Low-Space's core sketch.
     """
-    I, ii = np.unique(rows, return_inverse=True)
-    J, jj = np.unique(cols, return_inverse=True)
+    M, N = plan.lrf.oriented_shape
+    I, ii = _compact(rows, M)
+    J, jj = _compact(cols, N)
     D = sp.csr_matrix((vals, (ii, jj)), shape=(I.size, J.size))  # duplicates summed
     Dt = D.T.tocsr()
     if plan.lrf.params.algorithm is Algorithm.SPECTRAL:
