@@ -759,6 +759,7 @@ def stream_release(
             )
         if os.path.lexists(out) and not _is_this_release(out, m, epoch):
             raise StoreLayoutError(f"the output {out!r} exists; nothing was replaced. Choose another path.")
+        _remove_stale_temporaries(out)
         if epoch > m["last_closed"]:
             _close_epochs(st, plan, epoch)
             _crash_point("after-close")
@@ -783,6 +784,16 @@ def stream_release(
         st.commit(changes={"releases": releases})
         _crash_point("after-record")
     return final, True
+
+
+def _remove_stale_temporaries(out: str) -> None:
+    """Hidden groups a killed publication of ``out`` left beside it (we hold the lock)."""
+    import glob
+    import shutil
+
+    parent, base = os.path.split(out)
+    for tmp in glob.glob(os.path.join(glob.escape(parent), f".{glob.escape(base)}.tmp-*")):
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _is_this_release(out: str, m: dict[str, Any], epoch: int) -> bool:
