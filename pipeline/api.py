@@ -543,17 +543,20 @@ def factorize(
             "n_workers": cinfo.n_workers,
             "n_graph_tasks_pass": 0,
         }
-        staged = execute(dsrc, cluster, client)
-        cluster["n_graph_tasks_pass"] = dsrc.n_tasks  # the report holds this dict
-        if out is not None:
-            write_release(out, staged, overwrite=overwrite, client=client)
-            finish()
-            final = read_release(out)
-            final.report["timings_seconds"]["total"] = round(
-                time.perf_counter() - t0, 4
-            )
-            return final
-        U, V = _gather(staged.U, client), _gather(staged.V, client)
+        try:
+            staged = execute(dsrc, cluster, client)
+            cluster["n_graph_tasks_pass"] = dsrc.n_tasks  # the report holds this dict
+            if out is not None:
+                write_release(out, staged, overwrite=overwrite, client=client)
+                finish()
+                final = read_release(out)
+                final.report["timings_seconds"]["total"] = round(
+                    time.perf_counter() - t0, 4
+                )
+                return final
+            U, V = _gather(staged.U, client), _gather(staged.V, client)
+        finally:
+            dsrc.close()  # the job's sealed secrets leave the cluster
         finish()
         staged.report["timings_seconds"]["total"] = round(time.perf_counter() - t0, 4)
         return Factorization(U=U, S=staged.S, V=V, report=staged.report)

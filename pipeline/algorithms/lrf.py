@@ -33,6 +33,7 @@ References
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import hashlib
 from collections.abc import Callable
@@ -298,8 +299,12 @@ def pass_request(plan: LrfPlan, root: int, input_dtype: Any = np.float64) -> Pas
     )
 
 
-def _row_noise(noise: GaussianNoise) -> Callable[[int, FloatArray], FloatArray]:
-    return noise.add_to_block
+def _row_noise(noise: GaussianNoise, source: MatrixSource) -> Callable[[int, FloatArray], FloatArray]:
+    """The row-block noise map of a tall sketch, its key sealed for the source's tasks."""
+    seal = getattr(source, "seal", None)
+    if seal is None:
+        return noise.add_to_block
+    return dataclasses.replace(noise, key=seal(noise.key)).add_to_block
 
 
 def run_lrf(
@@ -360,8 +365,11 @@ def run_lrf(
     """
     if plan.calibration is not None and noise_key is None:
         raise InvalidParameterError("a private release needs a noise key.")
+    # tasks carry a sealed reference to the seed, never the seed [spec 4.6, item 3]
+    seal = getattr(source, "seal", None) or (lambda value: value)
+    root = seal(sketch_seed)
     if exact is None:
-        request = request or pass_request(plan, sketch_seed, input_dtype)
+        request = request or pass_request(plan, root, input_dtype)
         exact = source.sketch(request)
         if after_pass is not None:
             after_pass(exact)
@@ -369,7 +377,7 @@ def run_lrf(
         exact = dict(exact)  # the post-processing pops them
     if before_noise is not None:
         before_noise()
-    ops = _operators(plan, sketch_seed)
+    ops = _operators(plan, root)
     if plan.params.algorithm is Algorithm.SPECTRAL:
         Ux, s, Vx = _spectral_post(source, plan, exact, ops, noise_key)
     else:
@@ -393,7 +401,7 @@ def _spectral_post(source: MatrixSource, plan: LrfPlan, exact: dict[str, Any], o
     ny = _noise(plan, key, "Y", NoiseCode.Y, M, plan.t)
     nz = _noise(plan, key, "Z", NoiseCode.Z, N, plan.v)
     if ny is not None and nz is not None:
-        Y = source.tall_map_rows(Y, _row_noise(ny))  # [Upa18, Fig. 1, step 3]: Y = A Phi + N_1
+        Y = source.tall_map_rows(Y, _row_noise(ny, source))  # [Upa18, Fig. 1, step 3]: Y = A Phi + N_1
         Z = Z + nz.dense().T  # Z = S A + N_2, noise tiled along the columns of Z
     Q = source.tall_qr(Y)  # [spec 3.2, F1]
     SQ = source.tall_left_sketch(Q, ops["S"])  # v x t, summed over row blocks [spec 6.1]
@@ -413,7 +421,7 @@ def _low_space_post(source: MatrixSource, plan: LrfPlan, exact: dict[str, Any], 
     if nc is not None and nr is not None and nz is not None:
         # [spec 3.3, R1]: explicit noise on Y_c is the paper's sigma_min Phi_bot padding
         # with a SECRET Phi_bot; a public one would leave Y_c noise-free
-        Yc = source.tall_map_rows(Yc, _row_noise(nc))
+        Yc = source.tall_map_rows(Yc, _row_noise(nc, source))
         Yr = Yr + nr.dense().T
         Z = Z + nz.dense()
     if padded:

@@ -25,6 +25,7 @@ from dask.highlevelgraph import HighLevelGraph
 from pipeline._types import FloatArray, Shape2D
 from pipeline.algorithms.base import RowBlockFn
 from pipeline.execution.progress import show_progress
+from pipeline.execution.secrets import install_secret, remove_secret
 from pipeline.mechanisms.clipping import PrivacyUnit, scale_factors_from_sumsq
 from pipeline.sketches.apply import PassRequest, block_partials, check_finite_block
 from pipeline.sketches.gaussian import GaussianOperator
@@ -118,10 +119,24 @@ class DaskSource:
         self.progress = progress
         self.n_passes = 0
         self.n_tasks = 0
+        self._secrets: list[str] = []
 
     @property
     def shape(self) -> Shape2D:
         return int(self.A.shape[0]), int(self.A.shape[1])
+
+    # -- secrets used by tasks (sketch seed, tall noise keys) -------------------
+    def seal(self, value: Any) -> Any:
+        """A reference to ``value`` that tasks can carry: the value reaches the
+        workers out of band (:mod:`pipeline.execution.secrets`) until :meth:`close`."""
+        sealed, plugin = install_secret(self.client, value)
+        self._secrets.append(plugin)
+        return sealed
+
+    def close(self) -> None:
+        """Remove this job's secrets from the cluster (after its last compute)."""
+        while self._secrets:
+            remove_secret(self.client, self._secrets.pop())
 
     # -- the pass over A --------------------------------------------------------
     def _scale_keys(

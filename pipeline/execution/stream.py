@@ -6,10 +6,10 @@ and returns its :class:`~pipeline.algorithms.continual.SketchDelta`. The client
 adds the deltas (they touch disjoint rows of the tall sketches).
 
 The sketch seed is confidential until release [spec sketch-lrf 4.6, item 4]. It
-never enters a task's arguments or key: it reaches the workers in a worker plugin
-registered under a random name for the duration of one ingest. The scheduler
-hands the plugin to every worker that joins, so a task retried on a replacement
-worker regenerates the same operators. Tasks name only the plugin.
+never enters a task's arguments or key: tasks carry a sealed reference, and the
+seed reaches the workers in a worker plugin for the duration of one ingest
+(:mod:`pipeline.execution.secrets`), so a task retried on a replacement worker
+regenerates the same operators.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Sequence
-from typing import Any
 
-from distributed import Client, WorkerPlugin, get_worker, wait
+from distributed import Client, wait
 from distributed.client import FuturesCancelledError
 
+from pipeline._sealed import Sealed
 from pipeline._types import FloatArray, IntArray
 from pipeline.algorithms.continual import (
     SketchDelta,
@@ -29,6 +29,7 @@ from pipeline.algorithms.continual import (
     operators,
     sketch_cells,
 )
+from pipeline.execution.secrets import install_secret, remove_secret
 
 __all__ = ["sketch_partitions"]
 
@@ -36,26 +37,7 @@ Part = tuple[IntArray, IntArray, FloatArray]
 _ATTEMPTS = 3  # scatters of a part whose data died with its worker
 
 
-class _SeedPlugin(WorkerPlugin):
-    """Holds one ingest's sketch seed on every worker; its repr shows no secret."""
-
-    def __init__(self, name: str, seed: int) -> None:
-        self.name = name
-        self._seed = seed
-
-    def __repr__(self) -> str:
-        return f"_SeedPlugin({self.name!r}, <redacted>)"
-
-    def setup(self, worker: Any) -> None:
-        worker._dplr_stream_seeds = getattr(worker, "_dplr_stream_seeds", {})
-        worker._dplr_stream_seeds[self.name] = self._seed
-
-    def teardown(self, worker: Any) -> None:
-        getattr(worker, "_dplr_stream_seeds", {}).pop(self.name, None)
-
-
-def _sketch_on_worker(plugin: str, plan: StreamPlan, part: Part) -> SketchDelta:
-    seed = get_worker()._dplr_stream_seeds[plugin]
+def _sketch_on_worker(plan: StreamPlan, seed: Sealed, part: Part) -> SketchDelta:
     return sketch_cells(plan, operators(plan, seed), *part)
 
 
@@ -85,8 +67,7 @@ def sketch_partitions(
     if client is None or len(parts) <= 1:
         ops = operators(plan, sketch_seed)
         return [sketch_cells(plan, ops, *p) for p in parts]
-    name = f"dplr-stream-{uuid.uuid4().hex}"
-    client.register_plugin(_SeedPlugin(name, sketch_seed), name=name)
+    sealed, plugin = install_secret(client, sketch_seed)
     try:
         results: list[SketchDelta | None] = [None] * len(parts)
         todo = list(range(len(parts)))
@@ -95,7 +76,7 @@ def sketch_partitions(
             # scattered cells died with their worker is scattered again
             data = client.scatter([parts[k] for k in todo], hash=False)
             futures = {
-                k: client.submit(_sketch_on_worker, name, plan, d, key=f"dplr-stream-part-{uuid.uuid4().hex}", pure=False)
+                k: client.submit(_sketch_on_worker, plan, sealed, d, key=f"dplr-stream-part-{uuid.uuid4().hex}", pure=False)
                 for k, d in zip(todo, data, strict=True)
             }
             with contextlib.suppress(FuturesCancelledError):  # looked at one by one below
@@ -116,4 +97,4 @@ def sketch_partitions(
             "nothing was applied. Check the cluster and retry."
         )
     finally:
-        client.unregister_worker_plugin(name)
+        remove_secret(client, plugin)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from randomgen import ChaCha
 
+from pipeline._sealed import Sealed, unseal
 from pipeline._types import FloatArray
 from pipeline.sketches.gaussian import DEFAULT_TILE_SIZE
 
@@ -121,8 +122,10 @@ class GaussianNoise:
 
     Parameters
     ----------
-    key : NoiseKey
-        Key of this statistic in this release (``release_key.derive(code)``).
+    key : NoiseKey or Sealed
+        Key of this statistic in this release (``release_key.derive(code)``); a
+        :class:`~pipeline._sealed.Sealed` reference on a cluster, so that the key
+        never travels inside a task.
     sigma : float
         Standard deviation, from the joint calibration.
     length, dim : int
@@ -137,7 +140,7 @@ class GaussianNoise:
     (never per chunk) [spec 4.6, item 1; 6.3].
     """
 
-    key: NoiseKey
+    key: NoiseKey | Sealed
     sigma: float
     length: int
     dim: int
@@ -145,7 +148,7 @@ class GaussianNoise:
 
     def tile(self, g: int) -> FloatArray:
         """Tile ``g`` of standard normals, of shape (tile_size, dim), unscaled."""
-        return _tile_generator(self.key, g).standard_normal((self.tile_size, self.dim))
+        return _tile_generator(unseal(self.key), g).standard_normal((self.tile_size, self.dim))
 
     def block(self, start: int, stop: int) -> FloatArray:
         """Rows ``start:stop`` of the noise, of shape (stop - start, dim), scaled.

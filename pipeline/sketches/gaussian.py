@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline._sealed import Sealed, unseal
 from pipeline._types import FloatArray, IntArray
 
 #: Rows per generation tile along the data axis; recorded in every report because
@@ -40,8 +41,10 @@ class GaussianOperator:
 
     Parameters
     ----------
-    root : int
-        128-bit sketch seed. Confidential until release [spec 4.6, item 4].
+    root : int or Sealed
+        128-bit sketch seed. Confidential until release [spec 4.6, item 4]; on a
+        cluster it is a :class:`~pipeline._sealed.Sealed` reference, so that it
+        never travels inside a task.
     code : OperatorCode
         Stream identifier of this operator.
     length : int
@@ -52,7 +55,7 @@ class GaussianOperator:
         Rows per generation tile.
     """
 
-    root: int
+    root: int | Sealed
     code: int
     length: int
     dim: int
@@ -86,7 +89,7 @@ def operator_tile(op: GaussianOperator, tile: int) -> FloatArray:
     NumPy version; ``Generator.standard_normal`` streams are not promised stable
     across NumPy releases (NEP 19), so reports record the NumPy version.
     """
-    seq = np.random.SeedSequence(entropy=op.root, spawn_key=(int(op.code), tile))
+    seq = np.random.SeedSequence(entropy=int(unseal(op.root)), spawn_key=(int(op.code), tile))
     rng = np.random.Generator(np.random.Philox(seq))
     block = rng.standard_normal((op.tile_size, op.dim))
     # JL normalisation N(0, 1/d) is part of the privacy contract: the sensitivity

@@ -48,8 +48,12 @@ def test_partitions_on_workers_equal_the_local_sketch(client: Client, alg: Algor
         scale = np.abs(local[name]).max()
         np.testing.assert_allclose(remote[name], local[name], rtol=0, atol=SUM_ORDER_RTOL * scale)
     # the plugin that carried the seed is gone from the workers afterwards
-    left = client.run(lambda dask_worker: len(getattr(dask_worker, "_dplr_stream_seeds", {})))
-    assert set(left.values()) == {0}
+    def held() -> int:
+        from pipeline import _sealed
+
+        return len(_sealed._REGISTRY)
+
+    assert set(client.run(held).values()) == {0}
 
 
 def test_ingest_on_the_cluster_equals_ingest_in_process(client: Client, tmp_path: Path):
