@@ -1,0 +1,965 @@
+"""Turnstile streams: ingest throughput, and continual release (noise per epoch, error, ledger).
+
+Usage::
+
+    python benchmarks/bench_stream.py                      # both parts
+    python benchmarks/bench_stream.py --part throughput    # or continual
+    python benchmarks/bench_stream.py --quick              # small sizes: a smoke run
+
+Parts (results in benchmarks/results/stream[_quick].json|md):
+
+* ``throughput`` a private 10^5 x 10^5 stream (rank 10, default DP sketch sizes t = 40,
+  v = 160, unit ``row``, C = 1, epsilon = 1, delta = 1e-6, horizon 64). 10^6 updates of
+  :func:`pipeline.linalg.stream_synthetic.turnstile_updates` (10 epochs of 10^5 updates,
+  10 % withdrawals) are written to Parquet beforehand, as ONE file of 10^6 updates (the
+  concatenation) and as 10 files of 10^5; all of them go into epoch 1 of a fresh state.
+  Four configurations: {1 x 10^6, 10 x 10^5} x {in-process, 2-worker LocalCluster
+  (processes, 1 thread each) via ``client=``}. For each: ``stream_ingest`` end to end, then
+  ``stream_release(epoch=1)``; and, on a second fresh state, the same work through the
+  public pieces timed one by one (read_batch + fingerprint, load of the entity table +
+  clip_updates, partition_cells + sketch_partitions + merge, the state commit), then a
+  profiled release. Updates/s = 10^6 / the summed ingest time.
+* ``continual`` T = 64 epochs of a 2000 x 500 stream (rank 5, 1000 updates per epoch, 10 %
+  withdrawals, unit ``row``, C = 1, epsilon = 1, delta = 1e-6), run through the pieces of
+  :mod:`pipeline.algorithms.continual` on in-memory arrays (clip_updates, sketch_cells,
+  advance_tree, noisy_sketches, release_factorization) with several independent noise keys.
+  Per epoch tau: popcount(tau), the predicted noise std sqrt(popcount) sigma (noise_std),
+  the measured std of (noisy sketch - exact sum of the tree's levels), their ratio, and
+  ||A(tau) - U S V^T||_2 against the spec 7.3 noise floor max_i sigma_i (sqrt m + sqrt n)
+  times sqrt(popcount). Then a real 200 x 100 stream (stream_init, 64 x (stream_ingest,
+  stream_release)) whose ledger must hold exactly one charge.
+
+Nothing here is an assertion. The machine is a shared 2-core VM: the load average is
+recorded before and after every part.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import math
+import os
+import pstats
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(1, os.path.dirname(HERE))
+
+import _common as C
+import numpy as np
+
+PARTS = ("throughput", "continual")
+EPS, DELTA = 1.0, 1e-6
+T = time.perf_counter
+
+
+def now() -> tuple[float, float]:
+    """(wall clock, CPU time of this process): CPU time is less sensitive to other load."""
+    return time.perf_counter(), time.process_time()
+
+
+def lap(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
+    return b[0] - a[0], b[1] - a[1]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--part", choices=(*PARTS, "all"), default="all")
+    p.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
+    p.add_argument("--repeat", type=int, default=2, help="throughput repetitions")
+    p.add_argument(
+        "--keys", type=int, default=4, help="continual: independent noise keys"
+    )
+    p.add_argument(
+        "--no-cluster", action="store_true", help="throughput: in-process only"
+    )
+    p.add_argument("--workdir", default=C.WORK)
+    p.add_argument("--results", default=os.path.join(HERE, "results"))
+    return p.parse_args(argv)
+
+
+def load_info() -> dict[str, Any]:
+    up = subprocess.run(
+        ["uptime"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    return {"loadavg_1_5_15": [round(x, 2) for x in os.getloadavg()], "uptime": up}
+
+
+def out_path(args: argparse.Namespace, ext: str) -> str:
+    return os.path.join(args.results, f"stream{'_quick' if args.quick else ''}.{ext}")
+
+
+def git_state() -> dict[str, Any]:
+    """The commit, and the package files that differed from it when the part ran."""
+
+    def git(*a: str) -> str:
+        r = subprocess.run(
+            ["git", *a], capture_output=True, text=True, check=False, cwd=HERE
+        )
+        return r.stdout.strip()
+
+    return {
+        "head": git("rev-parse", "HEAD"),
+        "pipeline_changes": git("status", "--short", "--", "../pipeline").splitlines(),
+    }
+
+
+def merge_results(
+    args: argparse.Namespace, key: str, res: dict[str, Any]
+) -> dict[str, Any]:
+    """Keep the other part's results when one part is rerun."""
+    import json
+
+    path = out_path(args, "json")
+    doc: dict[str, Any] = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            doc = json.load(f)
+    res["git"] = git_state()
+    doc[key] = res
+    doc["machine"] = C.machine()
+    doc["versions"] = C.versions()
+    C.dump_json(doc, path)
+    return doc
+
+
+# -- throughput --------------------------------------------------------------------------
+
+
+def write_batches(
+    args: argparse.Namespace, m: int, n: int, total: int
+) -> dict[str, Any]:
+    """Parquet files: 10 batches of total/10 updates, and their concatenation as one file."""
+    from pipeline.io.batches import write_batch
+    from pipeline.linalg.stream_synthetic import turnstile_updates
+
+    d = os.path.join(args.workdir, f"stream_{m}x{n}_u{total}")
+    one = os.path.join(d, "all.parquet")
+    ten = [os.path.join(d, f"part{k:02d}.parquet") for k in range(10)]
+    if not all(os.path.exists(p) for p in [one, *ten]):
+        os.makedirs(d, exist_ok=True)
+        t0 = T()
+        ups = turnstile_updates(
+            m,
+            n,
+            rank=10,
+            n_epochs=10,
+            updates_per_epoch=total // 10,
+            delete_fraction=0.1,
+            seed=0,
+        )
+        for path, (e, i, j, s) in zip(ten, ups, strict=True):
+            write_batch(path, {"entity": e, "i": i, "j": j, "s": s}, overwrite=True)
+        cat = [np.concatenate([u[c] for u in ups]) for c in range(4)]
+        write_batch(
+            one, dict(zip(("entity", "i", "j", "s"), cat, strict=True)), overwrite=True
+        )
+        print(f"  wrote the batches in {T() - t0:.1f} s", flush=True)
+    return {
+        "dir": d,
+        "one": [one],
+        "ten": ten,
+        "bytes_one": os.path.getsize(one),
+        "bytes_ten": sum(os.path.getsize(p) for p in ten),
+    }
+
+
+def new_state(root: str, m: int, n: int, tag: str) -> tuple[str, str]:
+    from pipeline.stream import stream_init
+
+    state = os.path.join(root, f"state-{tag}")
+    ledger = os.path.join(root, f"ledger-{tag}.json")
+    stream_init(
+        state,
+        n_rows=m,
+        n_cols=n,
+        rank=10,
+        horizon=64,
+        epsilon=EPS,
+        delta=DELTA,
+        unit="row",
+        clip_norm=1.0,
+        ledger=ledger,
+    )
+    return state, ledger
+
+
+def dir_bytes(path: str) -> int:
+    return sum(
+        os.path.getsize(os.path.join(a, f)) for a, _, fs in os.walk(path) for f in fs
+    )
+
+
+def ingest_pieces(state: str, path: str, epoch: int, client: Any) -> dict[str, float]:
+    """One batch through the public pieces, each timed; the same commit as stream_ingest."""
+    from pipeline.algorithms.continual import partition_cells
+    from pipeline.execution.stream import sketch_partitions
+    from pipeline.io.batches import read_batch
+    from pipeline.mechanisms.entities import StreamUnit, clip_updates
+    from pipeline.stream import (
+        _delta_arrays,
+        _entity_key,
+        _load_entities,
+        _merge_deltas,
+        _plan_of,
+        open_stream,
+    )
+
+    out: dict[str, float] = {}
+    st = open_stream(state)
+    with st.lock():
+        m = st.manifest
+        plan = _plan_of(m)
+        p = m["params"]
+        t0 = now()
+        b = read_batch(
+            path, shape=(p["n_rows"], p["n_cols"]), entity_key=_entity_key(m)
+        )
+        fp = b.fingerprint()
+        t1 = now()
+        table = _load_entities(st)
+        t2 = now()
+        c = clip_updates(
+            b.entity,
+            b.i,
+            b.j,
+            b.s,
+            table=table,
+            unit=StreamUnit(p["unit"]),
+            clip_norm=p["clip_norm"],
+            n_cols=p["n_cols"],
+        )
+        t3 = now()
+        rows, cols, vals = c.rows, c.cols, c.vals
+        if plan.lrf.transpose:
+            rows, cols = cols, rows
+            order = np.argsort(rows, kind="stable")
+            rows, cols, vals = rows[order], cols[order], vals[order]
+        n_parts = (
+            1
+            if client is None
+            else 2 * max(1, len(client.scheduler_info().get("workers", {})))
+        )
+        parts = partition_cells(rows, cols, vals, n_parts, plan.lrf.params.tile_size)
+        seed, _ = st.secrets()
+        w0 = sum(client.run(time.process_time).values()) if client is not None else 0.0
+        t4 = now()
+        deltas = sketch_partitions(plan, seed, parts, client)
+        t5 = now()
+        if client is not None:
+            out["sketch_worker_cpu"] = sum(client.run(time.process_time).values()) - w0
+        delta = _merge_deltas(plan, deltas)
+        t6 = now()
+        number = int(m["next_batch"])
+        prefix = f"pending/{epoch}/{number:06d}/"
+        arrays: dict[str, Any] = {
+            "entities/keys": c.table.keys,
+            "entities/spent": c.table.spent,
+            "entities/anchor": c.table.anchor,
+        }
+        arrays |= {prefix + k: v for k, v in _delta_arrays(delta).items()}
+        nbytes = sum(v.nbytes for v in arrays.values())
+        pending = dict(m["pending"])
+        pending[str(epoch)] = [*pending.get(str(epoch), []), number]
+        record = {
+            "fingerprint": fp,
+            "epoch": epoch,
+            "file": os.path.basename(path),
+            "batch": number,
+            "applied": "bench",
+        }
+        st.commit(
+            arrays=arrays,
+            changes={
+                "pending": pending,
+                "next_batch": number + 1,
+                "batches": [*m["batches"], record],
+                "entity_kind": m["entity_kind"] or b.entity_kind,
+            },
+        )
+        t7 = now()
+    out["read_validate"], out["read_validate_cpu"] = lap(t0, t1)
+    out["entity_table_load"], out["entity_table_load_cpu"] = lap(t1, t2)
+    out["clip"], out["clip_cpu"] = lap(t2, t3)
+    out["partition"], out["partition_cpu"] = lap(t3, t4)
+    out["sketch"], out["sketch_cpu"] = lap(t4, t5)
+    out["merge"], out["merge_cpu"] = lap(t5, t6)
+    out["state_write"], out["state_write_cpu"] = lap(t6, t7)
+    out["state_write_MiB"] = nbytes / 2**20
+    out["n_parts"] = len(parts)
+    return out
+
+
+def sketch_detail(state: str, path: str) -> dict[str, float]:
+    """The steps of sketch_cells on one whole batch, in this process, timed one by one."""
+    import scipy.sparse as sp
+
+    from pipeline.algorithms.continual import _compact, operators
+    from pipeline.io.batches import read_batch
+    from pipeline.mechanisms.entities import EntityTable, StreamUnit, clip_updates
+    from pipeline.stream import _entity_key, _plan_of, open_stream
+
+    st = open_stream(state)
+    m = st.manifest
+    plan = _plan_of(m)
+    p = m["params"]
+    b = read_batch(path, shape=(p["n_rows"], p["n_cols"]), entity_key=_entity_key(m))
+    c = clip_updates(
+        b.entity,
+        b.i,
+        b.j,
+        b.s,
+        table=EntityTable.empty(),
+        unit=StreamUnit.ROW,
+        clip_norm=1.0,
+        n_cols=p["n_cols"],
+    )
+    ops = operators(plan, st.secrets()[0])
+    out: dict[str, float] = {}
+    t0 = now()
+    M, N = plan.lrf.oriented_shape
+    I, ii = _compact(c.rows, M)  # as sketch_cells does
+    J, jj = _compact(c.cols, N)
+    t1 = now()
+    D = sp.csr_matrix((c.vals, (ii, jj)), shape=(I.size, J.size))
+    Dt = D.T.tocsr()
+    t2 = now()
+    phi = ops["Phi"].rows(J)
+    t3 = now()
+    s_rows = ops["S"].rows(I)
+    t4 = now()
+    y = D @ phi
+    t5 = now()
+    z = Dt @ s_rows
+    t6 = now()
+    del y, z
+    out["unique_I_J"], out["unique_I_J_cpu"] = lap(t0, t1)
+    out["csr_build_and_transpose"], out["csr_build_and_transpose_cpu"] = lap(t1, t2)
+    out["Phi_rows_J"], out["Phi_rows_J_cpu"] = lap(t2, t3)
+    out["S_rows_I"], out["S_rows_I_cpu"] = lap(t3, t4)
+    out["D_at_Phi"], out["D_at_Phi_cpu"] = lap(t4, t5)
+    out["Dt_at_S"], out["Dt_at_S_cpu"] = lap(t5, t6)
+    out["n_I"], out["n_J"], out["nnz"] = int(I.size), int(J.size), int(D.nnz)
+    out["tile_size"] = plan.lrf.params.tile_size
+    out["tiles_generated"] = int(
+        np.unique(I // out["tile_size"]).size + np.unique(J // out["tile_size"]).size
+    )
+    out["normals_generated_M"] = (
+        np.unique(J // plan.lrf.params.tile_size).size
+        * plan.lrf.params.tile_size
+        * plan.lrf.t
+        + np.unique(I // plan.lrf.params.tile_size).size
+        * plan.lrf.params.tile_size
+        * plan.lrf.v
+    ) / 1e6
+    # the clipping step, profiled: which numpy calls
+    prof = cProfile.Profile()
+    prof.enable()
+    clip_updates(
+        b.entity,
+        b.i,
+        b.j,
+        b.s,
+        table=EntityTable.empty(),
+        unit=StreamUnit.ROW,
+        clip_norm=1.0,
+        n_cols=p["n_cols"],
+    )
+    prof.disable()
+    out["clip_profile"] = _top(prof, 8)  # type: ignore[assignment]
+    return out
+
+
+def _top(prof: cProfile.Profile, n: int) -> list[dict[str, Any]]:
+    stats = pstats.Stats(prof)
+    rows = []
+    for (file, line, fn), (_, ncalls, tot, cum, _) in stats.stats.items():  # type: ignore[attr-defined]
+        rows.append(
+            {
+                "function": f"{os.path.basename(file)}:{line}({fn})",
+                "ncalls": ncalls,
+                "tottime": round(tot, 4),
+                "cumtime": round(cum, 4),
+            }
+        )
+    return sorted(rows, key=lambda r: -r["tottime"])[:n]
+
+
+RELEASE_STEPS = {
+    "_close_epochs": "close epoch (fold pending into the tree, commit)",
+    "noisy_sketches": "keyed node noise + sum",
+    "release_factorization": "factorization of the noisy sketches",
+    "write_release": "write the release group",
+}
+
+
+def profiled_release(state: str, out: str) -> dict[str, float]:
+    from pipeline.stream import stream_release
+
+    prof = cProfile.Profile()
+    t0 = T()
+    prof.enable()
+    stream_release(state, epoch=1, out=out)
+    prof.disable()
+    res = {"total": T() - t0}
+    stats = pstats.Stats(prof)
+    for (_, _, fn), (_, _, _, cum, _) in stats.stats.items():  # type: ignore[attr-defined]
+        if fn in RELEASE_STEPS:
+            res[fn] = cum
+    return res
+
+
+def run_config(
+    args: argparse.Namespace,
+    root: str,
+    files: list[str],
+    m: int,
+    n: int,
+    client: Any,
+    tag: str,
+) -> dict[str, Any]:
+    from pipeline.stream import stream_ingest, stream_release
+
+    res: dict[str, Any] = {"load_before": load_info()}
+    state, _ = new_state(root, m, n, tag + "-e2e")
+    w0 = sum(client.run(time.process_time).values()) if client is not None else 0.0
+    t0 = now()
+    per = []
+    for f in files:
+        r = stream_ingest(state, f, epoch=1, client=client)
+        per.append(r["seconds"])
+    res["ingest_s"], res["ingest_cpu_s"] = lap(t0, now())
+    if client is not None:
+        res["ingest_worker_cpu_s"] = sum(client.run(time.process_time).values()) - w0
+    res["ingest_reported_s"] = per
+    res["state_MiB_after_ingest"] = dir_bytes(state) / 2**20
+    t0 = T()
+    stream_release(state, epoch=1, out=os.path.join(root, f"rel-{tag}-e2e.zarr"))
+    res["release_s"] = T() - t0
+    res["load_mid"] = load_info()
+    shutil.rmtree(state)
+    state, _ = new_state(root, m, n, tag + "-pieces")
+    pieces = [ingest_pieces(state, f, 1, client) for f in files]
+    res["pieces"] = {k: sum(p[k] for p in pieces) for k in pieces[0]}
+    res["pieces"]["per_batch_sketch"] = [p["sketch"] for p in pieces]
+    res["pieces"]["n_parts"] = pieces[0]["n_parts"]
+    res["release_profile"] = profiled_release(
+        state, os.path.join(root, f"rel-{tag}-pieces.zarr")
+    )
+    shutil.rmtree(state)
+    res["load_after"] = load_info()
+    return res
+
+
+def part_throughput(args: argparse.Namespace) -> dict[str, Any]:
+    m = n = 10**4 if args.quick else 10**5
+    total = 10**5 if args.quick else 10**6
+    os.makedirs(args.workdir, exist_ok=True)
+    files = write_batches(args, m, n, total)
+    res: dict[str, Any] = {
+        "shape": [m, n],
+        "updates": total,
+        "rank": 10,
+        "t": 40,
+        "v": 160,
+        "unit": "row",
+        "clip_norm": 1.0,
+        "epsilon": EPS,
+        "delta": DELTA,
+        "horizon": 64,
+        "files": files,
+        "load_start": load_info(),
+        "runs": [],
+    }
+    cluster = client = None
+    modes = ["in-process"] if args.no_cluster else ["in-process", "cluster"]
+    try:
+        if "cluster" in modes:
+            cluster, client = C.start_cluster(2)
+        root = tempfile.mkdtemp(prefix="bench-stream-", dir=args.workdir)
+        # warm-up: imports and first-call costs in this process and on the workers
+        for mode in modes:
+            cl = client if mode == "cluster" else None
+            st, _ = new_state(root, m, n, f"warm-{mode}")
+            from pipeline.stream import stream_ingest
+
+            stream_ingest(st, files["ten"][0], epoch=1, client=cl)
+            shutil.rmtree(st)
+        configs = [(mode, batching) for mode in modes for batching in ("1x", "10x")]
+        for rep in range(args.repeat):
+            order = configs[rep % len(configs) :] + configs[: rep % len(configs)]
+            for mode, batching in order:
+                cl = client if mode == "cluster" else None
+                fl = files["one"] if batching == "1x" else files["ten"]
+                tag = f"{mode}-{batching}-r{rep}"
+                print(f"  {tag} ({load_info()['uptime']})", flush=True)
+                r = run_config(args, root, fl, m, n, cl, tag)
+                r |= {"mode": mode, "batching": batching, "repetition": rep}
+                r["updates_per_s"] = total / r["ingest_s"]
+                print(
+                    f"    ingest {r['ingest_s']:.2f} s = {r['updates_per_s']:.3g} updates/s; "
+                    f"release {r['release_s']:.2f} s; pieces "
+                    + ", ".join(
+                        f"{k} {v:.2f}"
+                        for k, v in r["pieces"].items()
+                        if isinstance(v, float)
+                    ),
+                    flush=True,
+                )
+                res["runs"].append(r)
+        print("  sketch_cells steps on the whole batch, in process", flush=True)
+        st, _ = new_state(root, m, n, "detail")
+        res["sketch_detail"] = sketch_detail(st, files["one"][0])
+        shutil.rmtree(root, ignore_errors=True)
+    finally:
+        if client is not None:
+            client.close()
+            cluster.close()
+    res["load_end"] = load_info()
+    doc = merge_results(args, "throughput", res)
+    write_md(args, doc)
+    return res
+
+
+# -- continual ------------------------------------------------------------------------------
+
+
+def part_continual(args: argparse.Namespace) -> dict[str, Any]:
+    from pipeline.algorithms.continual import (
+        advance_tree,
+        noise_std,
+        noisy_sketches,
+        operators,
+        plan_stream,
+        release_factorization,
+        sketch_cells,
+        sum_deltas,
+    )
+    from pipeline.algorithms.lrf import Algorithm, LrfParams
+    from pipeline.linalg.stream_synthetic import entity_budget_spent, turnstile_updates
+    from pipeline.mechanisms.clipping import ClipSpec, PrivacyUnit
+    from pipeline.mechanisms.entities import EntityTable, StreamUnit, clip_updates
+    from pipeline.mechanisms.noise import NoiseKey
+
+    m, n, k, horizon, upe = (
+        (400, 100, 3, 16, 200) if args.quick else (2000, 500, 5, 64, 1000)
+    )
+    res: dict[str, Any] = {
+        "shape": [m, n],
+        "rank": k,
+        "horizon": horizon,
+        "updates_per_epoch": upe,
+        "delete_fraction": 0.1,
+        "epsilon": EPS,
+        "delta": DELTA,
+        "clip_norm": 1.0,
+        "unit": "row",
+        "noise_keys": args.keys,
+        "load_before": load_info(),
+    }
+    t_start = T()
+    params = LrfParams(
+        algorithm=Algorithm.SPECTRAL,
+        rank=k,
+        epsilon=EPS,
+        delta=DELTA,
+        clip=ClipSpec(unit=PrivacyUnit.ROW, clip_norm=1.0),
+    )
+    plan = plan_stream(params, (m, n), horizon)
+    res |= {
+        "t": plan.lrf.t,
+        "v": plan.lrf.v,
+        "levels": plan.levels,
+        "transposed": plan.lrf.transpose,
+        "sigma": {s: plan.lrf.sigma(s) for s in plan.names},
+    }
+    seed = 12345
+    ops = operators(plan, seed)
+    ups = turnstile_updates(
+        m,
+        n,
+        rank=k,
+        n_epochs=horizon,
+        updates_per_epoch=upe,
+        delete_fraction=0.1,
+        seed=7,
+    )
+    spent = entity_budget_spent(ups, m)
+    res["entities_over_budget_unclipped"] = int((spent > 1.0).sum())
+    res["max_budget_spent_unclipped"] = float(spent.max())
+    keys = [NoiseKey.insecure_from_seed(1000 + r) for r in range(args.keys)]
+    table = EntityTable.empty()
+    levels: dict[int, dict[str, np.ndarray]] = {}
+    A_raw = np.zeros((m, n))
+    A_clip = np.zeros((m, n))
+    floor_one = max(plan.lrf.sigma(s) for s in plan.names) * (
+        math.sqrt(m) + math.sqrt(n)
+    )
+    res["noise_floor_one_node"] = floor_one
+    rows = []
+    all_cells: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    for tau, (e, i, j, s) in enumerate(ups, start=1):
+        np.add.at(A_raw, (i, j), s)
+        c = clip_updates(
+            e, i, j, s, table=table, unit=StreamUnit.ROW, clip_norm=1.0, n_cols=n
+        )
+        table = c.table
+        np.add.at(A_clip, (c.rows, c.cols), c.vals)
+        r_, c_, v_ = (
+            (c.cols, c.rows, c.vals) if plan.lrf.transpose else (c.rows, c.cols, c.vals)
+        )
+        all_cells.append((r_, c_, v_))
+        d = sum_deltas(plan, [sketch_cells(plan, ops, r_, c_, v_)])
+        levels = advance_tree(levels, tau - 1, d)
+        exact = {
+            name: sum(part[name] for part in levels.values()) for name in plan.names
+        }
+        pred = noise_std(plan, tau)
+        sq = dict.fromkeys(plan.names, 0.0)
+        cnt = dict.fromkeys(plan.names, 0)
+        errs = []
+        for key in keys:
+            noisy = noisy_sketches(plan, levels, tau, key)
+            for name in plan.names:
+                diff = noisy[name] - exact[name]
+                sq[name] += float(np.sum(diff * diff))
+                cnt[name] += diff.size
+            f = release_factorization(plan, noisy, seed)
+            errs.append(spectral_norm(A_clip - (f.U * f.S) @ f.V.T))
+        sv = np.sqrt(np.maximum(np.linalg.eigvalsh(A_clip.T @ A_clip)[::-1], 0.0))
+        pc = tau.bit_count()
+        row = {"tau": tau, "popcount": pc}
+        for name in plan.names:
+            meas = math.sqrt(sq[name] / cnt[name])
+            row[f"pred_{name}"] = pred[name]
+            row[f"meas_{name}"] = meas
+            row[f"ratio_{name}"] = meas / pred[name]
+        row["err_median"] = statistics.median(errs)
+        row["err_values"] = errs
+        row["floor"] = floor_one * math.sqrt(pc)
+        row["err_over_floor"] = row["err_median"] / row["floor"]
+        row["A_norm2"] = float(sv[0])
+        row["best_rank_k_err"] = float(sv[k]) if sv.size > k else 0.0
+        row["clip_rel_change"] = float(
+            np.linalg.norm(A_clip - A_raw) / max(np.linalg.norm(A_raw), 1e-300)
+        )
+        rows.append(row)
+        if tau in (1, 2, 3, 4, 7, 8, 16, 31, 32, 63, 64):
+            print(
+                f"  tau {tau:2d} pc {pc}: Y {row['ratio_Y']:.3f} Z {row['ratio_Z']:.3f}; err "
+                f"{row['err_median']:.1f} floor {row['floor']:.1f} ({row['err_over_floor']:.2f})",
+                flush=True,
+            )
+    res["epochs"] = rows
+    # linearity: the tree's levels sum to the sketch of all clipped cells at once
+    cat = [np.concatenate([x[q] for x in all_cells]) for q in range(3)]
+    once = sum_deltas(plan, [sketch_cells(plan, ops, *cat)])
+    exact = {name: sum(part[name] for part in levels.values()) for name in plan.names}
+    res["linearity_max_abs_diff"] = max(
+        float(np.abs(once[nm] - exact[nm]).max()) for nm in plan.names
+    )
+    res["linearity_scale"] = max(float(np.abs(once[nm]).max()) for nm in plan.names)
+    res["in_memory_wall_s"] = T() - t_start
+    res["ledger"] = ledger_check(args)
+    res["load_after"] = load_info()
+    doc = merge_results(args, "continual", res)
+    write_md(args, doc)
+    return res
+
+
+def spectral_norm(R: np.ndarray) -> float:
+    """||R||_2 = sqrt(lambda_max(R^T R)) (R is tall: m >= n here)."""
+    return float(np.sqrt(max(np.linalg.eigvalsh(R.T @ R)[-1], 0.0)))
+
+
+def ledger_check(args: argparse.Namespace) -> dict[str, Any]:
+    """A real stream: init, then ingest + release at every epoch; count the ledger's charges."""
+    from pipeline.accounting.ledger import Ledger
+    from pipeline.io.batches import write_batch
+    from pipeline.linalg.stream_synthetic import turnstile_updates
+    from pipeline.stream import (
+        stream_ingest,
+        stream_init,
+        stream_release,
+        stream_status,
+    )
+
+    horizon = 16 if args.quick else 64
+    m, n = 200, 100
+    root = tempfile.mkdtemp(prefix="bench-stream-ledger-", dir=args.workdir)
+    t0 = T()
+    try:
+        state, ledger = os.path.join(root, "state"), os.path.join(root, "ledger.json")
+        info = stream_init(
+            state,
+            n_rows=m,
+            n_cols=n,
+            rank=2,
+            horizon=horizon,
+            epsilon=EPS,
+            delta=DELTA,
+            unit="row",
+            ledger=ledger,
+        )
+        charges_after_init = len(Ledger.open(ledger).releases)
+        ups = turnstile_updates(
+            m,
+            n,
+            rank=2,
+            n_epochs=horizon,
+            updates_per_epoch=100,
+            delete_fraction=0.1,
+            seed=3,
+        )
+        published = 0
+        reported = set()
+        for tau, (e, i, j, s) in enumerate(ups, start=1):
+            path = os.path.join(root, f"b{tau:02d}.parquet")
+            write_batch(path, {"entity": e, "i": i, "j": j, "s": s})
+            stream_ingest(state, path, epoch=tau)
+            f, now = stream_release(
+                state, epoch=tau, out=os.path.join(root, f"rel{tau:02d}.zarr")
+            )
+            published += int(now)
+            reported.add(
+                (
+                    f.report["epsilon"],
+                    f.report["delta"],
+                    f.report["ledger"]["release_id"],
+                )
+            )
+        # a rerun of the last release publishes nothing and charges nothing
+        _, again = stream_release(
+            state, epoch=horizon, out=os.path.join(root, f"rel{horizon:02d}.zarr")
+        )
+        book = Ledger.open(ledger)
+        recs = book.releases
+        return {
+            "horizon": horizon,
+            "shape": [m, n],
+            "levels": info.levels,
+            "releases_published": published,
+            "rerun_published": bool(again),
+            "charges_after_init": charges_after_init,
+            "charges_after_all_releases": len(recs),
+            "charge_release_ids": [r.get("release_id") for r in recs],
+            "distinct_release_reports": [list(x) for x in reported],
+            "spent": list(book.spent()),
+            "budget": list(book.budget),
+            "released_epochs": len(stream_status(state).released),
+            "wall_s": T() - t0,
+        }
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+# -- Markdown -------------------------------------------------------------------------------
+
+
+def _med(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def md_throughput(r: dict[str, Any]) -> str:
+    L = []
+    m, n = r["shape"]
+    L.append(
+        f"## Ingest throughput: {m:,} x {n:,} private stream, {r['updates']:,} updates into epoch 1\n"
+    )
+    L.append(
+        f"Spectral, rank {r['rank']}, t = {r['t']}, v = {r['v']}, unit `row`, C = 1, epsilon = 1, delta = 1e-6, "
+        f"horizon 64. Batches: Parquet ({r['files']['bytes_one'] / 2**20:.1f} MiB as one file, "
+        f"{r['files']['bytes_ten'] / 2**20:.1f} MiB as 10 files), written beforehand. Cluster: LocalCluster, "
+        "2 worker processes x 1 thread. Wall clock; medians (min-max) over the repetitions, one fresh state "
+        "per run. Target: >= 5e5 updates/s.\n"
+    )
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for run in r["runs"]:
+        groups.setdefault((run["mode"], run["batching"]), []).append(run)
+    L.append(
+        "| mode | batches | ingest s | updates/s | client CPU s | worker CPU s | release s "
+        "| state after ingest MiB | load avg (1 min) |"
+    )
+    L.append("|---|---|---|---|---|---|---|---|---|")
+    for (mode, b), runs in groups.items():
+        ing = [x["ingest_s"] for x in runs]
+        ups = [x["updates_per_s"] for x in runs]
+        rel = [x["release_s"] for x in runs]
+        cpu = [x.get("ingest_cpu_s", float("nan")) for x in runs]
+        wcpu = [x.get("ingest_worker_cpu_s", 0.0) for x in runs]
+        loads = [x["load_before"]["loadavg_1_5_15"][0] for x in runs] + [
+            x["load_mid"]["loadavg_1_5_15"][0] for x in runs
+        ]
+        L.append(
+            f"| {mode} | {'1 x 10^6' if b == '1x' else '10 x 10^5'} | {_med(ing):.2f} ({min(ing):.2f}-{max(ing):.2f}) "
+            f"| **{_med(ups):.3g}** ({min(ups):.3g}-{max(ups):.3g}) | {_med(cpu):.2f} | {_med(wcpu):.2f} "
+            f"| {_med(rel):.2f} ({min(rel):.2f}-{max(rel):.2f}) "
+            f"| {_med([x['state_MiB_after_ingest'] for x in runs]):.0f} | {min(loads):.1f}-{max(loads):.1f} |"
+        )
+    L.append(
+        "\nBreakdown (the same batches through the pieces, on a second fresh state; seconds summed over the "
+        "batches, medians over the repetitions; wall (CPU of this process)):\n"
+    )
+    keys = [
+        "read_validate",
+        "entity_table_load",
+        "clip",
+        "partition",
+        "sketch",
+        "merge",
+        "state_write",
+    ]
+    L.append(
+        "| mode | batches | "
+        + " | ".join(keys)
+        + " | sum | state written MiB | parts |"
+    )
+    L.append("|---|---|" + "---|" * (len(keys) + 3))
+    for (mode, b), runs in groups.items():
+        vals = [_med([x["pieces"][k] for x in runs]) for k in keys]
+        cpus = [
+            _med([x["pieces"].get(k + "_cpu", float("nan")) for x in runs])
+            for k in keys
+        ]
+        L.append(
+            f"| {mode} | {'1 x 10^6' if b == '1x' else '10 x 10^5'} | "
+            + " | ".join(f"{v:.2f} ({c:.2f})" for v, c in zip(vals, cpus, strict=True))
+            + f" | {sum(vals):.2f} | {_med([x['pieces']['state_write_MiB'] for x in runs]):.0f} | {runs[0]['pieces']['n_parts']} |"
+        )
+    L.append(
+        "\nRelease of epoch 1 (profiled run on the pieces' state; cumulative seconds of the steps):\n"
+    )
+    L.append("| mode | batches | total | " + " | ".join(RELEASE_STEPS.values()) + " |")
+    L.append("|---|---|---|" + "---|" * len(RELEASE_STEPS))
+    for (mode, b), runs in groups.items():
+        pr = [x["release_profile"] for x in runs]
+        L.append(
+            f"| {mode} | {'1 x 10^6' if b == '1x' else '10 x 10^5'} | {_med([p['total'] for p in pr]):.2f} | "
+            + " | ".join(
+                f"{_med([p.get(s, float('nan')) for p in pr]):.2f}"
+                for s in RELEASE_STEPS
+            )
+            + " |"
+        )
+    d = r.get("sketch_detail")
+    if d:
+        L.append(
+            f"\n`sketch_cells` on the one-file batch (all updates) in one process, step by step (|I| = {d['n_I']:,}, "
+            f"|J| = {d['n_J']:,}, nnz = {d['nnz']:,}; {d['normals_generated_M']:.1f} M Gaussians regenerated in tiles "
+            f"of {d['tile_size']} rows):\n"
+        )
+        ks = [
+            "unique_I_J",
+            "csr_build_and_transpose",
+            "Phi_rows_J",
+            "S_rows_I",
+            "D_at_Phi",
+            "Dt_at_S",
+        ]
+        L.append("| " + " | ".join(ks) + " |")
+        L.append("|" + "---|" * len(ks))
+        L.append("| " + " | ".join(f"{d[k]:.3f}" for k in ks) + " |")
+        L.append(
+            "\n`clip_updates` on the same batch, top functions by own time (cProfile):\n"
+        )
+        L.append("| function | calls | own s | cumulative s |")
+        L.append("|---|---|---|---|")
+        for x in d["clip_profile"]:
+            L.append(
+                f"| `{x['function']}` | {x['ncalls']} | {x['tottime']:.3f} | {x['cumtime']:.3f} |"
+            )
+    L.append(
+        f"\nLoad: start `{r['load_start']['uptime']}`; end `{r['load_end']['uptime']}`.\n"
+    )
+    return "\n".join(L)
+
+
+def md_continual(r: dict[str, Any]) -> str:
+    L = []
+    m, n = r["shape"]
+    L.append(
+        f"## Continual release: {m} x {n}, rank {r['rank']}, T = {r['horizon']} epochs\n"
+    )
+    L.append(
+        f"Spectral, t = {r['t']}, v = {r['v']}, L = {r['levels']} levels, epsilon = 1, delta = 1e-6, unit `row`, "
+        f"C = 1; {r['updates_per_epoch']} updates per epoch (10 % withdrawals). sigma_Y = {r['sigma']['Y']:.4g}, "
+        f"sigma_Z = {r['sigma']['Z']:.4g} per entry and node. {r['noise_keys']} independent noise keys per epoch. "
+        f"Clipping: {r['entities_over_budget_unclipped']} of {m} entities would exceed C without it "
+        f"(largest stream budget {r['max_budget_spent_unclipped']:.3f}). Noise floor (spec 7.3) for one node: "
+        f"max_i sigma_i (sqrt m + sqrt n) = {r['noise_floor_one_node']:.1f}; per epoch it is scaled by "
+        "sqrt(popcount). Error: ||A(tau) - U S V^T||_2 against the clipped A(tau), median over the keys.\n"
+    )
+    L.append(
+        "| tau | popcount | pred std Y | meas std Y | ratio Y | pred std Z | meas std Z | ratio Z | error | floor x sqrt(pc) | error/floor | ||A(tau)||_2 | sigma_{k+1}(A(tau)) |"
+    )
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for x in r["epochs"]:
+        L.append(
+            f"| {x['tau']} | {x['popcount']} | {x['pred_Y']:.4g} | {x['meas_Y']:.4g} | {x['ratio_Y']:.4f} | "
+            f"{x['pred_Z']:.4g} | {x['meas_Z']:.4g} | {x['ratio_Z']:.4f} | {x['err_median']:.1f} | {x['floor']:.1f} | "
+            f"{x['err_over_floor']:.3f} | {x['A_norm2']:.2f} | {x['best_rank_k_err']:.2f} |"
+        )
+    ry = [x["ratio_Y"] for x in r["epochs"]]
+    rz = [x["ratio_Z"] for x in r["epochs"]]
+    ef = [x["err_over_floor"] for x in r["epochs"]]
+    L.append(
+        f"\nMeasured/predicted std: Y {min(ry):.4f}-{max(ry):.4f}, Z {min(rz):.4f}-{max(rz):.4f} over the "
+        f"{len(ry)} epochs. Error / (floor x sqrt(popcount)): median {_med(ef):.3f}, range {min(ef):.3f}-{max(ef):.3f}. "
+        f"Linearity: the tree's levels at tau = T differ from one sketch of all clipped cells by at most "
+        f"{r['linearity_max_abs_diff']:.2e} (entries up to {r['linearity_scale']:.2e}).\n"
+    )
+    lg = r["ledger"]
+    L.append(
+        f"Ledger (a real {lg['shape'][0]} x {lg['shape'][1]} stream through stream_init, then {lg['horizon']} x "
+        f"(stream_ingest, stream_release)): {lg['releases_published']} releases published, charges in the ledger "
+        f"after init {lg['charges_after_init']}, after all releases **{lg['charges_after_all_releases']}** "
+        f"(release id {lg['charge_release_ids']}); spent (epsilon, delta) = {lg['spent']} of budget {lg['budget']}; "
+        f"a rerun of the last release published again: {lg['rerun_published']}. Distinct (epsilon, delta, ledger id) "
+        f"in the {lg['horizon']} release reports: {len(lg['distinct_release_reports'])}.\n"
+    )
+    L.append(
+        f"Load: before `{r['load_before']['uptime']}`; after `{r['load_after']['uptime']}`.\n"
+    )
+    return "\n".join(L)
+
+
+def write_md(args: argparse.Namespace, doc: dict[str, Any]) -> None:
+    parts = [
+        "# Turnstile streams (`benchmarks/bench_stream.py`)\n",
+        f"Machine: {doc['machine']}.\n",
+    ]
+    if "throughput" in doc:
+        parts.append(md_throughput(doc["throughput"]))
+    if "continual" in doc:
+        parts.append(md_continual(doc["continual"]))
+    with open(out_path(args, "md"), "w") as f:
+        f.write("\n".join(parts))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    parts = PARTS if args.part == "all" else (args.part,)
+    with contextlib.suppress(AttributeError):
+        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    for part in parts:
+        print(f"== part {part} == ({load_info()['uptime']})", flush=True)
+        from threadpoolctl import threadpool_limits
+
+        # one BLAS thread: threaded BLAS thrashes on a shared 2-core machine; the
+        # cluster's workers have one thread each anyway
+        with threadpool_limits(1 if part == "continual" else None):
+            {"throughput": part_throughput, "continual": part_continual}[part](args)
+    print(f"results: {out_path(args, 'json')} and .md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
