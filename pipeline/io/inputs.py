@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import dask.array as da
 import numpy as np
 import zarr
+from dask.base import tokenize
 
 from pipeline.errors import StoreLayoutError
 
@@ -47,14 +49,18 @@ def _check_array_meta(shape: tuple[int, ...], dtype: Any, what: str) -> None:
 def _open_zarr(path: str) -> zarr.Array:
     if not os.path.exists(path):
         raise StoreLayoutError(f"input store {path!r} does not exist.")
-    try:
-        node = zarr.open(store=path, mode="r")
-    except Exception as exc:  # noqa: BLE001 - zarr raises many types for a non-store
-        raise StoreLayoutError(
-            f"{path!r} is not a readable Zarr store ({type(exc).__name__})."
-        ) from None
+    # zarr warns (with a source line on stderr) about stray entries, e.g. chunk
+    # directories under a group; the refusal below is the one line a user sees
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            node = zarr.open(store=path, mode="r")
+        except Exception as exc:  # noqa: BLE001 - zarr raises many types for a non-store
+            raise StoreLayoutError(
+                f"{path!r} is not a readable Zarr store ({type(exc).__name__})."
+            ) from None
+        names = sorted(node.array_keys()) if isinstance(node, zarr.Group) else []
     if isinstance(node, zarr.Group):
-        names = sorted(node.array_keys())
         hint = (
             f"; it holds the arrays {names}, pass e.g. {os.path.join(path, names[0])!r}"
             if names
@@ -62,6 +68,32 @@ def _open_zarr(path: str) -> zarr.Array:
         )
         raise StoreLayoutError(f"{path!r} is a Zarr group, not an array{hint}.")
     return node
+
+
+class _CheckedReads:
+    """A zarr array whose failed chunk reads raise :class:`StoreLayoutError`.
+
+    A truncated or overwritten chunk file makes the codec raise (e.g. a zstd
+    ``RuntimeError``), which would end the run with a traceback; this names the
+    region of the matrix instead, with the exception type and no byte or value.
+    Reading happens on the workers: the wrapper pickles with its zarr array.
+    """
+
+    def __init__(self, z: zarr.Array, what: str) -> None:
+        self.z, self.what = z, what
+        self.shape, self.dtype, self.ndim = tuple(z.shape), z.dtype, 2
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        try:
+            return np.asarray(self.z[key])
+        except Exception as exc:  # noqa: BLE001 - codecs and stores raise many types
+            rows, cols = (
+                (f"{k.start}:{k.stop}" if isinstance(k, slice) else str(k)) for k in key
+            )
+            raise StoreLayoutError(
+                f"{self.what} cannot be read at rows {rows}, columns {cols} "
+                f"({type(exc).__name__}): a chunk is truncated or corrupted."
+            ) from None
 
 
 def _band_chunks(
@@ -158,7 +190,14 @@ def open_input(
         chunks = (min(rows, int(z.shape[0])), int(z.shape[1]))
     else:
         chunks = _band_chunks(tuple(z.shape), store_chunks, z.dtype.itemsize, unit)
-    arr = da.from_zarr(z, chunks=chunks)
+    arr = da.from_array(
+        _CheckedReads(z, what),
+        chunks=chunks,
+        name=f"zarr-{tokenize(z, chunks)}",
+        asarray=True,
+        fancy=False,
+        meta=np.empty((0, 0), dtype=z.dtype),
+    )
     return arr, InputInfo(
         path=path,
         shape=tuple(int(s) for s in z.shape),

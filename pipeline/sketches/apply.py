@@ -22,6 +22,7 @@ from pipeline.errors import NonFiniteInputError
 from pipeline.mechanisms.clipping import (
     ClipSpec,
     PrivacyUnit,
+    clip_by_peak,
     scale_factors_from_sumsq,
 )
 from pipeline.sketches.gaussian import GaussianOperator
@@ -121,16 +122,32 @@ def clip_block(
     if clip.unit is PrivacyUnit.ENTRY:
         return np.clip(block, -clip.clip_norm, clip.clip_norm, out=out)
     if clip.unit is PrivacyUnit.ROW:
-        if row_scale is None:
-            row_scale = scale_factors_from_sumsq(
-                np.einsum("ij,ij->i", block, block, dtype=np.float64), clip.clip_norm
+        if row_scale is not None:
+            return np.multiply(
+                block, row_scale.astype(block.dtype, copy=False)[:, None], out=out
             )
-        return np.multiply(block, row_scale.astype(block.dtype, copy=False)[:, None], out=out)
-    if col_scale is None:
-        col_scale = scale_factors_from_sumsq(
-            np.einsum("ij,ij->j", block, block, dtype=np.float64), clip.clip_norm
+        return _clip_vectors(block, clip.clip_norm, out)
+    if col_scale is not None:
+        return np.multiply(
+            block, col_scale.astype(block.dtype, copy=False)[None, :], out=out
         )
-    return np.multiply(block, col_scale.astype(block.dtype, copy=False)[None, :], out=out)
+    return _clip_vectors(block.T, clip.clip_norm, None if out is None else out.T).T
+
+
+def _clip_vectors(
+    x: FloatArray, clip_norm: float, out: FloatArray | None
+) -> FloatArray:
+    """Rows of ``x`` clipped to norm ``<= C`` from their own norms (into ``out``)."""
+    sumsq = np.einsum("ij,ij->i", x, x, dtype=np.float64)
+    # a finite row whose squares overflow (entries near 1e154 and up) would get
+    # the factor C / inf = 0: zeroed instead of clipped; those rows go by peak
+    huge = np.flatnonzero(np.isposinf(sumsq))
+    kept = clip_by_peak(x[huge], clip_norm) if huge.size else None
+    scale = scale_factors_from_sumsq(sumsq, clip_norm)
+    res = np.multiply(x, scale.astype(x.dtype, copy=False)[:, None], out=out)
+    if kept is not None:
+        res[huge] = kept
+    return res
 
 
 def block_partials(
