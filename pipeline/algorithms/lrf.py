@@ -404,6 +404,7 @@ def _spectral_post(source: MatrixSource, plan: LrfPlan, exact: dict[str, Any], o
         Y = source.tall_map_rows(Y, _row_noise(ny, source))  # [Upa18, Fig. 1, step 3]: Y = A Phi + N_1
         Z = Z + nz.dense().T  # Z = S A + N_2, noise tiled along the columns of Z
     Q = source.tall_qr(Y)  # [spec 3.2, F1]
+    del Y  # on a cluster the noisy Y may be freed (or unspilled) as soon as Q exists
     SQ = source.tall_left_sketch(Q, ops["S"])  # v x t, summed over row blocks [spec 6.1]
     W, s, Vx = core_one_sided(SQ, Z, plan.params.rank)  # [spec 3.2, F2]
     signs = sign_convention(Vx)
@@ -427,6 +428,7 @@ def _low_space_post(source: MatrixSource, plan: LrfPlan, exact: dict[str, Any], 
     if padded:
         Yr, Z, T = _pad(plan, Yr, Z, T, ops, key)
     U = source.tall_qr(Yc)  # [spec 3.3, F1]
+    del Yc
     V = orth(Yr.T)
     SU = source.tall_left_sketch(U, ops["S"])
     WL, s, WR = core_two_sided(SU, T.T @ V, Z, k)  # [spec 3.3, F2]
