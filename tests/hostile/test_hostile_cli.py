@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,14 +34,12 @@ import numpy as np
 import pytest
 import zarr
 from distributed import LocalCluster
-
-# the CLI helpers live beside the CLI tests (no package, no second conftest.py)
-sys.path.insert(0, os.fspath(Path(__file__).resolve().parents[1] / "cli"))
-from cli_util import (
+from hostile_util import (
     assert_nothing_at,
     assert_one_line_error,
     file_state,
     run_dplr,
+    run_in_process,
 )
 
 from pipeline.accounting.ledger import Ledger
@@ -89,6 +85,10 @@ def scheduler() -> Iterator[str]:
         _SCHEDULER.append(cluster.scheduler_address)
         yield cluster.scheduler_address
         _SCHEDULER.clear()
+
+
+def _in_process(capsys: pytest.CaptureFixture[str]) -> Any:
+    return lambda *args: run_in_process(capsys, *args)
 
 
 def _base(seed: int = 7) -> np.ndarray:
@@ -436,8 +436,14 @@ METADATA = {
 
 @pytest.mark.parametrize("name", [*METADATA, "dtype narrower"])
 def test_edited_metadata_is_refused(
-    stores: dict[str, Path], tmp_path: Path, name: str
+    stores: dict[str, Path],
+    tmp_path: Path,
+    name: str,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
+    """Refused when opened (before any cluster starts); ``group`` and ``dtype
+    narrower`` (refused during the pass) run as subprocesses, the others through
+    ``pipeline.cli.main`` in this process (same parser, exit codes and message)."""
     store = tmp_path / "A.zarr"
     shutil.copytree(stores["good"], store)
     meta = store / "zarr.json"
@@ -450,7 +456,8 @@ def test_edited_metadata_is_refused(
     ledger = _new_ledger(tmp_path / "ledger.json")
     before = file_state(ledger)
     out = tmp_path / "out.zarr"
-    proc = dplr(
+    run = dplr if name in ("group", "dtype narrower") else _in_process(capsys)
+    proc = run(
         "factorize", store, "--rank", 3, "--out", out, "--ledger", ledger, *PRIVACY
     )
     phrase = METADATA.get(name, "cannot be read at rows")
@@ -509,8 +516,14 @@ def test_edited_shape_and_same_width_dtype_release(
     ],
 )
 def test_bad_rank_exits_2(
-    stores: dict[str, Path], tmp_path: Path, rank: str, text: str
+    stores: dict[str, Path],
+    tmp_path: Path,
+    rank: str,
+    text: str,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
+    """``dplr factorize --rank 0`` runs as a subprocess; the other ranks and
+    ``dplr pca`` are refused by the same parser and planner in this process."""
     ledger = _new_ledger(tmp_path / "ledger.json")
     before = file_state(ledger)
     out = tmp_path / "out.zarr"
@@ -521,7 +534,8 @@ def test_bad_rank_exits_2(
     ):  # pca validates the same way (in memory: test_hostile_memory)
         runs.append(("pca", ("--iterations", "1", "--clip-radius", "0.5")))
     for cmd, extra in runs:
-        proc = dplr(
+        run = dplr if (rank, cmd) == ("0", "factorize") else _in_process(capsys)
+        proc = run(
             cmd,
             stores["good"],
             f"--rank={rank}",
