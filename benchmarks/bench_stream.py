@@ -98,7 +98,7 @@ def out_path(args: argparse.Namespace, ext: str) -> str:
 
 
 def git_state() -> dict[str, Any]:
-    """The commit, and the package files that differed from it when the part ran."""
+    """The commit, and the package files that differed from it, when the part starts."""
 
     def git(*a: str) -> str:
         r = subprocess.run(
@@ -123,7 +123,6 @@ def merge_results(
     if os.path.exists(path):
         with open(path) as f:
             doc = json.load(f)
-    res["git"] = git_state()
     doc[key] = res
     doc["machine"] = C.machine()
     doc["versions"] = C.versions()
@@ -476,6 +475,7 @@ def part_throughput(args: argparse.Namespace) -> dict[str, Any]:
         "delta": DELTA,
         "horizon": 64,
         "files": files,
+        "git": git_state(),
         "load_start": load_info(),
         "runs": [],
     }
@@ -564,6 +564,7 @@ def part_continual(args: argparse.Namespace) -> dict[str, Any]:
         "unit": "row",
         "noise_keys": args.keys,
         "load_before": load_info(),
+        "git": git_state(),
     }
     t_start = T()
     params = LrfParams(
