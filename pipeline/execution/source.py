@@ -64,9 +64,19 @@ def _block_task(
 
 
 def _block_sumsq(block: Any, axis: int, where: str) -> FloatArray:
+    """Per row (axis 1) or column (axis 0): sum of squares, peak exponent ``e``
+    and the sum of squares of the entries scaled by ``2**-e``, shape (3, n).
+
+    The scaled sum never overflows, so a row whose squares overflow float64
+    (entries near 1e154 and beyond) is still clipped by its norm, not zeroed.
+    """
     a = np.asarray(block, dtype=np.float64)
     check_finite_block(a, where)
-    return np.einsum("ij,ij->i" if axis == 1 else "ij,ij->j", a, a)
+    a = a if axis == 1 else a.T
+    plain = np.einsum("ij,ij->i", a, a)
+    _, e = np.frexp(np.abs(a).max(axis=1) if a.shape[1] else np.zeros(a.shape[0]))
+    scaled = np.ldexp(a, -e[:, None])
+    return np.stack([plain, e.astype(np.float64), np.einsum("ij,ij->i", scaled, scaled)])
 
 
 def _sum_leaves(parts: list[Any], index: int | None) -> FloatArray:
@@ -78,7 +88,23 @@ def _sum_leaves(parts: list[Any], index: int | None) -> FloatArray:
 
 
 def _scale_from(parts: list[FloatArray], clip_norm: float) -> FloatArray:
-    return scale_factors_from_sumsq(_sum_leaves(parts, None), clip_norm)
+    sumsq = _sum_leaves([p[0] for p in parts], None)
+    scale = scale_factors_from_sumsq(sumsq, clip_norm)
+    huge = np.flatnonzero(np.isposinf(sumsq))
+    if huge.size:
+        # squares overflowed: norm = sqrt(sum_p scaled_p 4**(e_p - E)) * 2**E
+        e = np.stack([p[1][huge] for p in parts]).astype(np.int64)
+        top = e.max(axis=0)
+        total = sum(
+            np.ldexp(p[2][huge], 2 * (ep - top)) for p, ep in zip(parts, e, strict=True)
+        )
+        ratio = clip_norm * (1.0 - 4.0 * np.finfo(np.float64).eps) / np.sqrt(total)
+        small = np.ldexp(ratio, -top)
+        # a subnormal factor is rounded to nearest: step down so it never exceeds C
+        sub = small < np.finfo(np.float64).tiny
+        small[sub] = np.nextafter(small[sub], 0.0)
+        scale[huge] = small
+    return scale
 
 
 def _tree(

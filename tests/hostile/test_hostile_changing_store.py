@@ -133,3 +133,52 @@ def test_release_of_a_store_rewritten_mid_read(
         np.testing.assert_allclose(X.T @ X, np.eye(3), rtol=0, atol=1e-12)
     assert len(json.loads(ledger.read_text())["releases"]) == 1
     assert f.report["ledger"]["n_releases"] == 1
+
+
+def test_rows_spanning_column_chunks_are_clipped_not_zeroed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When a full-width band is too wide to read at once, row norms come from a
+    pre-pass over the column chunks (pipeline/execution/source.py). Rows whose
+    squares overflow float64 are clipped there by their norm too: the release
+    equals the in-memory release of the matrix with those rows clipped by hand."""
+    import pipeline.io.inputs
+
+    monkeypatch.setattr(pipeline.io.inputs, "ROW_BAND_LIMIT", 0)  # force the pre-pass
+    rng = np.random.default_rng(5)
+    A = rng.standard_normal((M, N)) / np.sqrt(N)
+    d = rng.standard_normal(N)
+    d /= np.abs(d).max()
+    H, ref = A.copy(), A.copy()
+    H[4], H[33], H[50] = 1e300 * d, 1.7e308 * d, -1.7e308 * d
+    ref[4] = ref[33] = 0.5 * d / np.linalg.norm(d)
+    ref[50] = -ref[4]
+    z = zarr.create_array(
+        store=tmp_path / "H.zarr", shape=H.shape, chunks=(ROWS, 5), dtype=H.dtype
+    )
+    z[...] = H
+    kw: dict[str, Any] = {
+        "epsilon": 1.0,
+        "delta": 1e-6,
+        "clip_norm": 0.5,
+        "seed": 11,
+        "insecure_noise_seed": 12,
+    }
+    with (
+        LocalCluster(
+            n_workers=1,
+            threads_per_worker=1,
+            processes=False,
+            dashboard_address=":0",
+            silence_logs=logging.ERROR,
+        ) as cluster,
+        Client(cluster),
+    ):
+        f = factorize(
+            os.fspath(tmp_path / "H.zarr"), 3, private=True, **kw, budget=(10.0, 1e-4)
+        )
+    assert f.report["n_passes"] == 2  # the norm pre-pass ran
+    g = factorize(ref, 3, **kw)
+    np.testing.assert_allclose(f.S, g.S, rtol=1e-9, atol=0)
+    np.testing.assert_allclose(f.U, g.U, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(f.V, g.V, rtol=0, atol=1e-9)
