@@ -161,7 +161,7 @@ def test_hostile_batches_through_the_cli(
     ledger_bytes = file_state(ledger)
 
     # applied: the hostile cases together in one batch (each its own entities), and a
-    # batch with no rows at all
+    # CSV with only its header (a second empty batch: see the expected failure below)
     ok = tmp_path / "hostile.npz"
     write_batch(
         ok,
@@ -170,14 +170,8 @@ def test_hostile_batches_through_the_cli(
             for c in ["entity", "i", "j", "s"]
         },
     )
-    write_batch(
-        tmp_path / "empty.npz",
-        {
-            c: np.zeros(0, dtype=np.int64 if c != "s" else float)
-            for c in ["entity", "i", "j", "s"]
-        },
-    )
-    for batch in (_base_batch(tmp_path / "base.parquet"), ok, tmp_path / "empty.npz"):
+    (tmp_path / "header.csv").write_text("entity,i,j,s\n")
+    for batch in (_base_batch(tmp_path / "base.parquet"), ok, tmp_path / "header.csv"):
         proc = run_dplr("stream", "ingest", state, batch, "--epoch", 1)
         assert proc.returncode == 0, (batch.name, proc.stderr)
         assert "123456" not in proc.stdout + proc.stderr
