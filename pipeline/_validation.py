@@ -25,11 +25,12 @@ def check_int_in_range(
         )
     value = int(value)
     if value < low or (high is not None and value > high):
-        bound = f"[{low}, {high}]" if high is not None else f">= {low}"
-        prefix = f"{what} = " if what else ""
-        raise InvalidParameterError(
-            f"{name} must be in {prefix}{bound}, got {name}={value}."
-        )
+        if high is None and not what:
+            text = f"{name} must be >= {low}"
+        else:
+            bound = f"[{low}, {high}]" if high is not None else f">= {low}"
+            text = f"{name} must be in {what + ' = ' if what else ''}{bound}"
+        raise InvalidParameterError(f"{text}, got {name}={value}.")
     return value
 
 

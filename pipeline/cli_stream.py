@@ -55,16 +55,16 @@ def add_parsers(sub: Any) -> None:
     g.add_argument("state", metavar="STATE")
     g.add_argument("batch", metavar="BATCH", help=".parquet, .csv, .npz or .zarr with columns entity,i,j,s")
     g.add_argument("--epoch", type=int, required=True, help="epoch of the batch (after the last release)")
-    c = g.add_mutually_exclusive_group()
-    c.add_argument("--scheduler", help="sketch the batch on this Dask scheduler (default: "
-                   "DASK_SCHEDULER_ADDRESS if set, else in this process)")
-    c.add_argument("--cluster", metavar="FILE", help="cluster configuration (cluster/*.yaml)")
 
     r = ss.add_parser("release", help="publish the factorization after an epoch")
     r.add_argument("state", metavar="STATE")
     r.add_argument("--epoch", type=int, required=True)
     r.add_argument("--out", "-o", required=True, help="Zarr group to publish")
     r.add_argument("--json", action="store_true", help="print the full report as JSON")
+    c = r.add_mutually_exclusive_group()
+    c.add_argument("--scheduler", help="sketch the epochs being closed on this Dask scheduler "
+                   "(default: DASK_SCHEDULER_ADDRESS if set, else in this process)")
+    c.add_argument("--cluster", metavar="FILE", help="cluster configuration (cluster/*.yaml)")
 
     st = ss.add_parser("status", help="public summary of a stream")
     st.add_argument("state", metavar="STATE")
@@ -93,8 +93,8 @@ def run(args: argparse.Namespace, cluster_of: Any) -> int:
             return _nightly(args)
         return {
             "init": _init,
-            "ingest": lambda a: _ingest(a, cluster_of),
-            "release": _release,
+            "ingest": _ingest,
+            "release": lambda a: _release(a, cluster_of),
             "status": _status,
         }[args.stream_command](args)
     except StateLockedError as exc:
@@ -120,27 +120,27 @@ def _init(a: argparse.Namespace) -> int:
     return 0
 
 
-def _ingest(a: argparse.Namespace, cluster_of: Any) -> int:
-    import os
-
+def _ingest(a: argparse.Namespace) -> int:
     from pipeline.stream import stream_ingest
 
-    if a.scheduler is None and a.cluster is None and not os.environ.get("DASK_SCHEDULER_ADDRESS"):
-        out = stream_ingest(a.state, a.batch, epoch=a.epoch)
-    else:
-        from pipeline.execution import cluster_client
-
-        with cluster_client(a.scheduler, cluster_config=cluster_of(a)) as (client, _):
-            out = stream_ingest(a.state, a.batch, epoch=a.epoch, client=client)
+    out = stream_ingest(a.state, a.batch, epoch=a.epoch)
     # the batch's content fingerprint stays in the state: it is derived from private data
     print(f"applied {out['batch']} to epoch {out['epoch']} in {out['seconds']:.2f} s")
     return 0
 
 
-def _release(a: argparse.Namespace) -> int:
+def _release(a: argparse.Namespace, cluster_of: Any) -> int:
+    import os
+
     from pipeline.stream import stream_release
 
-    f, new = stream_release(a.state, epoch=a.epoch, out=a.out)
+    if a.scheduler is None and a.cluster is None and not os.environ.get("DASK_SCHEDULER_ADDRESS"):
+        f, new = stream_release(a.state, epoch=a.epoch, out=a.out)
+    else:
+        from pipeline.execution import cluster_client
+
+        with cluster_client(a.scheduler, cluster_config=cluster_of(a)) as (client, _):
+            f, new = stream_release(a.state, epoch=a.epoch, out=a.out, client=client)
     rep = f.report
     if a.json:
         print(json.dumps(rep, indent=2))

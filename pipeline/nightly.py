@@ -303,9 +303,9 @@ def run_nightly(
                 for f in files:
                     if batch_fingerprint(store, f) in known:
                         continue  # applied by an earlier, interrupted run
-                    stream_ingest(cfg.state, f, epoch=e, client=client, store=store)
+                    stream_ingest(cfg.state, f, epoch=e, store=store)
                     done.append(os.path.basename(f))
-            _, new = stream_release(cfg.state, epoch=e, out=out, store=store)
+            _, new = stream_release(cfg.state, epoch=e, out=out, client=client, store=store)
             _point_latest(cfg.releases, out)
             _crash_point("after-latest")
             action = "released" if new else "already released"

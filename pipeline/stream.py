@@ -3,21 +3,28 @@
 A stream is a matrix of public shape that changes by batches of updates
 ``(entity, i, j, s)`` over epochs ``1..T`` (the horizon). Its state
 (:class:`pipeline.io.stream_state.StreamStore`) holds the exact sketches of the
-binary tree, the sketches of the batches of epochs not yet closed, and each
+binary tree, the clipped cells of the batches of epochs not yet closed, and each
 entity's spent clipping budget. Every step is one atomic commit of the state:
 
 * :func:`stream_init` plans the stream, charges its whole (epsilon, delta) to
   the ledger **once**, before any data exists, and creates the state with a fresh
   secret sketch seed and noise key;
 * :func:`stream_ingest` validates a batch, clips it per entity against the
-  budgets left [spec sketch-lrf 1.3], sketches it (in parallel on Dask when a
-  client is given) and records its compact sketch under its epoch; a batch
-  already ingested, or for an epoch already closed, is refused;
-* :func:`stream_release` closes the epochs up to ``epoch`` (folding their
-  batches into the tree [spec 3.4]), adds each tree node's keyed noise and
+  budgets left [spec sketch-lrf 1.3] and records its clipped, coalesced cells
+  under its epoch; a batch already ingested, or for an epoch already closed, is
+  refused;
+* :func:`stream_release` closes the epochs up to ``epoch``: each epoch's cells
+  are sketched once (in parallel on Dask when a client is given, each part
+  regenerating only the operator rows its cells touch [spec 6.4]) and folded
+  into the tree [spec 3.4]; it then adds each tree node's keyed noise and
   publishes the factorization of ``A(epoch)`` atomically. A release is a pure
   function of the committed state, so a rerun after a crash at any point
   publishes byte-identical arrays and charges nothing.
+
+Sketching at the close of an epoch rather than at every ingest generates each
+touched operator tile once per epoch instead of once per batch, and keeps 24
+bytes per cell in the state instead of a dense sketch delta per batch
+(``t`` + ``v`` floats per touched row and column).
 
 Privacy. The whole stream is one Gaussian mechanism calibrated over the tree's
 ``L = floor(log2 T) + 1`` levels [spec 4.5], under the continual relation of
@@ -46,7 +53,6 @@ from pipeline._validation import check_float_in_interval, check_int_in_range
 from pipeline.accounting.ledger import Ledger, default_ledger_path
 from pipeline.algorithms.base import Factorization
 from pipeline.algorithms.continual import (
-    SketchDelta,
     StreamPlan,
     advance_tree,
     noise_std,
@@ -54,6 +60,7 @@ from pipeline.algorithms.continual import (
     partition_cells,
     plan_stream,
     release_factorization,
+    sum_deltas,
     tree_nodes,
 )
 from pipeline.algorithms.lrf import Algorithm, LrfParams, seed_fingerprint
@@ -416,7 +423,6 @@ def stream_ingest(
     batch: str | os.PathLike[str],
     *,
     epoch: int,
-    client: Any = None,
     store: Any = None,
 ) -> dict[str, Any]:
     """Apply one batch of updates to epoch ``epoch`` of the stream.
@@ -431,8 +437,6 @@ def stream_ingest(
     epoch : int
         The epoch the batch belongs to: after the last closed epoch, at most
         the horizon.
-    client : distributed.Client or None
-        Sketch the batch's partitions on this cluster; None: in this process.
     store : StreamStore or None
         An already locked state (nightly runs); None locks ``state``.
 
@@ -473,7 +477,9 @@ def stream_ingest(
             )
         b = read_batch(batch, shape=(p["n_rows"], p["n_cols"]), entity_key=_entity_key(m))
         fp = b.fingerprint()
-        for rec in m["batches"]:
+        # an empty batch applies nothing, so it cannot be a harmful replay (quiet
+        # nights deliver empty files with identical content)
+        for rec in m["batches"] if len(b) else ():
             if rec["fingerprint"] == fp:
                 raise DuplicateBatchError(
                     f"this batch's content was already ingested into epoch {rec['epoch']} "
@@ -500,19 +506,11 @@ def stream_ingest(
                 }
         else:
             rows, cols, vals = coalesce(b.i, b.j, b.s, p["n_cols"])
-        if plan.lrf.transpose:
-            rows, cols = cols, rows
-            order = np.argsort(rows, kind="stable")
-            rows, cols, vals = rows[order], cols[order], vals[order]
-        n_parts = 1 if client is None else 2 * max(1, len(client.scheduler_info().get("workers", {})))
-        parts = partition_cells(rows, cols, vals, n_parts, plan.lrf.params.tile_size)
-        from pipeline.execution.stream import sketch_partitions
-
-        seed, _ = st.secrets()
-        delta = _merge_deltas(plan, sketch_partitions(plan, seed, parts, client))
         number = int(m["next_batch"])
         prefix = f"pending/{epoch}/{number:06d}/"
-        arrays |= {prefix + k: v for k, v in _delta_arrays(delta).items()}
+        # the clipped, coalesced cells (24 bytes each): sketched once per epoch, when
+        # it closes, so that operator tiles are generated once however many batches
+        arrays |= {prefix + "rows": rows, prefix + "cols": cols, prefix + "vals": vals}
         pending = dict(m["pending"])
         pending[str(epoch)] = [*pending.get(str(epoch), []), number]
         record = {"fingerprint": fp, "epoch": epoch, "file": os.path.basename(os.fspath(batch).rstrip("/")), "batch": number, "applied": _now()}
@@ -529,62 +527,42 @@ def stream_ingest(
     return {"fingerprint": fp, "epoch": epoch, "batch": record["file"], "seconds": round(time.perf_counter() - t0, 3)}
 
 
-def _merge_deltas(plan: StreamPlan, deltas: list[SketchDelta]) -> SketchDelta:
-    """One delta from the parts' deltas (row ranges are disjoint; columns may repeat)."""
-    if not deltas:
+def epoch_cells(store: Any, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The clipped cells of every batch ingested into ``epoch`` (A's orientation).
+
+    As sensitive as the data. Cells of different batches may repeat (they are summed).
+    """
+    parts = [
+        tuple(store.read(f"pending/{epoch}/{number:06d}/{x}") for x in ("rows", "cols", "vals"))
+        for number in store.manifest["pending"].get(str(epoch), [])
+    ]
+    if not parts:
         z = np.zeros(0, dtype=np.int64)
-        shapes = plan.shapes()
-        return SketchDelta(
-            row_index=z, row_blocks={n: np.zeros((0, shapes[n][1])) for n in plan.tall},
-            col_index=z.copy(), col_blocks={n: np.zeros((0, shapes[n][1])) for n in plan.wide},
-            core={n: np.zeros(shapes[n]) for n in plan.core},
-        )
-    if len(deltas) == 1:
-        return deltas[0]
-    rows = np.concatenate([d.row_index for d in deltas])
-    row_blocks = {n: np.concatenate([d.row_blocks[n] for d in deltas]) for n in deltas[0].row_blocks}
-    J, inv = np.unique(np.concatenate([d.col_index for d in deltas]), return_inverse=True)
-    col_blocks = {}
-    for n in deltas[0].col_blocks:
-        acc = np.zeros((J.size, deltas[0].col_blocks[n].shape[1]))
-        start = 0
-        for d in deltas:
-            k = d.col_index.size
-            acc[inv[start : start + k]] += d.col_blocks[n]  # unique within one part
-            start += k
-        col_blocks[n] = acc
-    core = {n: sum(d.core[n] for d in deltas) for n in deltas[0].core}
-    return SketchDelta(row_index=rows, row_blocks=row_blocks, col_index=J, col_blocks=col_blocks, core=core)  # type: ignore[arg-type]
+        return z, z.copy(), np.zeros(0)
+    return tuple(np.concatenate([p[k] for p in parts]) for k in range(3))  # type: ignore[return-value]
 
 
-def _delta_arrays(d: SketchDelta) -> dict[str, np.ndarray]:
-    out: dict[str, np.ndarray] = {"rows": d.row_index, "cols": d.col_index}
-    out |= {f"row.{n}": v for n, v in d.row_blocks.items()}
-    out |= {f"col.{n}": v for n, v in d.col_blocks.items()}
-    out |= {f"core.{n}": v for n, v in d.core.items()}
-    return out
-
-
-def epoch_sketch(store: Any, plan: StreamPlan, epoch: int) -> dict[str, np.ndarray] | None:
+def epoch_sketch(store: Any, plan: StreamPlan, epoch: int, client: Any = None) -> dict[str, np.ndarray] | None:
     """Exact sketch of the batches ingested into ``epoch`` (None if there are none).
 
-    As sensitive as the data: used to close the epoch, and by tests of linearity.
+    The cells are split into row ranges aligned with the operator tiles and
+    sketched in parallel on ``client``'s workers (or here), each range
+    regenerating only the operator rows its cells touch [spec 6.4]. As sensitive
+    as the data: used to close the epoch, and by the tests of linearity.
     """
-    numbers = store.manifest["pending"].get(str(epoch), [])
-    if not numbers:
+    if not store.manifest["pending"].get(str(epoch)):
         return None
-    acc = {n: np.zeros(s) for n, s in plan.shapes().items()}
-    for number in numbers:
-        prefix = f"pending/{epoch}/{number:06d}/"
-        rows, cols = store.read(prefix + "rows"), store.read(prefix + "cols")
-        for name, total in acc.items():
-            if name in plan.tall:
-                total[rows] += store.read(prefix + f"row.{name}")
-            elif name in plan.wide:
-                total[cols] += store.read(prefix + f"col.{name}")
-            else:
-                total += store.read(prefix + f"core.{name}")
-    return acc
+    rows, cols, vals = epoch_cells(store, epoch)
+    if plan.lrf.transpose:
+        rows, cols = cols, rows
+    order = np.argsort(rows, kind="stable")
+    rows, cols, vals = rows[order], cols[order], vals[order]
+    n_parts = 1 if client is None else 2 * max(1, len(client.scheduler_info().get("workers", {})))
+    parts = partition_cells(rows, cols, vals, n_parts, plan.lrf.params.tile_size)
+    from pipeline.execution.stream import sketch_partitions
+
+    seed, _ = store.secrets()
+    return sum_deltas(plan, sketch_partitions(plan, seed, parts, client))
 
 
 # -- release --------------------------------------------------------------------
@@ -598,7 +576,7 @@ def _load_tree(store: Any, plan: StreamPlan) -> dict[int, dict[str, np.ndarray]]
     return levels
 
 
-def _close_epochs(store: Any, plan: StreamPlan, epoch: int) -> None:
+def _close_epochs(store: Any, plan: StreamPlan, epoch: int, client: Any = None) -> None:
     """Fold the batches of epochs ``last_closed + 1 .. epoch`` into the tree; one commit."""
     m = store.manifest
     levels = _load_tree(store, plan)
@@ -607,7 +585,7 @@ def _close_epochs(store: Any, plan: StreamPlan, epoch: int) -> None:
     pending = dict(m["pending"])
     arrays: dict[str, np.ndarray | None] = {}
     for tau in range(m["last_closed"] + 1, epoch + 1):
-        levels = advance_tree(levels, tau - 1, epoch_sketch(store, plan, tau))
+        levels = advance_tree(levels, tau - 1, epoch_sketch(store, plan, tau, client))
         for number in pending.pop(str(tau), []):
             for name in store.names(f"pending/{tau}/{number:06d}/"):
                 arrays[name] = None
@@ -692,6 +670,7 @@ def stream_release(
     *,
     epoch: int,
     out: str | os.PathLike[str],
+    client: Any = None,
     store: Any = None,
 ) -> tuple[Factorization, bool]:
     """Publish the factorization of ``A(epoch)`` to ``out``.
@@ -708,6 +687,9 @@ def stream_release(
     out : path
         The Zarr v3 group to publish (must not exist, unless it is this very
         release, published before a crash).
+    client : distributed.Client or None
+        Sketch the batches of the epochs being closed on this cluster; None:
+        in this process.
     store : StreamStore or None
         An already locked state (nightly runs).
 
@@ -761,7 +743,7 @@ def stream_release(
             raise StoreLayoutError(f"the output {out!r} exists; nothing was replaced. Choose another path.")
         _remove_stale_temporaries(out)
         if epoch > m["last_closed"]:
-            _close_epochs(st, plan, epoch)
+            _close_epochs(st, plan, epoch, client)
             _crash_point("after-close")
         seed, key = st.secrets()
         noisy = noisy_sketches(plan, _load_tree(st, plan), epoch, key)

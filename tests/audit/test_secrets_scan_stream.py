@@ -1,9 +1,9 @@
 """Secrets scan of a private stream and a nightly run on a real two-process cluster.
 
 The stream is created with a known sketch seed and an insecure test noise key;
-batches with planted values are ingested on the cluster (``stream_ingest`` with a
-client) and by ``run_nightly`` (whose job names the cluster's scheduler), then
-released. Scanned for the sketch seed, the stream's noise key and every tree-node
+batches with planted values are ingested and released with their epochs sketched
+on the cluster (``stream_release`` with a client, and ``run_nightly`` whose job
+names the cluster's scheduler). Scanned for the sketch seed, the stream's noise key and every tree-node
 sub-key the releases use, and for the planted values: the task keys and the
 serialized graphs the clients submitted (here the sketch seed must be absent too:
 it reaches the workers in a worker plugin, not in task arguments), DEBUG logs of
@@ -117,8 +117,9 @@ def run(client: Client, tmp_path_factory: pytest.TempPathFactory) -> dict[str, b
         stream_init(state, n_rows=SHAPE[0], n_cols=SHAPE[1], rank=3, horizon=8, epsilon=1.0,
                     delta=1e-6, unit="row", seed=SKETCH_SEED, insecure_noise_seed=NOISE_SEED)
         _batch(tmp / "b1.parquet", 1)
-        printed.append(json.dumps(stream_ingest(state, tmp / "b1.parquet", epoch=1, client=client)))
-        f1, _ = stream_release(state, epoch=1, out=tmp / "r1.zarr")
+        printed.append(json.dumps(stream_ingest(state, tmp / "b1.parquet", epoch=1)))
+        # closing the epoch sketches its cells on the workers
+        f1, _ = stream_release(state, epoch=1, out=tmp / "r1.zarr", client=client)
         # the nightly job sketches on the same cluster through its scheduler address
         for k, day in enumerate(("2027-01-02", "2027-01-03")):
             (tmp / "inbox" / day).mkdir(parents=True)
@@ -133,8 +134,8 @@ def run(client: Client, tmp_path_factory: pytest.TempPathFactory) -> dict[str, b
         write_batch(bad, {"entity": np.array([1, 2]), "i": np.array([1, SHAPE[0]]), "j": np.array([0, 1]),
                           "s": np.array(PLANTED)})
         for call in (
-            lambda: stream_ingest(state, bad, epoch=4, client=client),
-            lambda: stream_ingest(state, tmp / "b1.parquet", epoch=9, client=client),
+            lambda: stream_ingest(state, bad, epoch=4),
+            lambda: stream_ingest(state, tmp / "b1.parquet", epoch=9),
             lambda: stream_release(state, epoch=2, out=tmp / "again.zarr"),
         ):
             with pytest.raises(PipelineError) as exc:
@@ -175,8 +176,10 @@ def test_stream_run_leaks_no_secret_and_no_data_anywhere(run: dict[str, Any]) ->
 
 def test_the_scan_saw_the_cluster_work(run: dict[str, Any]) -> None:
     """Negative control of coverage: tasks were submitted, logs and outputs captured."""
-    assert int(run["_n_graphs"]) >= 2 and int(run["_n_keys"]) >= 2
+    assert int(run["_n_graphs"]) >= 2
+    assert int(run["_n_keys"]) >= 2
     assert b"epoch 3/8" in run["printed output"]
-    assert run["published groups"] and run["exception texts"].count(b"Error") >= 3
+    assert run["published groups"]
+    assert run["exception texts"].count(b"Error") >= 3
     # the scanner finds the seed when it is there: the state's secrets file has it
     assert scan(format(SKETCH_SEED, "x").encode() + b" " + str(SKETCH_SEED).encode(), stream_secrets())

@@ -11,11 +11,24 @@ import numpy as np
 import pytest
 from distributed import Client
 
-from pipeline.algorithms.continual import operators, partition_cells, plan_stream, sketch_cells, sum_deltas
+from pipeline.algorithms.continual import (
+    operators,
+    partition_cells,
+    plan_stream,
+    sketch_cells,
+    sum_deltas,
+)
 from pipeline.algorithms.lrf import Algorithm, LrfParams
 from pipeline.execution.stream import sketch_partitions
 from pipeline.io.batches import write_batch
-from pipeline.stream import _plan_of, epoch_sketch, open_stream, stream_ingest, stream_init, stream_release
+from pipeline.stream import (
+    _plan_of,
+    epoch_sketch,
+    open_stream,
+    stream_ingest,
+    stream_init,
+    stream_release,
+)
 
 pytestmark = pytest.mark.distributed
 
@@ -56,33 +69,34 @@ def test_partitions_on_workers_equal_the_local_sketch(client: Client, alg: Algor
     assert set(client.run(held).values()) == {0}
 
 
-def test_ingest_on_the_cluster_equals_ingest_in_process(client: Client, tmp_path: Path):
+def test_closing_an_epoch_on_the_cluster_equals_closing_it_in_process(client: Client, tmp_path: Path):
     rng = np.random.default_rng(2)
-    i = rng.integers(0, SHAPE[0], 30000)
-    write_batch(tmp_path / "b.npz", {"entity": i, "i": i, "j": rng.integers(0, SHAPE[1], 30000),
-                                     "s": rng.normal(size=30000) * 0.01})
-    states = {}
-    for where, cl in (("local", None), ("cluster", client)):
-        state = tmp_path / f"{where}.stream"
-        stream_init(state, n_rows=SHAPE[0], n_cols=SHAPE[1], rank=3, horizon=4, epsilon=1.0, delta=1e-6,
-                    unit="row", seed=SEED, insecure_noise_seed=5, ledger=tmp_path / f"{where}.ledger.json")
-        stream_ingest(state, tmp_path / "b.npz", epoch=1, client=cl)
-        states[where] = state
-    plans = {w: _plan_of(open_stream(s).manifest) for w, s in states.items()}
-    sk = {w: epoch_sketch(open_stream(s), plans[w], 1) for w, s in states.items()}
-    for name in sk["local"]:
-        scale = np.abs(sk["local"][name]).max()
-        np.testing.assert_allclose(sk["cluster"][name], sk["local"][name], rtol=0, atol=SUM_ORDER_RTOL * scale)
-    # entity budgets are identical: clipping runs on the client, before any task
-    a, b = open_stream(states["local"]), open_stream(states["cluster"])
-    np.testing.assert_array_equal(a.read("entities/spent"), b.read("entities/spent"))
-    fa, _ = stream_release(states["local"], epoch=1, out=tmp_path / "a.zarr")
-    fb, _ = stream_release(states["cluster"], epoch=1, out=tmp_path / "b.zarr")
+    for k in range(2):  # two batches: the epoch's cells are sketched together
+        i = rng.integers(0, SHAPE[0], 15000)
+        write_batch(tmp_path / f"b{k}.npz", {"entity": i, "i": i, "j": rng.integers(0, SHAPE[1], 15000),
+                                             "s": rng.normal(size=15000) * 0.01})
+    state = tmp_path / "s.stream"
+    stream_init(state, n_rows=SHAPE[0], n_cols=SHAPE[1], rank=3, horizon=4, epsilon=1.0, delta=1e-6,
+                unit="row", seed=SEED, insecure_noise_seed=5)
+    for k in range(2):
+        stream_ingest(state, tmp_path / f"b{k}.npz", epoch=1)
+    store = open_stream(state)
+    plan = _plan_of(store.manifest)
+    local, remote = epoch_sketch(store, plan, 1), epoch_sketch(store, plan, 1, client)
+    for name in local:
+        scale = np.abs(local[name]).max()
+        np.testing.assert_allclose(remote[name], local[name], rtol=0, atol=SUM_ORDER_RTOL * scale)
+    copy = tmp_path / "copy.stream"
+    import shutil
+
+    shutil.copytree(state, copy)
+    fa, _ = stream_release(state, epoch=1, out=tmp_path / "a.zarr")
+    fb, _ = stream_release(copy, epoch=1, out=tmp_path / "b.zarr", client=client)
     np.testing.assert_allclose(fa.S, fb.S, rtol=1e-9)
 
 
 def test_a_worker_killed_during_an_ingest_changes_nothing(client: Client, tmp_path: Path):
-    """The scheduler re-runs lost parts on a live worker, which holds the plugin too."""
+    """Parts lost with their worker are scattered and run again on a live worker."""
     plan = plan_stream(LrfParams(algorithm=Algorithm.SPECTRAL, rank=3, epsilon=1.0, delta=1e-6), SHAPE, 8)
     r, c, v = _cells(400000, 3)
     parts = partition_cells(r, c, v, 4, plan.lrf.params.tile_size)

@@ -338,15 +338,6 @@ def test_pair_check_can_fail(tmp_path: Path) -> None:
     assert not np.allclose(f.S, g.S, rtol=1e-9, atol=0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "a batch with no updates is fingerprinted by its (empty) content, so a second "
-        "empty batch -- a 0-row file or a header-only CSV on another night -- is refused "
-        "as a replay of the first ('already ingested'), although it applies nothing: "
-        "pipeline/stream.py:stream_ingest (duplicate check on UpdateBatch.fingerprint)"
-    ),
-)
 def test_a_second_empty_batch_is_not_a_replay(tmp_path: Path) -> None:
     state = tmp_path / "e.stream"
     stream_init(
