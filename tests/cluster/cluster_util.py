@@ -83,22 +83,33 @@ def _stop(procs: Sequence[subprocess.Popen[bytes]]) -> None:
             p.wait(timeout=10)
 
 
-def _popen(args: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
+def _popen(
+    args: Sequence[str], log: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     with open(log, "wb") as out:
         return subprocess.Popen(
             args,
             stdout=out,
             stderr=subprocess.STDOUT,
-            env=clean_env(),
+            env=clean_env() | (env or {}),
             start_new_session=True,
         )
 
 
 @contextlib.contextmanager
-def dask_processes(tmp: Path, n_workers: int = 2) -> Iterator[dict[str, str]]:
+def dask_processes(
+    tmp: Path,
+    n_workers: int = 2,
+    *,
+    preload: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> Iterator[dict[str, str]]:
     """``dask scheduler`` and ``n_workers`` ``dask worker`` processes on loopback,
     on free ports, as cluster/processes.yaml documents; yields the scheduler's
-    address, its dashboard link and the scheduler file. All stopped on exit."""
+    address, its dashboard link and the scheduler file. All stopped on exit.
+
+    ``preload`` is passed to the workers as ``--preload``, ``env`` added to
+    their environment (fault-injection tests)."""
     dask = os.path.join(os.path.dirname(sys.executable), "dask")
     sfile = tmp / "scheduler.json"
     procs: list[subprocess.Popen[bytes]] = []
@@ -108,12 +119,13 @@ def dask_processes(tmp: Path, n_workers: int = 2) -> Iterator[dict[str, str]]:
             "--dashboard-address", "127.0.0.1:0", "--scheduler-file", str(sfile),
         ], tmp / "scheduler.log"))  # fmt: skip
         _wait_for(lambda: sfile.exists() and sfile.stat().st_size > 0, procs, 60)
+        extra = ["--preload", str(preload)] if preload is not None else []
         for i in range(n_workers):
             procs.append(_popen([
                 dask, "worker", "--scheduler-file", str(sfile), "--name", f"w{i}",
                 "--host", "127.0.0.1", "--nthreads", "1", "--memory-limit", "1GiB",
-                "--no-dashboard", "--local-directory", str(tmp / f"w{i}"),
-            ], tmp / f"worker{i}.log"))  # fmt: skip
+                "--no-dashboard", "--local-directory", str(tmp / f"w{i}"), *extra,
+            ], tmp / f"worker{i}.log", env))  # fmt: skip
         info = json.loads(sfile.read_text())
         port = info["services"].get("dashboard")
         yield {

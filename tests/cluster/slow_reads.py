@@ -1,0 +1,35 @@
+"""Worker preload of the fault tests: chunk reads of stores named ``*slow.zarr`` are slow.
+
+``dask worker --preload tests/cluster/slow_reads.py`` patches zarr's ``LocalStore.get``
+in the worker process: each chunk read of a store whose directory ends in
+``slow.zarr`` sleeps ``DPLR_SLOW_READ_SECONDS`` (default 0.1) and leaves a marker
+file in ``DPLR_SLOW_READ_MARKS``, a counter the test process can watch. Every
+other store reads normally, so the other tests on the same cluster are unaffected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+from zarr.storage import LocalStore
+
+# the preload may be imported more than once in a process: patch the original only
+_original_get = getattr(LocalStore, "_dplr_original_get", LocalStore.get)
+LocalStore._dplr_original_get = _original_get  # type: ignore[attr-defined]
+
+
+async def _slow_get(self: LocalStore, key: str, prototype: Any = None, byte_range: Any = None) -> Any:
+    value = await _original_get(self, key, prototype, byte_range)
+    if key.startswith("c/") and str(self.root).rstrip("/").endswith("slow.zarr"):
+        await asyncio.sleep(float(os.environ.get("DPLR_SLOW_READ_SECONDS", "0.1")))
+        marks = os.environ.get("DPLR_SLOW_READ_MARKS")
+        if marks:
+            Path(marks, uuid.uuid4().hex).touch()
+    return value
+
+
+LocalStore.get = _slow_get  # type: ignore[method-assign]
