@@ -13,12 +13,17 @@ Parts (results in benchmarks/results/stream[_quick].json|md):
   :func:`pipeline.linalg.stream_synthetic.turnstile_updates` (10 epochs of 10^5 updates,
   10 % withdrawals) are written to Parquet beforehand, as ONE file of 10^6 updates (the
   concatenation) and as 10 files of 10^5; all of them go into epoch 1 of a fresh state.
-  Four configurations: {1 x 10^6, 10 x 10^5} x {in-process, 2-worker LocalCluster
-  (processes, 1 thread each) via ``client=``}. For each: ``stream_ingest`` end to end, then
-  ``stream_release(epoch=1)``; and, on a second fresh state, the same work through the
-  public pieces timed one by one (read_batch + fingerprint, load of the entity table +
-  clip_updates, partition_cells + sketch_partitions + merge, the state commit), then a
-  profiled release. Updates/s = 10^6 / the summed ingest time.
+  ``stream_ingest`` (validate, clip per entity, record the clipped cells) always runs in
+  this process; ``stream_release(epoch=1)`` closes the epoch, i.e. sketches all its cells
+  once (:func:`pipeline.stream.epoch_sketch`), then adds the nodes' noise, factorizes and
+  writes. Four configurations: {1 x 10^6, 10 x 10^5} x release {in-process, 2-worker
+  LocalCluster (processes, 1 thread each) via ``client=``}. For each: ingest end to end,
+  then the release end to end; and, on a second fresh state, the ingest through the
+  public pieces timed one by one (read_batch + fingerprint, load of the entity table,
+  clip_updates, the state commit), the epoch sketch through its pieces (epoch_cells,
+  sort, partition_cells, sketch_partitions, sum_deltas; the state is not changed), then a
+  profiled release. Ingest updates/s = 10^6 / the summed ingest time; ingest + release
+  updates/s = 10^6 / (ingest + release time).
 * ``continual`` T = 64 epochs of a 2000 x 500 stream (rank 5, 1000 updates per epoch, 10 %
   withdrawals, unit ``row``, C = 1, epsilon = 1, delta = 1e-6), run through the pieces of
   :mod:`pipeline.algorithms.continual` on in-memory arrays (clip_updates, sketch_cells,
@@ -197,20 +202,11 @@ def dir_bytes(path: str) -> int:
     )
 
 
-def ingest_pieces(state: str, path: str, epoch: int, client: Any) -> dict[str, float]:
+def ingest_pieces(state: str, path: str, epoch: int) -> dict[str, float]:
     """One batch through the public pieces, each timed; the same commit as stream_ingest."""
-    from pipeline.algorithms.continual import partition_cells
-    from pipeline.execution.stream import sketch_partitions
     from pipeline.io.batches import read_batch
     from pipeline.mechanisms.entities import StreamUnit, clip_updates
-    from pipeline.stream import (
-        _delta_arrays,
-        _entity_key,
-        _load_entities,
-        _merge_deltas,
-        _plan_of,
-        open_stream,
-    )
+    from pipeline.stream import _entity_key, _load_entities, _plan_of, open_stream
 
     out: dict[str, float] = {}
     st = open_stream(state)
@@ -219,10 +215,13 @@ def ingest_pieces(state: str, path: str, epoch: int, client: Any) -> dict[str, f
         plan = _plan_of(m)
         p = m["params"]
         t0 = now()
+        plan.check_epoch(epoch)
         b = read_batch(
             path, shape=(p["n_rows"], p["n_cols"]), entity_key=_entity_key(m)
         )
         fp = b.fingerprint()
+        dup = any(rec["fingerprint"] == fp for rec in m["batches"]) if len(b) else False
+        assert not dup
         t1 = now()
         table = _load_entities(st)
         t2 = now()
@@ -237,34 +236,16 @@ def ingest_pieces(state: str, path: str, epoch: int, client: Any) -> dict[str, f
             n_cols=p["n_cols"],
         )
         t3 = now()
-        rows, cols, vals = c.rows, c.cols, c.vals
-        if plan.lrf.transpose:
-            rows, cols = cols, rows
-            order = np.argsort(rows, kind="stable")
-            rows, cols, vals = rows[order], cols[order], vals[order]
-        n_parts = (
-            1
-            if client is None
-            else 2 * max(1, len(client.scheduler_info().get("workers", {})))
-        )
-        parts = partition_cells(rows, cols, vals, n_parts, plan.lrf.params.tile_size)
-        seed, _ = st.secrets()
-        w0 = sum(client.run(time.process_time).values()) if client is not None else 0.0
-        t4 = now()
-        deltas = sketch_partitions(plan, seed, parts, client)
-        t5 = now()
-        if client is not None:
-            out["sketch_worker_cpu"] = sum(client.run(time.process_time).values()) - w0
-        delta = _merge_deltas(plan, deltas)
-        t6 = now()
         number = int(m["next_batch"])
         prefix = f"pending/{epoch}/{number:06d}/"
         arrays: dict[str, Any] = {
             "entities/keys": c.table.keys,
             "entities/spent": c.table.spent,
             "entities/anchor": c.table.anchor,
+            prefix + "rows": c.rows,
+            prefix + "cols": c.cols,
+            prefix + "vals": c.vals,
         }
-        arrays |= {prefix + k: v for k, v in _delta_arrays(delta).items()}
         nbytes = sum(v.nbytes for v in arrays.values())
         pending = dict(m["pending"])
         pending[str(epoch)] = [*pending.get(str(epoch), []), number]
@@ -284,15 +265,60 @@ def ingest_pieces(state: str, path: str, epoch: int, client: Any) -> dict[str, f
                 "entity_kind": m["entity_kind"] or b.entity_kind,
             },
         )
-        t7 = now()
+        t4 = now()
     out["read_validate"], out["read_validate_cpu"] = lap(t0, t1)
     out["entity_table_load"], out["entity_table_load_cpu"] = lap(t1, t2)
     out["clip"], out["clip_cpu"] = lap(t2, t3)
-    out["partition"], out["partition_cpu"] = lap(t3, t4)
-    out["sketch"], out["sketch_cpu"] = lap(t4, t5)
-    out["merge"], out["merge_cpu"] = lap(t5, t6)
-    out["state_write"], out["state_write_cpu"] = lap(t6, t7)
+    out["state_write"], out["state_write_cpu"] = lap(t3, t4)
     out["state_write_MiB"] = nbytes / 2**20
+    out["cells"] = int(c.rows.size)
+    return out
+
+
+def workers_cpu(client: Any) -> float:
+    return sum(client.run(time.process_time).values()) if client is not None else 0.0
+
+
+def epoch_sketch_pieces(state: str, epoch: int, client: Any) -> dict[str, Any]:
+    """What epoch_sketch does, through the public pieces, each timed (the state is unchanged)."""
+    from pipeline.algorithms.continual import partition_cells, sum_deltas
+    from pipeline.execution.stream import sketch_partitions
+    from pipeline.stream import _plan_of, epoch_cells, open_stream
+
+    st = open_stream(state)
+    out: dict[str, Any] = {}
+    with st.lock():
+        plan = _plan_of(st.manifest)
+        t0 = now()
+        rows, cols, vals = epoch_cells(st, epoch)
+        t1 = now()
+        if plan.lrf.transpose:
+            rows, cols = cols, rows
+        order = np.argsort(rows, kind="stable")
+        rows, cols, vals = rows[order], cols[order], vals[order]
+        t2 = now()
+        n_parts = (
+            1
+            if client is None
+            else 2 * max(1, len(client.scheduler_info().get("workers", {})))
+        )
+        parts = partition_cells(rows, cols, vals, n_parts, plan.lrf.params.tile_size)
+        seed, _ = st.secrets()
+        w0 = workers_cpu(client)
+        t3 = now()
+        deltas = sketch_partitions(plan, seed, parts, client)
+        t4 = now()
+        if client is not None:
+            out["sketch_worker_cpu"] = workers_cpu(client) - w0
+        sums = sum_deltas(plan, deltas)
+        t5 = now()
+        del sums, deltas
+    out["read_cells"], out["read_cells_cpu"] = lap(t0, t1)
+    out["sort"], out["sort_cpu"] = lap(t1, t2)
+    out["partition"], out["partition_cpu"] = lap(t2, t3)
+    out["sketch"], out["sketch_cpu"] = lap(t3, t4)
+    out["sum_deltas"], out["sum_deltas_cpu"] = lap(t4, t5)
+    out["cells"] = int(rows.size)
     out["n_parts"] = len(parts)
     return out
 
@@ -393,26 +419,28 @@ def _top(prof: cProfile.Profile, n: int) -> list[dict[str, Any]]:
 
 
 RELEASE_STEPS = {
-    "_close_epochs": "close epoch (fold pending into the tree, commit)",
+    "epoch_sketch": "epoch sketch (all cells, once)",
+    "_close_epochs": "close epoch (sketch + fold into the tree + commit)",
     "noisy_sketches": "keyed node noise + sum",
     "release_factorization": "factorization of the noisy sketches",
     "write_release": "write the release group",
 }
 
 
-def profiled_release(state: str, out: str) -> dict[str, float]:
+def profiled_release(state: str, out: str, client: Any) -> dict[str, float]:
+    """stream_release under cProfile (this process only): cumulative seconds of its steps."""
     from pipeline.stream import stream_release
 
     prof = cProfile.Profile()
     t0 = T()
     prof.enable()
-    stream_release(state, epoch=1, out=out)
+    stream_release(state, epoch=1, out=out, client=client)
     prof.disable()
     res = {"total": T() - t0}
     stats = pstats.Stats(prof)
     for (_, _, fn), (_, _, _, cum, _) in stats.stats.items():  # type: ignore[attr-defined]
         if fn in RELEASE_STEPS:
-            res[fn] = cum
+            res[fn] = res.get(fn, 0.0) + cum
     return res
 
 
@@ -425,33 +453,35 @@ def run_config(
     client: Any,
     tag: str,
 ) -> dict[str, Any]:
+    """Ingest (always in this process) then release epoch 1 (here or on ``client``)."""
     from pipeline.stream import stream_ingest, stream_release
 
     res: dict[str, Any] = {"load_before": load_info()}
     state, _ = new_state(root, m, n, tag + "-e2e")
-    w0 = sum(client.run(time.process_time).values()) if client is not None else 0.0
     t0 = now()
     per = []
     for f in files:
-        r = stream_ingest(state, f, epoch=1, client=client)
+        r = stream_ingest(state, f, epoch=1)
         per.append(r["seconds"])
     res["ingest_s"], res["ingest_cpu_s"] = lap(t0, now())
-    if client is not None:
-        res["ingest_worker_cpu_s"] = sum(client.run(time.process_time).values()) - w0
     res["ingest_reported_s"] = per
     res["state_MiB_after_ingest"] = dir_bytes(state) / 2**20
-    t0 = T()
-    stream_release(state, epoch=1, out=os.path.join(root, f"rel-{tag}-e2e.zarr"))
-    res["release_s"] = T() - t0
+    w0 = workers_cpu(client)
+    t0 = now()
+    stream_release(
+        state, epoch=1, out=os.path.join(root, f"rel-{tag}-e2e.zarr"), client=client
+    )
+    res["release_s"], res["release_cpu_s"] = lap(t0, now())
+    res["release_worker_cpu_s"] = workers_cpu(client) - w0
+    res["state_MiB_after_release"] = dir_bytes(state) / 2**20
     res["load_mid"] = load_info()
     shutil.rmtree(state)
     state, _ = new_state(root, m, n, tag + "-pieces")
-    pieces = [ingest_pieces(state, f, 1, client) for f in files]
+    pieces = [ingest_pieces(state, f, 1) for f in files]
     res["pieces"] = {k: sum(p[k] for p in pieces) for k in pieces[0]}
-    res["pieces"]["per_batch_sketch"] = [p["sketch"] for p in pieces]
-    res["pieces"]["n_parts"] = pieces[0]["n_parts"]
+    res["epoch_sketch_pieces"] = epoch_sketch_pieces(state, 1, client)
     res["release_profile"] = profiled_release(
-        state, os.path.join(root, f"rel-{tag}-pieces.zarr")
+        state, os.path.join(root, f"rel-{tag}-pieces.zarr"), client
     )
     shutil.rmtree(state)
     res["load_after"] = load_info()
@@ -476,6 +506,7 @@ def part_throughput(args: argparse.Namespace) -> dict[str, Any]:
         "horizon": 64,
         "files": files,
         "git": git_state(),
+        "command": " ".join(["python", "benchmarks/bench_stream.py", *sys.argv[1:]]),
         "load_start": load_info(),
         "runs": [],
     }
@@ -486,13 +517,21 @@ def part_throughput(args: argparse.Namespace) -> dict[str, Any]:
             cluster, client = C.start_cluster(2)
         root = tempfile.mkdtemp(prefix="bench-stream-", dir=args.workdir)
         # warm-up: imports and first-call costs in this process and on the workers
-        for mode in modes:
-            cl = client if mode == "cluster" else None
-            st, _ = new_state(root, m, n, f"warm-{mode}")
-            from pipeline.stream import stream_ingest
+        from pipeline.stream import epoch_sketch, open_stream, stream_ingest
 
-            stream_ingest(st, files["ten"][0], epoch=1, client=cl)
-            shutil.rmtree(st)
+        st, _ = new_state(root, m, n, "warm")
+        stream_ingest(st, files["ten"][0], epoch=1)
+        from pipeline.stream import _plan_of
+
+        store = open_stream(st)
+        for mode in modes:
+            epoch_sketch(
+                store,
+                _plan_of(store.manifest),
+                1,
+                client if mode == "cluster" else None,
+            )
+        shutil.rmtree(st)
         configs = [(mode, batching) for mode in modes for batching in ("1x", "10x")]
         for rep in range(args.repeat):
             order = configs[rep % len(configs) :] + configs[: rep % len(configs)]
@@ -504,13 +543,25 @@ def part_throughput(args: argparse.Namespace) -> dict[str, Any]:
                 r = run_config(args, root, fl, m, n, cl, tag)
                 r |= {"mode": mode, "batching": batching, "repetition": rep}
                 r["updates_per_s"] = total / r["ingest_s"]
+                r["end_to_end_updates_per_s"] = total / (r["ingest_s"] + r["release_s"])
                 print(
                     f"    ingest {r['ingest_s']:.2f} s = {r['updates_per_s']:.3g} updates/s; "
-                    f"release {r['release_s']:.2f} s; pieces "
+                    f"release {r['release_s']:.2f} s; ingest + release "
+                    f"{r['end_to_end_updates_per_s']:.3g} updates/s; ingest pieces "
                     + ", ".join(
                         f"{k} {v:.2f}"
                         for k, v in r["pieces"].items()
-                        if isinstance(v, float)
+                        if isinstance(v, float) and not k.endswith("_cpu")
+                    )
+                    + "; epoch sketch pieces "
+                    + ", ".join(
+                        f"{k} {v:.2f}"
+                        for k, v in r["epoch_sketch_pieces"].items()
+                        if isinstance(v, float) and not k.endswith("_cpu")
+                    )
+                    + "; release profile "
+                    + ", ".join(
+                        f"{k} {v:.2f}" for k, v in r["release_profile"].items()
                     ),
                     flush=True,
                 )
@@ -769,86 +820,138 @@ def _med(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
+def _b(b: str, total: int) -> str:
+    return f"1 x {total:.0e}" if b == "1x" else f"10 x {total // 10:.0e}"
+
+
 def md_throughput(r: dict[str, Any]) -> str:
     L = []
     m, n = r["shape"]
     L.append(
-        f"## Ingest throughput: {m:,} x {n:,} private stream, {r['updates']:,} updates into epoch 1\n"
+        f"## Ingest and release throughput: {m:,} x {n:,} private stream, {r['updates']:,} updates into epoch 1\n"
+    )
+    L.append(
+        f"Command: `{r.get('command', 'python benchmarks/bench_stream.py --part throughput')}`, "
+        f"{r['load_start']['uptime'].split()[0]}-{r['load_end']['uptime'].split()[0]} UTC on "
+        f"{r['git']['head'][:7]}"
+        + (
+            f" (package changes: {r['git']['pipeline_changes']})"
+            if r["git"]["pipeline_changes"]
+            else ""
+        )
+        + ".\n"
     )
     L.append(
         f"Spectral, rank {r['rank']}, t = {r['t']}, v = {r['v']}, unit `row`, C = 1, epsilon = 1, delta = 1e-6, "
         f"horizon 64. Batches: Parquet ({r['files']['bytes_one'] / 2**20:.1f} MiB as one file, "
-        f"{r['files']['bytes_ten'] / 2**20:.1f} MiB as 10 files), written beforehand. Cluster: LocalCluster, "
-        "2 worker processes x 1 thread. Wall clock; medians (min-max) over the repetitions, one fresh state "
-        "per run. Target: >= 5e5 updates/s.\n"
+        f"{r['files']['bytes_ten'] / 2**20:.1f} MiB as 10 files), written beforehand. `stream_ingest` "
+        "validates, clips and records the clipped cells, always in this process; `stream_release(epoch=1)` "
+        "closes the epoch (sketches all its cells once) and publishes, in this process (`in-process`) or "
+        "with `client=` a LocalCluster of 2 worker processes x 1 thread (`cluster`). Wall clock; medians "
+        "(min-max) over the repetitions, one fresh state per run. Ingest + release updates/s = "
+        f"{r['updates']:,} / (ingest s + release s). Target: >= 5e5 updates/s.\n"
     )
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for run in r["runs"]:
         groups.setdefault((run["mode"], run["batching"]), []).append(run)
+
+    def mm(xs: list[float], fmt: str) -> str:
+        return f"{_med(xs):{fmt}} ({min(xs):{fmt}}-{max(xs):{fmt}})"
+
     L.append(
-        "| mode | batches | ingest s | updates/s | client CPU s | worker CPU s | release s "
-        "| state after ingest MiB | load avg (1 min) |"
+        "| release | batches | ingest s | ingest updates/s | ingest CPU s | release s | release CPU s "
+        "(this process / workers) | ingest + release updates/s | state after ingest MiB | load avg (1 min) |"
     )
-    L.append("|---|---|---|---|---|---|---|---|---|")
+    L.append("|---|---|---|---|---|---|---|---|---|---|")
     for (mode, b), runs in groups.items():
-        ing = [x["ingest_s"] for x in runs]
-        ups = [x["updates_per_s"] for x in runs]
-        rel = [x["release_s"] for x in runs]
-        cpu = [x.get("ingest_cpu_s", float("nan")) for x in runs]
-        wcpu = [x.get("ingest_worker_cpu_s", 0.0) for x in runs]
         loads = [x["load_before"]["loadavg_1_5_15"][0] for x in runs] + [
             x["load_mid"]["loadavg_1_5_15"][0] for x in runs
         ]
         L.append(
-            f"| {mode} | {'1 x 10^6' if b == '1x' else '10 x 10^5'} | {_med(ing):.2f} ({min(ing):.2f}-{max(ing):.2f}) "
-            f"| **{_med(ups):.3g}** ({min(ups):.3g}-{max(ups):.3g}) | {_med(cpu):.2f} | {_med(wcpu):.2f} "
-            f"| {_med(rel):.2f} ({min(rel):.2f}-{max(rel):.2f}) "
+            f"| {mode} | {_b(b, r['updates'])} | {mm([x['ingest_s'] for x in runs], '.2f')} "
+            f"| {mm([x['updates_per_s'] for x in runs], '.3g')} "
+            f"| {_med([x['ingest_cpu_s'] for x in runs]):.2f} "
+            f"| {mm([x['release_s'] for x in runs], '.2f')} "
+            f"| {_med([x['release_cpu_s'] for x in runs]):.2f} / {_med([x['release_worker_cpu_s'] for x in runs]):.2f} "
+            f"| {mm([x['end_to_end_updates_per_s'] for x in runs], '.3g')} "
             f"| {_med([x['state_MiB_after_ingest'] for x in runs]):.0f} | {min(loads):.1f}-{max(loads):.1f} |"
         )
     L.append(
-        "\nBreakdown (the same batches through the pieces, on a second fresh state; seconds summed over the "
-        "batches, medians over the repetitions; wall (CPU of this process)):\n"
+        "\nIngest breakdown (the same batches through the public pieces, on a second fresh state, in this "
+        "process whatever the release mode; seconds summed over the batches, medians over the repetitions; "
+        "wall (CPU of this process)):\n"
     )
-    keys = [
-        "read_validate",
-        "entity_table_load",
-        "clip",
-        "partition",
-        "sketch",
-        "merge",
-        "state_write",
-    ]
+    keys = ["read_validate", "entity_table_load", "clip", "state_write"]
     L.append(
-        "| mode | batches | "
+        "| release | batches | "
         + " | ".join(keys)
-        + " | sum | state written MiB | parts |"
+        + " | sum | state written MiB | cells recorded |"
     )
     L.append("|---|---|" + "---|" * (len(keys) + 3))
     for (mode, b), runs in groups.items():
         vals = [_med([x["pieces"][k] for x in runs]) for k in keys]
-        cpus = [
-            _med([x["pieces"].get(k + "_cpu", float("nan")) for x in runs])
-            for k in keys
-        ]
+        cpus = [_med([x["pieces"][k + "_cpu"] for x in runs]) for k in keys]
         L.append(
-            f"| {mode} | {'1 x 10^6' if b == '1x' else '10 x 10^5'} | "
+            f"| {mode} | {_b(b, r['updates'])} | "
             + " | ".join(f"{v:.2f} ({c:.2f})" for v, c in zip(vals, cpus, strict=True))
-            + f" | {sum(vals):.2f} | {_med([x['pieces']['state_write_MiB'] for x in runs]):.0f} | {runs[0]['pieces']['n_parts']} |"
+            + f" | {sum(vals):.2f} | {_med([x['pieces']['state_write_MiB'] for x in runs]):.0f} "
+            f"| {runs[0]['pieces']['cells']:,} |"
         )
     L.append(
-        "\nRelease of epoch 1 (profiled run on the pieces' state; cumulative seconds of the steps):\n"
+        "\nRelease of epoch 1 (stream_release under cProfile on the pieces' state, after the epoch sketch "
+        "below; cumulative seconds of the steps in this process, medians; 'fold + commit' = close epoch - "
+        "epoch sketch):\n"
     )
-    L.append("| mode | batches | total | " + " | ".join(RELEASE_STEPS.values()) + " |")
-    L.append("|---|---|---|" + "---|" * len(RELEASE_STEPS))
+    L.append(
+        "| release | batches | total | epoch sketch (all cells, once) | fold into the tree + commit "
+        "| keyed node noise + sum | factorization | write the release group | other |"
+    )
+    L.append("|---|---|---|---|---|---|---|---|---|")
     for (mode, b), runs in groups.items():
         pr = [x["release_profile"] for x in runs]
+
+        def g(p: dict[str, float], k: str) -> float:
+            return p.get(k, float("nan"))
+
+        tot = _med([p["total"] for p in pr])
+        sk = _med([g(p, "epoch_sketch") for p in pr])
+        fold = _med([g(p, "_close_epochs") - g(p, "epoch_sketch") for p in pr])
+        noise = _med([g(p, "noisy_sketches") for p in pr])
+        fac = _med([g(p, "release_factorization") for p in pr])
+        wr = _med([g(p, "write_release") for p in pr])
+        other = _med(
+            [
+                p["total"]
+                - g(p, "_close_epochs")
+                - g(p, "noisy_sketches")
+                - g(p, "release_factorization")
+                - g(p, "write_release")
+                for p in pr
+            ]
+        )
         L.append(
-            f"| {mode} | {'1 x 10^6' if b == '1x' else '10 x 10^5'} | {_med([p['total'] for p in pr]):.2f} | "
-            + " | ".join(
-                f"{_med([p.get(s, float('nan')) for p in pr]):.2f}"
-                for s in RELEASE_STEPS
-            )
-            + " |"
+            f"| {mode} | {_b(b, r['updates'])} | {tot:.2f} | {sk:.2f} | {fold:.2f} | {noise:.2f} | {fac:.2f} | {wr:.2f} | {other:.2f} |"
+        )
+    L.append(
+        "\nEpoch sketch through its public pieces (`epoch_cells`, stable argsort by row, `partition_cells`, "
+        "`sketch_partitions`, `sum_deltas`) on the pieces' state before its release; wall (CPU of this "
+        "process), medians:\n"
+    )
+    ek = ["read_cells", "sort", "partition", "sketch", "sum_deltas"]
+    L.append(
+        "| release | batches | "
+        + " | ".join(ek)
+        + " | sum | worker CPU s (sketch) | parts |"
+    )
+    L.append("|---|---|" + "---|" * (len(ek) + 3))
+    for (mode, b), runs in groups.items():
+        es = [x["epoch_sketch_pieces"] for x in runs]
+        vals = [_med([e[k] for e in es]) for k in ek]
+        cpus = [_med([e[k + "_cpu"] for e in es]) for k in ek]
+        L.append(
+            f"| {mode} | {_b(b, r['updates'])} | "
+            + " | ".join(f"{v:.2f} ({c:.2f})" for v, c in zip(vals, cpus, strict=True))
+            + f" | {sum(vals):.2f} | {_med([e.get('sketch_worker_cpu', 0.0) for e in es]):.2f} | {es[0]['n_parts']} |"
         )
     d = r.get("sketch_detail")
     if d:
