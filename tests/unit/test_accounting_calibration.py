@@ -209,7 +209,7 @@ def _req(name: str = "Y", weight: float = 1.0, **kw: object) -> SketchRequest:
         ([_req(weight=-0.5), _req("Z", 1.5)], {}, r"requests\[0\]\.weight must be in"),
         ([_req("Y", 0.5), _req("Y", 0.5)], {}, r"requests must have distinct names"),
         ([], {}, r"requests must be a non-empty sequence"),
-        ([_req(jl_dims=(0,))], {}, r"requests\[0\]\.jl_dims\[\*\] must be in >= 1"),
+        ([_req(jl_dims=(0,))], {}, r"requests\[0\]\.jl_dims\[\*\] must be >= 1"),
         ([_req(shape=(5,))], {}, r"requests\[0\]\.shape must be \(n_rows, n_cols\)"),
         (
             [_req()],
@@ -219,9 +219,9 @@ def _req(name: str = "Y", weight: float = 1.0, **kw: object) -> SketchRequest:
         (
             [_req()],
             {"tree_levels": 0},
-            r"tree_levels must be in >= 1, got tree_levels=0\.",
+            r"tree_levels must be >= 1, got tree_levels=0\.",
         ),
-        ([_req()], {"n_sketch_matrices": 0}, r"n_sketch_matrices must be in >= 1"),
+        ([_req()], {"n_sketch_matrices": 0}, r"n_sketch_matrices must be >= 1"),
         (
             [_req(jl_dims=(V, V))],
             {"n_sketch_matrices": 1},

@@ -174,5 +174,5 @@ def test_invalid_privacy_parameters(call: object, name: str) -> None:
 
 
 def test_invalid_dimension() -> None:
-    with pytest.raises(InvalidParameterError, match=r"d must be in >= 1, got d=0\."):
+    with pytest.raises(InvalidParameterError, match=r"d must be >= 1, got d=0\."):
         jl_sensitivity_factor(0, 0.1)

@@ -454,7 +454,7 @@ def test_to_dict_is_json_and_complete() -> None:
         (
             {"n_features": 1, "rank": 1},
             InvalidParameterError,
-            r"n_features must be in >= 2",
+            r"n_features must be >= 2",
         ),
         (
             {"iterations": None},
@@ -464,7 +464,7 @@ def test_to_dict_is_json_and_complete() -> None:
         (
             {"iterations": 0},
             InvalidParameterError,
-            r"iterations must be in >= 1, got iterations=0",
+            r"iterations must be >= 1, got iterations=0",
         ),
         (
             {"method": "analyze-gauss", "iterations": 3},
@@ -792,7 +792,7 @@ def test_selection_check_negative_controls(selection: SelectionCalibration) -> N
         (
             {"iteration_grid": (0, 1)},
             InvalidParameterError,
-            r"iteration_grid\[\*\] must be in >= 1",
+            r"iteration_grid\[\*\] must be >= 1",
         ),
         (
             {"expected_trials": 0.5},
@@ -804,7 +804,7 @@ def test_selection_check_negative_controls(selection: SelectionCalibration) -> N
             PrivacyConfigError,
             r"max_trials must make the truncation mass",
         ),
-        ({"n_rows": 0}, InvalidParameterError, r"n_rows must be in >= 1"),
+        ({"n_rows": 0}, InvalidParameterError, r"n_rows must be >= 1"),
         ({"rank": 64}, InvalidParameterError, r"rank must be in \[1, n_features - 1\]"),
         ({"beta": 0.0}, InvalidParameterError, r"beta must be in \(0, 1\)"),
         ({"delta": 2.0}, PrivacyConfigError, r"delta must be in \(0, 1\)"),
