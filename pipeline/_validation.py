@@ -68,3 +68,20 @@ def check_privacy_pair(epsilon: Any, delta: Any) -> tuple[float, float]:
     )
     dlt = check_float_in_interval(delta, "delta", 0.0, 1.0, privacy=True)
     return eps, dlt
+
+
+def check_enum(cls: Any, value: Any, name: str) -> Any:
+    """Return ``value`` as a member of the enum ``cls`` (by member or by value), else raise.
+
+    The message lists the allowed values, e.g. ``algorithm must be one of
+    'spectral', 'low-space', got algorithm='fast'.``
+    """
+    if isinstance(value, cls):
+        return value
+    try:
+        return cls(value)
+    except ValueError:
+        allowed = ", ".join(repr(m.value) for m in cls)
+        raise InvalidParameterError(
+            f"{name} must be one of {allowed}, got {name}={value!r}."
+        ) from None

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import numpy as np
 
 from pipeline._validation import (
+    check_enum,
     check_float_in_interval,
     check_int_in_range,
     check_privacy_pair,
@@ -55,18 +56,6 @@ if TYPE_CHECKING:
     from pipeline.execution.clusters import ClusterConfig
 
 
-def _enum(cls: Any, value: Any, name: str) -> Any:
-    if isinstance(value, cls):
-        return value
-    try:
-        return cls(value)
-    except ValueError:
-        allowed = ", ".join(repr(m.value) for m in cls)
-        raise InvalidParameterError(
-            f"{name} must be one of {allowed}, got {name}={value!r}."
-        ) from None
-
-
 def make_params(
     rank: int,
     *,
@@ -82,7 +71,7 @@ def make_params(
     padded: bool = False,
 ) -> LrfParams:
     """Validate user-facing parameters into :class:`LrfParams` (no data needed)."""
-    alg = _enum(Algorithm, algorithm, "algorithm")
+    alg = check_enum(Algorithm, algorithm, "algorithm")
     rank = check_int_in_range(rank, "rank", 1)
     if sketch_size is not None:
         check_int_in_range(sketch_size, "sketch_size", 2)
@@ -97,7 +86,7 @@ def make_params(
             )
         eps = dlt = None
     clip = ClipSpec(
-        unit=_enum(PrivacyUnit, unit, "unit"),
+        unit=check_enum(PrivacyUnit, unit, "unit"),
         clip_norm=check_float_in_interval(
             clip_norm, "clip_norm", 0.0, math.inf, privacy=True
         ),
@@ -111,7 +100,7 @@ def make_params(
         epsilon=eps,
         delta=dlt,
         clip=clip,
-        neighboring=_enum(Neighboring, neighboring, "neighboring"),
+        neighboring=check_enum(Neighboring, neighboring, "neighboring"),
         padded=bool(padded),
     )
 

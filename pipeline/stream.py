@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline._validation import check_float_in_interval, check_int_in_range
+from pipeline._validation import check_enum, check_float_in_interval, check_int_in_range
 from pipeline.accounting.ledger import Ledger, default_ledger_path
 from pipeline.algorithms.base import Factorization
 from pipeline.algorithms.continual import (
@@ -104,14 +104,6 @@ def _crash_point(step: str) -> None:
 
 def _now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-
-
-def _enum(cls: Any, value: Any, name: str) -> Any:
-    try:
-        return value if isinstance(value, cls) else cls(value)
-    except ValueError:
-        allowed = ", ".join(repr(m.value) for m in cls)
-        raise InvalidParameterError(f"{name} must be one of {allowed}, got {name}={value!r}.") from None
 
 
 # -- the plan, rebuilt from the manifest's public parameters -------------------
@@ -283,9 +275,9 @@ def stream_init(
     """
     from pipeline.io.stream_state import StreamStore
 
-    alg = _enum(Algorithm, algorithm, "algorithm")
-    unit_e = _enum(StreamUnit, unit, "unit")
-    neigh = _enum(Neighboring, neighboring, "neighboring")
+    alg = check_enum(Algorithm, algorithm, "algorithm")
+    unit_e = check_enum(StreamUnit, unit, "unit")
+    neigh = check_enum(Neighboring, neighboring, "neighboring")
     rank = check_int_in_range(rank, "rank", 1)
     horizon = check_int_in_range(horizon, "horizon", 1)
     if private:

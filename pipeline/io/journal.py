@@ -39,6 +39,7 @@ from zarr.codecs import Crc32cCodec
 
 from pipeline._types import FloatArray
 from pipeline.errors import StoreLayoutError
+from pipeline.io._durable import fsync_path
 from pipeline.mechanisms.noise import NoiseKey
 
 __all__ = [
@@ -132,14 +133,6 @@ def array_fingerprint(array: np.ndarray) -> str:
     return h.hexdigest()
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_bytes(path: str, data: bytes) -> None:
     directory = os.path.dirname(path)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
@@ -154,7 +147,7 @@ def _write_bytes(path: str, data: bytes) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    _fsync_dir(directory)
+    fsync_path(directory)
 
 
 def _make_private(root: str) -> None:
@@ -164,12 +157,8 @@ def _make_private(root: str) -> None:
         for f in files:
             p = os.path.join(dirpath, f)
             os.chmod(p, _FILE_MODE)
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        _fsync_dir(dirpath)
+            fsync_path(p)
+        fsync_path(dirpath)
 
 
 def _label_file(label: str) -> str:
@@ -437,7 +426,7 @@ class FileJournal:
             if os.path.lexists(final):
                 shutil.rmtree(final)
             os.rename(tmp, final)
-            _fsync_dir(self.path)
+            fsync_path(self.path)
         finally:
             if os.path.exists(tmp):
                 shutil.rmtree(tmp, ignore_errors=True)

@@ -15,6 +15,7 @@ import zarr
 
 from pipeline.algorithms.base import Factorization
 from pipeline.errors import StoreLayoutError
+from pipeline.io._durable import fsync_path, fsync_tree
 
 #: Rows per chunk of the released U and V.
 OUTPUT_ROW_CHUNK = 65536
@@ -121,7 +122,7 @@ def write_group(
             _write_array(group, name, x, client)
         # round-trip through json so a non-serialisable report fails here, not later
         group.attrs["report"] = json.loads(json.dumps(report))
-        _fsync_tree(tmp)
+        fsync_tree(tmp)
         if before_publish is not None:
             before_publish()
         if os.path.lexists(out):
@@ -135,7 +136,7 @@ def write_group(
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.rename(tmp, out)
-        _fsync_dir(parent)
+        fsync_path(parent)
     finally:
         if os.path.exists(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
@@ -156,25 +157,6 @@ def read_group(
         raise StoreLayoutError(
             f"{path!r} is not a dplr release (missing {exc})."
         ) from None
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(root: str) -> None:
-    for dirpath, _, files in os.walk(root):
-        for f in files:
-            fd = os.open(os.path.join(dirpath, f), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        _fsync_dir(dirpath)
 
 
 def read_release(path: str | os.PathLike[str]) -> Factorization:

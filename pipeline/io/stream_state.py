@@ -40,6 +40,7 @@ import numpy as np
 import zarr
 
 from pipeline.errors import StoreLayoutError
+from pipeline.io._durable import fsync_path, fsync_tree, write_private
 from pipeline.mechanisms.noise import NoiseKey
 
 __all__ = ["STATE_FORMAT", "StateLockedError", "StreamStore"]
@@ -55,37 +56,6 @@ _ROWS_PER_CHUNK_BYTES = 32 * 2**20  # chunk rows so that one chunk is ~32 MiB
 
 class StateLockedError(StoreLayoutError):
     """Another process holds the stream's lock (a concurrent ingest, release or nightly run)."""
-
-
-def _fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(root: str) -> None:
-    for dirpath, _, files in os.walk(root):
-        for f in files:
-            _fsync_path(os.path.join(dirpath, f))
-        _fsync_path(dirpath)
-
-
-def _write_private(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically with mode 0600."""
-    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _FILE_MODE)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    _fsync_path(os.path.dirname(os.path.abspath(path)))
 
 
 def _stored_name(gen: int, logical: str) -> str:
@@ -149,12 +119,12 @@ class StreamStore:
                 "noise_key": None if noise_key is None else noise_key.secret.hex(),
                 "insecure_noise": bool(noise_key is not None and noise_key.insecure),
             }
-            _write_private(os.path.join(tmp, _SECRETS), json.dumps(secrets_doc).encode())
+            write_private(os.path.join(tmp, _SECRETS), json.dumps(secrets_doc).encode())
             store = cls(tmp, {})
             doc = dict(manifest) | {"format": STATE_FORMAT, "generation": 0, "arrays": {}}
             store._write_arrays_and_manifest(doc, dict(arrays or {}))
             os.rename(tmp, path)
-            _fsync_path(parent)
+            fsync_path(parent)
         finally:
             if os.path.exists(tmp):
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -293,13 +263,13 @@ class StreamStore:
             written.append(full)
             table[logical] = stored
         for full in written:
-            _fsync_tree(full)
+            fsync_tree(full)
         doc["generation"] = gen
         doc["arrays"] = table
         doc["updated"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
         group = {"zarr_format": 3, "node_type": "group", "attributes": {_MANIFEST_KEY: doc}}
         data = json.dumps(group, indent=1, allow_nan=False).encode()
-        _write_private(os.path.join(self.path, "zarr.json"), data)
+        write_private(os.path.join(self.path, "zarr.json"), data)
         self._manifest = json.loads(json.dumps(doc))
 
     def _collect_garbage(self) -> None:

@@ -112,7 +112,7 @@ CASES = {
     ),
     "NaN in a chunk": Case("nan", "NaN or Inf in chunk (1, 0)"),
     "Inf in a chunk": Case("inf", "NaN or Inf in chunk (3, 0)"),
-    "rank 0": Case("good", "rank must be in", ("--rank", "0")),
+    "rank 0": Case("good", "rank must be >= 1", ("--rank", "0")),
     "rank = min(m, n)": Case(
         "good",
         "rank must be in [1, min(n_rows, n_cols) - 1] = [1, 29], got rank=30",

@@ -509,8 +509,8 @@ def test_edited_shape_and_same_width_dtype_release(
 @pytest.mark.parametrize(
     ("rank", "text"),
     [
-        ("0", "rank must be in"),
-        ("-2", "rank must be in"),
+        ("0", "rank must be >= 1"),
+        ("-2", "rank must be >= 1"),
         ("20", "got rank=20"),
         ("2.5", "invalid int value"),
     ],

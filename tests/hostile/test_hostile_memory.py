@@ -343,8 +343,8 @@ def test_extreme_valid_ranks_release(
 @pytest.mark.parametrize(
     ("alg", "shape", "rank", "phrase"),
     [
-        ("spectral", (M, N), 0, "rank must be in"),
-        ("spectral", (M, N), -1, "rank must be in"),
+        ("spectral", (M, N), 0, "rank must be >= 1"),
+        ("spectral", (M, N), -1, "rank must be >= 1"),
         ("low-space", (M, N), N, "got rank=20"),  # k = min(m, n)
         ("spectral", (M, N), 2.5, "rank must be an integer"),
         ("spectral", (M, N), "3", "rank must be an integer"),
