@@ -224,7 +224,11 @@ def test_over_budget_is_refused_before_any_read(
         "pca", corrupt, *POWER, *PRIVACY, "--out", tmp_path / "control.zarr",
         "--ledger", roomy, *BUDGET, "--scheduler", scheduler, "--quiet",
     )  # fmt: skip
-    assert control.returncode == 1, control.stderr  # a decoding error: traceback (B.6)
+    # a chunk that cannot be decoded is a clear error naming its rows (exit 2)
+    line = assert_one_line_error(control, 2, "dplr: error: ")
+    assert "cannot be read at rows" in line
+    assert "truncated or corrupted" in line
+    assert not (tmp_path / "control.zarr").exists()
 
 
 @pytest.mark.timeout(60)

@@ -9,10 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+from cli_util import assert_one_line_error, run_dplr
 
 from pipeline.io.batches import write_batch
 from pipeline.io.release import read_release
-from cli_util import assert_one_line_error, run_dplr
+from pipeline.stream import stream_init
 
 SHAPE = (240, 160)
 SEED = 4242
@@ -35,14 +36,20 @@ def _state_bytes(state: Path) -> dict[str, bytes]:
 
 @pytest.fixture
 def stream(tmp_path: Path) -> Path:
+    """A new private stream, created through the API (the CLI's init is tested below)."""
     state = tmp_path / "s.stream"
-    proc = run_dplr("stream", "init", state, "--rows", SHAPE[0], "--cols", SHAPE[1], "--rank", 3,
-                    "--horizon", 4, "--epsilon", "1", "--delta", "1e-6", "--unit", "row")
-    assert proc.returncode == 0, proc.stderr
+    stream_init(state, n_rows=SHAPE[0], n_cols=SHAPE[1], rank=3, horizon=4, epsilon=1.0,
+                delta=1e-6, unit="row")
     return state
 
 
-def test_init_ingest_release_status(stream: Path, tmp_path: Path):
+def test_init_ingest_release_status(tmp_path: Path):
+    stream = tmp_path / "s.stream"
+    proc = run_dplr("stream", "init", stream, "--rows", SHAPE[0], "--cols", SHAPE[1], "--rank", 3,
+                    "--horizon", 4, "--epsilon", "1", "--delta", "1e-6", "--unit", "row")
+    assert proc.returncode == 0, proc.stderr
+    assert "4 epochs" in proc.stdout
+    assert "3 tree levels" in proc.stdout
     assert oct(stream.stat().st_mode & 0o777) == "0o700"
     assert oct((stream / "secrets.json").stat().st_mode & 0o777) == "0o600"
     _batch(tmp_path / "b1.parquet", 500, 1)
@@ -51,12 +58,15 @@ def test_init_ingest_release_status(stream: Path, tmp_path: Path):
     assert "applied b1.parquet to epoch 1" in proc.stdout
     proc = run_dplr("stream", "release", stream, "--epoch", 2, "--out", tmp_path / "r2.zarr")
     assert proc.returncode == 0, proc.stderr
-    assert "epoch 2 released" in proc.stdout and "whole stream" in proc.stdout
+    assert "epoch 2 released" in proc.stdout
+    assert "whole stream" in proc.stdout
     rep = read_release(tmp_path / "r2.zarr").report
-    assert rep["private"] is True and rep["stream"]["tree_nodes"] == [[1, 1]]
+    assert rep["private"] is True
+    assert rep["stream"]["tree_nodes"] == [[1, 1]]
     assert rep["calibration"]["tree_levels"] == 3
     status = json.loads(run_dplr("stream", "status", stream).stdout)
-    assert status["last_closed"] == 2 and status["released"] == [2]
+    assert status["last_closed"] == 2
+    assert status["released"] == [2]
     ledger = json.loads((tmp_path / "s.stream.dplr-ledger.json").read_text())
     assert len(ledger["releases"]) == 1  # the stream was charged once, at init
 
@@ -107,10 +117,12 @@ def test_missing_parquet_and_csv_columns(stream: Path, tmp_path: Path):
     (tmp_path / "bad.csv").write_text("entity,i,s\n1,2,123456.789\n")
     proc = run_dplr("stream", "ingest", stream, tmp_path / "bad.csv", "--epoch", 1)
     line = assert_one_line_error(proc, 2, "dplr: error:")
-    assert "'j'" in line and "123456" not in line
+    assert "'j'" in line
+    assert "123456" not in line
     write_batch(tmp_path / "bad.parquet", {"entity": np.array([1]), "i": np.array([1]), "s": np.array([SENTINEL])})
     line = assert_one_line_error(run_dplr("stream", "ingest", stream, tmp_path / "bad.parquet", "--epoch", 1), 2, "dplr: error:")
-    assert "'j'" in line and "123456" not in line
+    assert "'j'" in line
+    assert "123456" not in line
 
 
 def test_epoch_rules_and_duplicates(stream: Path, tmp_path: Path):
@@ -131,7 +143,8 @@ def test_epoch_rules_and_duplicates(stream: Path, tmp_path: Path):
     line = assert_one_line_error(run_dplr("stream", "release", stream, "--epoch", 1, "--out", tmp_path / "x.zarr"), 2, "dplr: error:")
     assert "already released" in line
     proc = run_dplr("stream", "release", stream, "--epoch", 1, "--out", tmp_path / "r1.zarr")
-    assert proc.returncode == 0 and "already released" in proc.stdout
+    assert proc.returncode == 0
+    assert "already released" in proc.stdout
 
 
 def test_unit_violation_and_entity_kind(stream: Path, tmp_path: Path):
@@ -151,7 +164,8 @@ def test_state_of_another_version_and_not_a_state(stream: Path, tmp_path: Path):
     doc["attributes"]["dplr_stream"]["format"] = "dplr-stream/0"
     meta.write_text(json.dumps(doc))
     line = assert_one_line_error(run_dplr("stream", "status", stream), 2, "dplr: error:")
-    assert "dplr-stream/0" in line and "dplr-stream/1" in line
+    assert "dplr-stream/0" in line
+    assert "dplr-stream/1" in line
     line = assert_one_line_error(run_dplr("stream", "status", tmp_path), 2, "dplr: error:")
     assert "not a dplr stream state" in line
 

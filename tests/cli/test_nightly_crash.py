@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-
 from cli_util import assert_one_line_error, run_dplr
+
 from pipeline.io.batches import write_batch
 from pipeline.io.stream_state import StreamStore
 
@@ -125,9 +125,11 @@ def test_same_date_twice_changes_nothing(prepared, tmp_path):
     before = {p: p.read_bytes() for p in sorted((root / "s.stream").rglob("*")) if p.is_file() and p.name != ".lock"}
     releases = _releases_for(root, DATES[0])
     proc = _nightly(root, DATES[0])
-    assert proc.returncode == 0 and "already released" in proc.stdout
+    assert proc.returncode == 0
+    assert "already released" in proc.stdout
     after = {p: p.read_bytes() for p in sorted((root / "s.stream").rglob("*")) if p.is_file() and p.name != ".lock"}
-    assert after == before and _releases_for(root, DATES[0]) == releases
+    assert after == before
+    assert _releases_for(root, DATES[0]) == releases
 
 
 def _releases_for(root: Path, d: str) -> dict[str, bytes]:
@@ -162,7 +164,8 @@ def test_dry_run_reads_and_writes_nothing(prepared, tmp_path):
     assert "2027-01-01 epoch 1/8: to release, 2 batch file(s)" in proc.stdout
     assert "2027-01-02 epoch 2/8" in proc.stdout
     after = {p: p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-    assert after == before and not (root / "releases").exists()
+    assert after == before
+    assert not (root / "releases").exists()
 
 
 def test_exit_codes_of_bad_jobs(prepared, tmp_path):
@@ -172,6 +175,7 @@ def test_exit_codes_of_bad_jobs(prepared, tmp_path):
     assert_one_line_error(_nightly(root, "2027-13-01"), 2, "dplr: error:")  # not a date
     shutil.rmtree(root / "inbox" / DATES[0])
     line = assert_one_line_error(_nightly(root, DATES[0]), 2, "dplr: error:")
-    assert "inbox" in line and not (root / "releases" / f"{DATES[0]}.zarr").exists()
+    assert "inbox" in line
+    assert not (root / "releases" / f"{DATES[0]}.zarr").exists()
     (root / "job.toml").write_text(JOB + "[extra]\nkey = 1\n")
     assert "unknown section" in assert_one_line_error(_nightly(root, DATES[0]), 2, "dplr: error:")

@@ -7,7 +7,12 @@ import math
 import numpy as np
 import pytest
 
-from pipeline.algorithms.continual import advance_tree, noise_std, noisy_sketches, plan_stream
+from pipeline.algorithms.continual import (
+    advance_tree,
+    noise_std,
+    noisy_sketches,
+    plan_stream,
+)
 from pipeline.algorithms.lrf import Algorithm, LrfParams
 from pipeline.mechanisms.noise import NoiseKey
 

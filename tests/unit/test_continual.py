@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -24,7 +25,13 @@ from pipeline.algorithms.continual import (
     tree_levels,
     tree_nodes,
 )
-from pipeline.algorithms.lrf import Algorithm, LrfParams, pass_request, plan_lrf, run_lrf
+from pipeline.algorithms.lrf import (
+    Algorithm,
+    LrfParams,
+    pass_request,
+    plan_lrf,
+    run_lrf,
+)
 from pipeline.errors import EpochError, HorizonExceededError, InvalidParameterError
 from pipeline.mechanisms.noise import NoiseKey
 
@@ -113,7 +120,8 @@ def test_tree_bookkeeping_sums_to_the_total_for_every_epoch():
         assert set(levels) <= {j for j, _ in tree_nodes(tau)}
         got = sum((p["Y"] for p in levels.values()), np.zeros(4))
         np.testing.assert_allclose(got, total, rtol=1e-12, atol=1e-12)
-    assert tree_nodes(6) == [(1, 3), (2, 1)] and lowest_set_bit(12) == 2
+    assert tree_nodes(6) == [(1, 3), (2, 1)]
+    assert lowest_set_bit(12) == 2
 
 
 def test_nodes_of_an_epoch_partition_its_prefix():
@@ -149,7 +157,8 @@ def test_node_noise_is_keyed_fresh_and_reproducible():
     for other in (node_noise(plan, key, "Y", 1, 2), node_noise(plan, key, "Y", 2, 3),
                   node_noise(plan, NoiseKey.insecure_from_seed(2), "Y", 1, 3)):
         assert abs(np.corrcoef(a.ravel(), other.ravel())[0, 1]) < 0.05  # independent streams
-    assert a.shape == plan.shapes()["Y"] and node_noise(plan, key, "Z", 0, 1).shape == plan.shapes()["Z"]
+    assert a.shape == plan.shapes()["Y"]
+    assert node_noise(plan, key, "Z", 0, 1).shape == plan.shapes()["Z"]
 
 
 def test_noisy_sketches_add_one_noise_per_node():
@@ -182,5 +191,5 @@ def test_partition_cuts_fall_on_tile_boundaries():
     r = np.sort(np.random.default_rng(0).integers(0, 1000, 5000))
     parts = partition_cells(r, r, r.astype(float), 4, tile_size=64)
     assert sum(p[0].size for p in parts) == r.size
-    for a, b in zip(parts[:-1], parts[1:], strict=True):
+    for a, b in itertools.pairwise(parts):
         assert a[0][-1] // 64 < b[0][0] // 64  # no tile is shared by two parts

@@ -31,7 +31,8 @@ def _dense(out, shape=(10, 10)):
 def test_net_contribution_is_clipped_not_each_update():
     # +5 then -5 on one cell is a net zero: nothing to clip, nothing spent
     out = _clip([1, 1], [0, 0], [0, 0], [5.0, -5.0])
-    assert np.all(out.vals == 0.0) and out.table.spent.tolist() == [0.0]
+    assert np.all(out.vals == 0.0)
+    assert out.table.spent.tolist() == [0.0]
     # 100 updates of 0.1 on one cell: net 10, clipped to 1 (per-update clipping would not bind)
     out = _clip([2] * 100, [0] * 100, [0] * 100, [0.1] * 100)
     assert _dense(out)[0, 0] == pytest.approx(_MARGIN, rel=_ULPS)
@@ -69,7 +70,8 @@ def test_entities_do_not_affect_each_other():
 def test_unit_violations_within_a_batch_are_refused(unit, i, j):
     with pytest.raises(PrivacyUnitError, match=f"privacy unit '{unit.value}'") as exc:
         _clip([9, 9], i, j, [123456.789, 1.0], unit=unit)
-    assert "123456" not in str(exc.value) and "9" not in str(exc.value).replace("dplr", "")
+    assert "123456" not in str(exc.value)
+    assert "9" not in str(exc.value).replace("dplr", "")
 
 
 def test_unit_violation_across_batches_is_refused_and_units_hold_otherwise():
@@ -91,19 +93,22 @@ def test_float_limits_subnormals_and_negative_zero():
     out = _clip([2, 2], [0, 0], [0, 1], [tiny, -tiny])
     np.testing.assert_array_equal(_dense(out)[0, :2], [tiny, -tiny])
     out = _clip([3], [0], [0], [-0.0])
-    assert out.vals.tolist() == [0.0] and out.table.spent.tolist() == [0.0]
+    assert out.vals.tolist() == [0.0]
+    assert out.table.spent.tolist() == [0.0]
 
 
 def test_empty_batch_and_coalesce():
     out = _clip([], [], [], [])
-    assert out.rows.size == 0 and len(out.table) == 0
+    assert out.rows.size == 0
+    assert len(out.table) == 0
     r, c, v = coalesce(np.array([2, 0, 2, 2]), np.array([1, 5, 1, 0]), np.array([1.0, 2.0, 3.0, 4.0]), 6)
     assert (r.tolist(), c.tolist(), v.tolist()) == ([0, 2, 2], [5, 0, 1], [2.0, 4.0, 4.0])
 
 
 def test_private_objects_have_redacted_reprs():
     out = _clip([1], [0], [0], [123456.789])
-    assert "123456" not in repr(out) and "123456" not in repr(out.table)
+    assert "123456" not in repr(out)
+    assert "123456" not in repr(out.table)
 
 
 batches = st.lists(
