@@ -504,7 +504,15 @@ def part_throughput(args: argparse.Namespace) -> dict[str, Any]:
         "epsilon": EPS,
         "delta": DELTA,
         "horizon": 64,
-        "files": files,
+        # paths relative to the repository: the results never name this machine's layout
+        "files": {
+            k: (
+                [os.path.relpath(x, os.path.dirname(HERE)) for x in v]
+                if isinstance(v, list)
+                else os.path.relpath(v, os.path.dirname(HERE)) if k == "dir" else v
+            )
+            for k, v in files.items()
+        },
         "git": git_state(),
         "command": " ".join(["python", "benchmarks/bench_stream.py", *sys.argv[1:]]),
         "load_start": load_info(),
