@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benchmarks/bench_outofcore.py --workdir /tmp/dplr-outofcore --cleanup
+    python benchmarks/bench_outofcore.py --workdir SCRATCH_DIR --cleanup  # ~16 GB free, outside the repository
     python benchmarks/bench_outofcore.py --quick      # 1 GiB store, 512 MiB workers
 
 What it does, in one process:

@@ -235,7 +235,6 @@ def run_nightly(
     from pipeline.stream import (
         _crash_point,
         _plan_of,
-        batch_fingerprint,
         open_stream,
         stream_ingest,
         stream_release,
@@ -299,12 +298,10 @@ def run_nightly(
                 files = _batches(cfg, d)
                 if files is None:
                     raise _no_inbox(cfg, d)
-                known = {b["fingerprint"] for b in store.manifest["batches"]}
                 for f in files:
-                    if batch_fingerprint(store, f) in known:
-                        continue  # applied by an earlier, interrupted run
-                    stream_ingest(cfg.state, f, epoch=e, store=store)
-                    done.append(os.path.basename(f))
+                    # a batch applied by an earlier, interrupted run is skipped
+                    if not stream_ingest(cfg.state, f, epoch=e, store=store, skip_known=True)["skipped"]:
+                        done.append(os.path.basename(f))
             _, new = stream_release(cfg.state, epoch=e, out=out, client=client, store=store)
             _point_latest(cfg.releases, out)
             _crash_point("after-latest")

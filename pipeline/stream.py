@@ -401,21 +401,13 @@ def _load_entities(store: Any) -> EntityTable:
     )
 
 
-def batch_fingerprint(store: Any, path: str | os.PathLike[str]) -> str:
-    """Read and validate a batch for this stream; return its content fingerprint."""
-    from pipeline.io.batches import read_batch
-
-    m = store.manifest
-    p = m["params"]
-    return str(read_batch(path, shape=(p["n_rows"], p["n_cols"]), entity_key=_entity_key(m)).fingerprint())
-
-
 def stream_ingest(
     state: str | os.PathLike[str],
     batch: str | os.PathLike[str],
     *,
     epoch: int,
     store: Any = None,
+    skip_known: bool = False,
 ) -> dict[str, Any]:
     """Apply one batch of updates to epoch ``epoch`` of the stream.
 
@@ -431,6 +423,9 @@ def stream_ingest(
         the horizon.
     store : StreamStore or None
         An already locked state (nightly runs); None locks ``state``.
+    skip_known : bool
+        A batch whose content the stream already holds is skipped (the result
+        says ``skipped``) instead of refused: a nightly rerun after a crash.
 
     Returns
     -------
@@ -469,15 +464,18 @@ def stream_ingest(
             )
         b = read_batch(batch, shape=(p["n_rows"], p["n_cols"]), entity_key=_entity_key(m))
         fp = b.fingerprint()
+        rec = next((r for r in m["batches"] if r["fingerprint"] == fp), None)
+        if rec is not None and skip_known:
+            return {"fingerprint": fp, "epoch": rec["epoch"], "batch": rec["file"], "skipped": True,
+                    "seconds": round(time.perf_counter() - t0, 3)}
         # an empty batch applies nothing, so it cannot be a harmful replay (quiet
         # nights deliver empty files with identical content)
-        for rec in m["batches"] if len(b) else ():
-            if rec["fingerprint"] == fp:
-                raise DuplicateBatchError(
-                    f"this batch's content was already ingested into epoch {rec['epoch']} "
-                    f"(as {rec['file']!r}); replaying it would count its updates twice. "
-                    "Nothing was applied."
-                )
+        if rec is not None and len(b):
+            raise DuplicateBatchError(
+                f"this batch's content was already ingested into epoch {rec['epoch']} "
+                f"(as {rec['file']!r}); replaying it would count its updates twice. "
+                "Nothing was applied."
+            )
         if len(b) and m["entity_kind"] not in (None, b.entity_kind):
             raise InvalidParameterError(
                 f"this stream's entity ids are of kind {m['entity_kind']!r}, the batch's "
@@ -516,7 +514,8 @@ def stream_ingest(
             },
         )
         _crash_point("after-ingest")
-    return {"fingerprint": fp, "epoch": epoch, "batch": record["file"], "seconds": round(time.perf_counter() - t0, 3)}
+    return {"fingerprint": fp, "epoch": epoch, "batch": record["file"], "skipped": False,
+            "seconds": round(time.perf_counter() - t0, 3)}
 
 
 def epoch_cells(store: Any, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
