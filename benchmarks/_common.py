@@ -234,12 +234,31 @@ def blas_threads() -> int:
         return -1
 
 
-def gemm_floor(A: np.ndarray, t: int, v: int, seed: int = 0) -> dict[str, float]:
-    """(b): in-memory sketch GEMMs A @ Phi (n x t) and S @ A (v x m), float32, one thread."""
+def gemm_floor(
+    A: np.ndarray, t: int, v: int, seed: int = 0, operator: str = "sparse-sign"
+) -> dict[str, float]:
+    """(b): the in-memory sketch products A @ Phi (n x t) and S @ A (v x m), one thread.
+
+    ``Phi`` is Gaussian; ``S`` is Gaussian or a sparse sign map (8 non-zeros per
+    row of A, scipy CSC), as the non-private run uses. Operators are generated
+    before the clock starts: only the products are timed.
+    """
+    import scipy.sparse as sp
+
+    from pipeline.sketches.sparse import SparseSignOperator
+
     m, n = A.shape
     rng = np.random.default_rng(seed)
-    Phi = rng.standard_normal((n, t), dtype=np.float32)
-    S = rng.standard_normal((v, m), dtype=np.float32)
+    Phi = rng.standard_normal((n, t), dtype=A.dtype)
+    if operator == "sparse-sign":
+        op = SparseSignOperator(root=seed, code=12, length=m, dim=v)
+        cols, vals = op.structure(0, m)
+        S: Any = sp.csc_array(
+            (vals.astype(A.dtype).ravel(), cols.ravel(), np.arange(0, cols.size + 1, op.zeta)),
+            shape=(v, m),
+        )
+    else:
+        S = rng.standard_normal((v, m), dtype=A.dtype)
     A @ Phi  # warm the BLAS code path
     t0 = time.perf_counter()
     Y = A @ Phi
@@ -251,6 +270,7 @@ def gemm_floor(A: np.ndarray, t: int, v: int, seed: int = 0) -> dict[str, float]
         "A_Phi": t1 - t0,
         "S_A": t2 - t1,
         "total": t2 - t0,
+        "operator": operator,
         "blas_threads": blas_threads(),
     }
 
@@ -271,6 +291,8 @@ def kernel_breakdown(
     from pipeline.algorithms.lrf import Algorithm, LrfParams, pass_request, plan_lrf
     from pipeline.mechanisms.clipping import PrivacyUnit
     from pipeline.sketches.apply import block_partials, check_finite_block, clip_block
+    from pipeline.sketches.operators import OperatorKind
+    from pipeline.sketches.sparse import SparseSignOperator
 
     # mirror the kernel as it is now: since 2026-11-29 14:41 block_partials clips the
     # float64 copy in place and checks finiteness on the small partials only
@@ -280,6 +302,10 @@ def kernel_breakdown(
     configs = {
         "spectral_nonprivate": LrfParams(
             algorithm=Algorithm.SPECTRAL, rank=rank, private=False
+        ),
+        "spectral_nonprivate_gaussian": LrfParams(
+            algorithm=Algorithm.SPECTRAL, rank=rank, private=False,
+            operator=OperatorKind.GAUSSIAN,
         ),
         "spectral_dp": LrfParams(
             algorithm=Algorithm.SPECTRAL, rank=rank, epsilon=1.0, delta=1e-6
@@ -327,9 +353,12 @@ def kernel_breakdown(
                 acc["gemm_right"] += t2 - t1
             for _, op in req.left:
                 t0 = time.perf_counter()
-                g = op.block(r0, r1).astype(dt, copy=False)
+                if isinstance(op, SparseSignOperator):
+                    gt = op._csc_transposed(r0, r1, dt)
+                else:
+                    gt = op.block(r0, r1).astype(dt, copy=False).T
                 t1 = time.perf_counter()
-                g.T @ a
+                gt @ a
                 t2 = time.perf_counter()
                 acc["opgen_left"] += t1 - t0
                 acc["gemm_left"] += t2 - t1

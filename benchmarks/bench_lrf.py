@@ -10,14 +10,17 @@ On ONE LocalCluster (2 worker processes x 1 thread) and one synthetic Zarr store
 (float32, row chunks x all columns, default zstd codec, generated once into
 benchmarks/work/), every repetition runs, in a rotating order:
 
-* ``ours_np``      factorize(path, k, private=False, seed=0)         (Spectral-LRF)
+* ``ours_np``      factorize(path, k, private=False, seed=0)         (Spectral-LRF; its
+                   default co-range operator is a sparse sign map)
+* ``ours_np_gauss`` the same with operator="gaussian"               (dense Gaussian S)
 * ``ours_dp``      factorize(path, k, epsilon=1, delta=1e-6, seed=0) (Spectral-LRF, DP)
 * ``ours_ls_dp``   the same with algorithm="low-space"                (Low-Space-LRF, DP)
 * ``svdc``         dask.compute(*da.linalg.svd_compressed(da.from_zarr(path), k, n_power_iter=0, seed=0))
 * ``svdc_rc``      the same with ``compute=True`` (dask's out-of-core mode: every pass re-reads A)
 * ``read``         floor (a): da.from_zarr(path).sum(axis=0).compute()  -- one read pass
-* ``gemm``         floor (b): A @ Phi (n x t) and S @ A (v x m), float32, on an in-memory
-                   copy held by one worker (1 BLAS thread), timed inside the worker
+* ``gemm``         floor (b): A @ Phi (n x t) and S @ A (v x m) with ours_np's operators
+                   (Gaussian Phi, sparse sign S), float32, on an in-memory copy held by
+                   one worker (1 BLAS thread), timed inside the worker
 
 floor = (a) + (b)/2 is the headline floor (see README). After the timed
 repetitions it records, untimed: the spectral error ||A - U diag(S) V^T||_2 /
@@ -172,9 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"cluster: {len(workers)} workers x 1 thread; store {path}", flush=True)
 
     # -- the methods -------------------------------------------------------------------
-    def ours(private: bool, algorithm: str) -> Any:
+    def ours(private: bool, algorithm: str, operator: str = "auto") -> Any:
         def run() -> tuple[Any, ...]:
-            kw: dict[str, Any] = {"private": False}
+            kw: dict[str, Any] = {"private": False, "operator": operator}
             if private:
                 kw = {
                     "epsilon": 1.0,
@@ -189,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                 "n_passes": rep["n_passes"],
                 "t": rep["parameters"]["sketch_size"],
                 "v": rep["parameters"]["core_size"],
+                "operator": rep["parameters"]["operator"],
                 "n_graph_tasks_pass": (rep.get("cluster") or {}).get(
                     "n_graph_tasks_pass"
                 ),
@@ -234,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
 
     methods = {
         "ours_np": ours(False, "spectral"),
+        "ours_np_gauss": ours(False, "spectral", "gaussian"),
         "ours_dp": ours(True, "spectral"),
         "ours_ls_dp": ours(True, "low-space"),
         "svdc": svdc,
@@ -241,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         "read": read,
         "gemm": gemm,
     }
-    deterministic = {"ours_np", "svdc", "svdc_rc"}
+    deterministic = {"ours_np", "ours_np_gauss", "svdc", "svdc_rc"}
     names = list(methods)
 
     # -- warm-up: imports on the workers, page cache, BLAS init (discarded) --------------
@@ -297,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         A_mem.clear()
     profiles: dict[str, Any] = {}
     if not args.no_profile:
-        for nm in ("ours_np", "ours_dp", "ours_ls_dp", "svdc", "read"):
+        for nm in ("ours_np", "ours_np_gauss", "ours_dp", "ours_ls_dp", "svdc", "read"):
             C.collect_everywhere(client)
             time.sleep(1.1)
             t_epoch = time.time()
@@ -351,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         "ratios": {
             "ours_np/svdc": C.ratio(times["ours_np"], times["svdc"]),
             "ours_np/svdc_rc": C.ratio(times["ours_np"], times["svdc_rc"]),
+            "ours_np_gauss/svdc": C.ratio(times["ours_np_gauss"], times["svdc"]),
             "ours_np/floor(a+b/2)": C.ratio(times["ours_np"], floor_half),
             "ours_np/floor(a+b)": C.ratio(times["ours_np"], floor_full),
             "ours_np/read": C.ratio(times["ours_np"], times["read"]),
@@ -379,13 +385,14 @@ def markdown(res: dict[str, Any]) -> str:
     p, T, E, R = res["params"], res["times"], res["errors"], res["ratios"]
     fs = [x["foreign_cpu_share"] for recs in res["records"].values() for x in recs]
     label = {
-        "ours_np": "dplr Spectral-LRF, non-private",
+        "ours_np": "dplr Spectral-LRF, non-private (default: sparse sign S)",
+        "ours_np_gauss": "dplr Spectral-LRF, non-private, Gaussian S",
         "ours_dp": "dplr Spectral-LRF, DP (eps=1, delta=1e-6)",
         "ours_ls_dp": "dplr Low-Space-LRF, DP (eps=1, delta=1e-6)",
         "svdc": "dask svd_compressed (n_power_iter=0)",
         "svdc_rc": "dask svd_compressed (n_power_iter=0, compute=True: re-reads A)",
         "read": "floor (a): one read pass (from_zarr.sum)",
-        "gemm": "floor (b): in-memory GEMMs, 1 thread",
+        "gemm": "floor (b): in-memory sketch products of ours_np, 1 thread",
     }
     lines = [
         (
@@ -398,8 +405,8 @@ def markdown(res: dict[str, Any]) -> str:
             f"{100 * statistics.median(fs):.0f}%, max {100 * max(fs):.0f}% of the {res['machine']['cpus']} cores."
         ),
         "",
-        "| method | min s | median s | passes | t, v | error / sigma_k+1 (min, median) |",
-        "|---|---|---|---|---|---|",
+        "| method | min s | median s | passes | t, v | S | error / sigma_k+1 (min, median) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for nm, lab in label.items():
         recs = res["records"][nm]
@@ -414,12 +421,13 @@ def markdown(res: dict[str, Any]) -> str:
         err = E.get(nm)
         es = "-" if not err else f"{err['min']:.3g}, {err['median']:.3g}"
         lines.append(
-            f"| {lab} | {T[nm]['min']:.3f} | {T[nm]['median']:.3f} | {passes} | {tv} | {es} |"
+            f"| {lab} | {T[nm]['min']:.3f} | {T[nm]['median']:.3f} | {passes} | {tv} | "
+            f"{recs[0].get('operator', '-')} | {es} |"
         )
     F = res["floor"]
     lines += [
-        f"| floor = (a) + (b)/2 (used) | {F['a_plus_half_b']['min']:.3f} | {F['a_plus_half_b']['median']:.3f} | | | |",
-        f"| floor = (a) + (b) | {F['a_plus_b']['min']:.3f} | {F['a_plus_b']['median']:.3f} | | | |",
+        f"| floor = (a) + (b)/2 (used) | {F['a_plus_half_b']['min']:.3f} | {F['a_plus_half_b']['median']:.3f} | | | | |",
+        f"| floor = (a) + (b) | {F['a_plus_b']['min']:.3f} | {F['a_plus_b']['median']:.3f} | | | | |",
         "",
         "| ratio | of min | of median | median of paired | target |",
         "|---|---|---|---|---|",

@@ -11,5 +11,5 @@ FloatArray: TypeAlias = npt.NDArray[np.floating[Any]]
 IntArray: TypeAlias = npt.NDArray[np.integer[Any]]
 Shape2D: TypeAlias = tuple[int, int]
 RngLike: TypeAlias = (
-    None | int | np.random.SeedSequence | np.random.BitGenerator | np.random.Generator
+    int | np.random.SeedSequence | np.random.BitGenerator | np.random.Generator | None
 )

@@ -51,6 +51,7 @@ from pipeline.errors import (
 )
 from pipeline.mechanisms.clipping import ClipSpec, Neighboring, PrivacyUnit
 from pipeline.mechanisms.noise import NoiseKey
+from pipeline.sketches.operators import OperatorKind
 
 if TYPE_CHECKING:
     from pipeline.execution.clusters import ClusterConfig
@@ -69,6 +70,7 @@ def make_params(
     unit: str | PrivacyUnit = "row",
     neighboring: str | Neighboring = "add-remove",
     padded: bool = False,
+    operator: str | OperatorKind | None = None,
 ) -> LrfParams:
     """Validate user-facing parameters into :class:`LrfParams` (no data needed)."""
     alg = check_enum(Algorithm, algorithm, "algorithm")
@@ -102,6 +104,7 @@ def make_params(
         clip=clip,
         neighboring=check_enum(Neighboring, neighboring, "neighboring"),
         padded=bool(padded),
+        operator=None if operator in (None, "auto") else check_enum(OperatorKind, operator, "operator"),
     )
 
 
@@ -165,6 +168,7 @@ def build_report(
             "transposed": plan.transpose,
             "padded": p.padded,
             "tile_size": p.tile_size,
+            "operator": plan.operator.value,
         },
         "n_passes": passes,
         "timings_seconds": {k: round(v, 4) for k, v in timings.items()},
@@ -235,6 +239,7 @@ def factorize(
     unit: str = "row",
     neighboring: str = "add-remove",
     padded: bool = False,
+    operator: str | None = None,
     seed: int | None = None,
     out: str | os.PathLike[str] | None = None,
     overwrite: bool = False,
@@ -271,6 +276,12 @@ def factorize(
         ``Delta_F = C`` or ``2C``.
     padded : bool
         Low-Space-LRF in the paper's padded form (comparison only).
+    operator : {"gaussian", "sparse-sign"} or None
+        Distribution of the co-range operator ``S`` (and ``T``). None (or
+        ``"auto"``): Gaussian when private -- the only kind the noise calibration
+        covers, so ``"sparse-sign"`` is refused there -- and sparse sign (8
+        non-zeros per row of ``A``) when not, which is as accurate and several
+        times cheaper [spec 5.3].
     seed : int or None
         Sketch seed (data-independent; None draws a fresh secret one). Never
         seeds the noise.
@@ -363,6 +374,7 @@ def factorize(
         unit=unit,
         neighboring=neighboring,
         padded=padded,
+        operator=operator,
     )
     if seed is not None:
         seed = check_int_in_range(seed, "seed", 0, 2**128 - 1)
@@ -587,6 +599,7 @@ def _factorize_header(
             "padded": p.padded,
             "delta_jl_fraction": p.delta_jl_fraction,
             "tile_size": p.tile_size,
+            "operator": plan.operator.value,
             # a one-way tag of a user-chosen seed; a secret seed lives in the journal
             "seed": None if seed is None else seed_fingerprint(seed),
             "insecure_noise_seed": insecure_noise_seed,

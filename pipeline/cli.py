@@ -163,6 +163,14 @@ def _parser() -> argparse.ArgumentParser:
         help="low-space only: the paper's padded construction (comparison)",
     )
     f.add_argument(
+        "--operator",
+        choices=("auto", "gaussian", "sparse-sign"),
+        default="auto",
+        help="distribution of the co-range sketch S (default auto: gaussian when "
+        "private, the only kind the noise is calibrated for; sparse-sign, 8 "
+        "non-zeros per row, with --non-private)",
+    )
+    f.add_argument(
         "--sketch-size",
         "-t",
         type=int,
@@ -403,9 +411,9 @@ def _ledger_lines(report: dict[str, Any]) -> list[str]:
     if not led:
         return []
     return [
-        f"  ledger: {led['path']}  lifetime budget (epsilon={led['budget_epsilon']:g}, "
+        (f"  ledger: {led['path']}  lifetime budget (epsilon={led['budget_epsilon']:g}, "
         f"delta={led['budget_delta']:g}); {led['n_releases']} release(s) compose to "
-        f"epsilon={led['epsilon_used']:.4g} at the budget's delta"
+        f"epsilon={led['epsilon_used']:.4g} at the budget's delta")
     ]
 
 
@@ -454,6 +462,7 @@ def _factorize(args: argparse.Namespace) -> int:
         unit=args.unit,
         neighboring=args.neighboring,
         padded=args.padded,
+        operator=args.operator,
         seed=args.seed,
         out=args.out,
         overwrite=args.overwrite,

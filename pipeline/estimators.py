@@ -922,6 +922,9 @@ class DPLowRank(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
     neighboring : {"add-remove", "replace"}, default="add-remove"
     padded : bool, default=False
         Low-Space-LRF in the paper's padded form (comparison only).
+    operator : {"auto", "gaussian", "sparse-sign"}, default="auto"
+        Distribution of the co-range sketch: Gaussian when private (the only
+        kind the noise calibration covers), sparse sign when not.
     ledger : str, path or Ledger, default=None
         As in :class:`DPPCA`.
     budget : (float, float) or None, default=None
@@ -987,6 +990,7 @@ class DPLowRank(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         unit: str = "row",
         neighboring: str = "add-remove",
         padded: bool = False,
+        operator: str = "auto",
         ledger: Any = None,
         budget: tuple[float, float] | None = None,
         scheduler: str | None = None,
@@ -1004,6 +1008,7 @@ class DPLowRank(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         self.unit = unit
         self.neighboring = neighboring
         self.padded = padded
+        self.operator = operator
         self.ledger = ledger
         self.budget = budget
         self.scheduler = scheduler
@@ -1036,6 +1041,7 @@ class DPLowRank(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
             unit=self.unit,
             neighboring=self.neighboring,
             padded=_check_bool(self.padded, "padded"),
+            operator=self.operator,
         )
         kw: dict[str, Any] = {
             "algorithm": self.algorithm,
@@ -1046,6 +1052,7 @@ class DPLowRank(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
             "unit": self.unit,
             "neighboring": self.neighboring,
             "padded": _check_bool(self.padded, "padded"),
+            "operator": self.operator,
             "seed": seed,
             "ledger": self.ledger,
             "budget": self.budget,

@@ -63,11 +63,17 @@ from pipeline.algorithms.continual import (
     sum_deltas,
     tree_nodes,
 )
-from pipeline.algorithms.lrf import Algorithm, LrfParams, seed_fingerprint
+from pipeline.algorithms.lrf import (
+    Algorithm,
+    LrfParams,
+    default_operator,
+    seed_fingerprint,
+)
 from pipeline.errors import EpochError, InvalidParameterError, StoreLayoutError
 from pipeline.mechanisms.clipping import ClipSpec, Neighboring, PrivacyUnit
 from pipeline.mechanisms.entities import EntityTable, StreamUnit, clip_updates, coalesce
 from pipeline.mechanisms.noise import NoiseKey
+from pipeline.sketches.operators import OperatorKind
 
 __all__ = [
     "DuplicateBatchError",
@@ -123,6 +129,8 @@ def _lrf_params(p: dict[str, Any]) -> LrfParams:
         clip=ClipSpec(unit=PrivacyUnit.ROW, clip_norm=p["clip_norm"]),
         neighboring=Neighboring(p["neighboring"]),
         delta_jl_fraction=p["delta_jl_fraction"],
+        # states written before the field existed used Gaussian operators
+        operator=OperatorKind(p.get("operator", OperatorKind.GAUSSIAN.value)),
     )
 
 
@@ -295,6 +303,7 @@ def stream_init(
         "algorithm": alg.value, "private": bool(private), "epsilon": eps, "delta": dlt,
         "clip_norm": c, "unit": unit_e.value, "neighboring": neigh.value,
         "sketch_size": sketch_size, "core_size": core_size, "delta_jl_fraction": 0.5,
+        "operator": default_operator(private=bool(private)).value,
     }
     plan = plan_stream(_lrf_params(params), (m, n), horizon)  # validates sizes and calibrates
     state = os.path.abspath(os.fspath(state))

@@ -18,7 +18,7 @@ import numpy as np
 from pipeline._types import FloatArray, Shape2D
 from pipeline.linalg.core import orth
 from pipeline.sketches.apply import PassRequest, block_partials
-from pipeline.sketches.gaussian import GaussianOperator
+from pipeline.sketches.operators import SketchOperator
 
 #: A function of a row block ``(start, block) -> new block``, e.g. adding noise.
 RowBlockFn = Callable[[int, FloatArray], FloatArray]
@@ -39,7 +39,7 @@ class MatrixSource(Protocol):
     def tall_qr(self, Y: Any) -> Any:
         """Orthonormal ``Q`` (tall) with the column space of ``Y`` (TSQR)."""
 
-    def tall_left_sketch(self, Q: Any, op: GaussianOperator) -> FloatArray:
+    def tall_left_sketch(self, Q: Any, op: SketchOperator) -> FloatArray:
         """``G.T @ Q``, of shape (d, t), with ``G`` = ``op`` along Q's rows."""
 
     def tall_matmul(self, Q: Any, M: FloatArray) -> Any:
@@ -97,8 +97,8 @@ class ArraySource:
     def tall_qr(self, Y: FloatArray) -> FloatArray:
         return orth(Y)
 
-    def tall_left_sketch(self, Q: FloatArray, op: GaussianOperator) -> FloatArray:
-        return op.dense().T @ Q  # type: ignore[no-any-return]
+    def tall_left_sketch(self, Q: FloatArray, op: SketchOperator) -> FloatArray:
+        return op.left(Q, 0, op.length)
 
     def tall_matmul(self, Q: FloatArray, M: FloatArray) -> FloatArray:
         return Q @ M  # type: ignore[no-any-return]

@@ -67,7 +67,7 @@ from pipeline.algorithms.lrf import (
 )
 from pipeline.errors import EpochError, HorizonExceededError, InvalidParameterError
 from pipeline.mechanisms.noise import GaussianNoise, NoiseCode, NoiseKey
-from pipeline.sketches.gaussian import GaussianOperator
+from pipeline.sketches.operators import SketchOperator
 
 __all__ = [
     "SketchDelta",
@@ -248,7 +248,7 @@ def plan_stream(params: LrfParams, shape: tuple[int, int], horizon: int) -> Stre
     return StreamPlan(lrf=dataclasses.replace(one, calibration=cal), horizon=int(horizon), levels=levels)
 
 
-def operators(plan: StreamPlan, sketch_seed: int) -> dict[str, GaussianOperator]:
+def operators(plan: StreamPlan, sketch_seed: int) -> dict[str, SketchOperator]:
     """The stream's sketch operators (the same as a one-shot release's)."""
     return _operators(plan.lrf, sketch_seed)
 
@@ -308,7 +308,7 @@ def _compact(index: IntArray, length: int) -> tuple[IntArray, IntArray]:
 
 def sketch_cells(
     plan: StreamPlan,
-    ops: Mapping[str, GaussianOperator],
+    ops: Mapping[str, SketchOperator],
     rows: IntArray,
     cols: IntArray,
     vals: FloatArray,
@@ -318,7 +318,7 @@ def sketch_cells(
     Parameters
     ----------
     plan : StreamPlan
-    ops : dict of GaussianOperator
+    ops : dict of SketchOperator
         From :func:`operators`.
     rows, cols : ndarray of int64
         Cells of ``X`` (``A`` or ``A.T`` per ``plan.lrf.transpose``); duplicates

@@ -28,7 +28,7 @@ from pipeline.execution.progress import show_progress
 from pipeline.execution.secrets import install_secret, remove_secret
 from pipeline.mechanisms.clipping import PrivacyUnit, scale_factors_from_sumsq
 from pipeline.sketches.apply import PassRequest, block_partials, check_finite_block
-from pipeline.sketches.gaussian import GaussianOperator
+from pipeline.sketches.operators import SketchOperator
 
 #: Fan-in of every reduction tree.
 SPLIT_EVERY = 8
@@ -301,7 +301,7 @@ class DaskSource:
         )
         return Q
 
-    def tall_left_sketch(self, Q: da.Array, op: GaussianOperator) -> FloatArray:
+    def tall_left_sketch(self, Q: da.Array, op: SketchOperator) -> FloatArray:
         lname, oname = _name("left-partial"), _name("left")
         offs = _offsets(Q.chunks[0])
         layer: dict[Any, Any] = {}
@@ -334,9 +334,9 @@ def _block_map_rows(
 
 
 def _block_left(
-    q: FloatArray, op: GaussianOperator, start: int, stop: int
+    q: FloatArray, op: SketchOperator, start: int, stop: int
 ) -> FloatArray:
-    return op.block(start, stop).T @ q  # type: ignore[no-any-return]
+    return op.left(q, start, stop)
 
 
 def _block_matmul(q: FloatArray, M: FloatArray) -> FloatArray:

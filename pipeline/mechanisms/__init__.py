@@ -24,11 +24,11 @@ from pipeline.mechanisms.noise import GaussianNoise, NoiseCode, NoiseKey
 
 __all__ = [
     "ClipSpec",
-    "Neighboring",
-    "PrivacyUnit",
     "GaussianNoise",
+    "Neighboring",
     "NoiseCode",
     "NoiseKey",
+    "PrivacyUnit",
     "clip_entries",
     "scale_factors_from_sumsq",
 ]

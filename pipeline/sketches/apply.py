@@ -25,7 +25,8 @@ from pipeline.mechanisms.clipping import (
     clip_by_peak,
     scale_factors_from_sumsq,
 )
-from pipeline.sketches.gaussian import GaussianOperator
+from pipeline.sketches.operators import SketchOperator
+from pipeline.sketches.sparse import SparseSignOperator
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -41,11 +42,11 @@ class PassRequest:
         Sketch ``X = A.T`` instead of ``A``.
     clip : ClipSpec or None
         Clipping of ``A`` (None: non-private mode, no clipping).
-    right : tuple of (name, GaussianOperator)
+    right : tuple of (name, SketchOperator)
         Right sketches ``X @ G``, of shape (X rows, d); ``G.length`` = X columns.
-    left : tuple of (name, GaussianOperator)
+    left : tuple of (name, SketchOperator)
         Left sketches ``G.T @ X``, of shape (d, X columns); ``G.length`` = X rows.
-    two_sided : tuple of (name, GaussianOperator, GaussianOperator)
+    two_sided : tuple of (name, SketchOperator, SketchOperator)
         ``S.T @ X @ T``, of shape (d_S, d_T).
     compute_dtype : numpy dtype
         Dtype of the block products (partials are accumulated in float64).
@@ -53,9 +54,9 @@ class PassRequest:
 
     transpose: bool
     clip: ClipSpec | None
-    right: tuple[tuple[str, GaussianOperator], ...] = ()
-    left: tuple[tuple[str, GaussianOperator], ...] = ()
-    two_sided: tuple[tuple[str, GaussianOperator, GaussianOperator], ...] = field(
+    right: tuple[tuple[str, SketchOperator], ...] = ()
+    left: tuple[tuple[str, SketchOperator], ...] = ()
+    two_sided: tuple[tuple[str, SketchOperator, SketchOperator], ...] = field(
         default=()
     )
     compute_dtype: type = np.float64
@@ -201,20 +202,21 @@ def block_partials(
     dt = request.compute_dtype
     out: list[FloatArray] = []
     for _, op in request.right:
-        out.append(_f64(x @ op.block(xc0, xc1).astype(dt, copy=False)))
+        out.append(_f64(op.right(x, xc0, xc1, dt)))
     for _, op in request.left:
-        out.append(_f64(op.block(xr0, xr1).astype(dt, copy=False).T @ x))
+        out.append(_f64(op.left(x, xr0, xr1, dt)))
     for _, s_op, t_op in request.two_sided:
-        s_blk = s_op.block(xr0, xr1).astype(dt, copy=False)
-        t_blk = t_op.block(xc0, xc1).astype(dt, copy=False)
-        # contract the longer side of the block first: fewer flops [spec 6.1]
-        if x.shape[1] >= x.shape[0]:
-            out.append(_f64((s_blk.T @ x) @ t_blk))
+        # contract the longer side of the block first: fewer flops [spec 6.1]; a
+        # sparse S costs zeta per entry of the block, so it always goes first
+        if isinstance(s_op, SparseSignOperator) or x.shape[1] >= x.shape[0]:
+            out.append(_f64(t_op.right(s_op.left(x, xr0, xr1, dt), xc0, xc1, dt)))
         else:
-            out.append(_f64(s_blk.T @ (x @ t_blk)))
-    # Every partial is a dense Gaussian combination of the block's entries, so a NaN
-    # or Inf anywhere in the block (row clipping maps Inf rows to NaN) shows in each
-    # of them: checking the small outputs costs O(partials), not a pass over the block
+            out.append(_f64(s_op.left(t_op.right(x, xc0, xc1, dt), xr0, xr1, dt)))
+    # Every entry of the block reaches some entry of every partial with a non-zero
+    # weight (Gaussian weights are non-zero almost surely; a sparse sign operator
+    # has zeta > 0 non-zeros per index), so a NaN or Inf anywhere in the block (row
+    # clipping maps Inf rows to NaN) shows in each partial: checking the small
+    # outputs costs O(partials), not a pass over the block
     for part in out:
         check_finite_block(part, where)
     return tuple(out)

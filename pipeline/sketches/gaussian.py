@@ -28,6 +28,10 @@ class OperatorCode(enum.IntEnum):
     T = 4
     PHI_C = 5
     T_PAD = 6
+    # sparse sign versions of the co-range / core operators (non-private runs)
+    S_SPARSE = 12
+    T_SPARSE = 14
+    T_PAD_SPARSE = 16
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -80,6 +84,14 @@ class GaussianOperator:
     def dense(self) -> FloatArray:
         """The whole operator ``G`` of shape (length, dim); for tests and small sizes."""
         return operator_block(self, 0, self.length)
+
+    def left(self, x: FloatArray, start: int, stop: int, dtype: type = np.float64) -> FloatArray:
+        """``G[start:stop].T @ x`` of shape (dim, x.shape[1]), computed in ``dtype``."""
+        return self.block(start, stop).astype(dtype, copy=False).T @ np.asarray(x, dtype=dtype)  # type: ignore[no-any-return]
+
+    def right(self, x: FloatArray, start: int, stop: int, dtype: type = np.float64) -> FloatArray:
+        """``x @ G[start:stop]`` of shape (x.shape[0], dim), computed in ``dtype``."""
+        return np.asarray(x, dtype=dtype) @ self.block(start, stop).astype(dtype, copy=False)  # type: ignore[no-any-return]
 
 
 def operator_tile(op: GaussianOperator, tile: int) -> FloatArray:

@@ -1,0 +1,61 @@
+"""Which random operator a sketch uses: the kinds, and one constructor for all."""
+
+from __future__ import annotations
+
+import enum
+
+from pipeline._sealed import Sealed
+from pipeline.sketches.gaussian import DEFAULT_TILE_SIZE, GaussianOperator, OperatorCode
+from pipeline.sketches.sparse import DEFAULT_NNZ, SparseSignOperator
+
+#: Any sketch operator: both kinds offer ``block``, ``rows``, ``dense``, ``left``
+#: and ``right`` with the same meaning.
+SketchOperator = GaussianOperator | SparseSignOperator
+
+
+class OperatorKind(enum.Enum):
+    """The distribution of the co-range and core operators (``S``, ``T``).
+
+    Range operators (``Phi``, ``Phi_c``, ``Psi``) are always Gaussian: they are
+    t columns wide, so a dense product is as cheap as a sparse one, and the
+    Gaussian range finder has the best constants [HMT11, section 10].
+    """
+
+    GAUSSIAN = "gaussian"
+    SPARSE_SIGN = "sparse-sign"
+
+
+_SPARSE_CODE = {
+    OperatorCode.S: OperatorCode.S_SPARSE,
+    OperatorCode.T: OperatorCode.T_SPARSE,
+    OperatorCode.T_PAD: OperatorCode.T_PAD_SPARSE,
+}
+
+
+def make_operator(
+    kind: OperatorKind,
+    *,
+    root: int | Sealed,
+    code: OperatorCode,
+    length: int,
+    dim: int,
+    tile_size: int = DEFAULT_TILE_SIZE,
+    nnz: int = DEFAULT_NNZ,
+) -> SketchOperator:
+    """The operator ``code`` of ``kind``; sparse kinds get their own stream code.
+
+    Examples
+    --------
+    >>> make_operator(OperatorKind.SPARSE_SIGN, root=1, code=OperatorCode.S, length=10, dim=4)
+    SparseSignOperator(code=12, length=10, dim=4, nnz=8, tile_size=1024)
+    """
+    if kind is OperatorKind.SPARSE_SIGN:
+        if code not in _SPARSE_CODE:
+            raise ValueError(f"operator {code.name} has no sparse sign version.")
+        return SparseSignOperator(
+            root=root, code=_SPARSE_CODE[code], length=length, dim=dim, nnz=nnz, tile_size=tile_size
+        )
+    return GaussianOperator(root=root, code=code, length=length, dim=dim, tile_size=tile_size)
+
+
+__all__ = ["OperatorKind", "SketchOperator", "make_operator"]
