@@ -538,7 +538,7 @@ def factorize(
                 "no new charge",
                 file=progress,
             )
-        dsrc = DaskSource(array, client, progress=progress)
+        dsrc = DaskSource(array, client, progress=progress, reader=info.reader)
         cluster = {
             "kind": cinfo.kind,
             "n_workers": cinfo.n_workers,

@@ -9,6 +9,7 @@ dense on the client.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -44,6 +45,13 @@ class MatrixSource(Protocol):
 
     def tall_matmul(self, Q: Any, M: FloatArray) -> Any:
         """``Q @ M`` (tall) for a small ``M`` of shape (t, k)."""
+
+    def finish_local_qr(self, Q: Any, R: FloatArray, left: Any) -> tuple[Any, FloatArray]:
+        """Second TSQR level of a pass run with ``PassRequest.local_qr``.
+
+        Only called when :meth:`sketch` returned ``"<name>_R"``: a source that
+        never does (it may always ignore ``local_qr``) need not implement it.
+        """
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -88,6 +96,8 @@ class ArraySource:
 
     def sketch(self, request: PassRequest) -> dict[str, Any]:
         self.n_passes += 1
+        # one block: a local QR would be the whole QR; the plain path is simpler
+        request = dataclasses.replace(request, local_qr=())
         parts = block_partials(self._A, 0, 0, request, where="the input array")
         return dict(zip(request.names, parts, strict=True))
 

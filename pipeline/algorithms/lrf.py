@@ -331,7 +331,10 @@ def pass_request(plan: LrfPlan, root: int, input_dtype: Any = np.float64) -> Pas
         dtype = np.float32
     common: dict[str, Any] = {"transpose": plan.transpose, "clip": clip, "compute_dtype": dtype}
     if p.algorithm is Algorithm.SPECTRAL:
-        return PassRequest(right=(("Y", ops["Phi"]),), left=(("Z", ops["S"]),), **common)
+        # non-private: Y needs no noise, so each chunk may start its TSQR and
+        # apply S to its Q block while S is at hand [spec 6.2]
+        local = (("Y", "Z"),) if not p.private else ()
+        return PassRequest(right=(("Y", ops["Phi"]),), left=(("Z", ops["S"]),), local_qr=local, **common)
     return PassRequest(
         right=(("Yc", ops["PhiC"]),),
         left=(("Yr", ops["Psi"]),),
@@ -444,9 +447,13 @@ def _spectral_post(source: MatrixSource, plan: LrfPlan, exact: dict[str, Any], o
     if ny is not None and nz is not None:
         Y = source.tall_map_rows(Y, _row_noise(ny, source))  # [Upa18, Fig. 1, step 3]: Y = A Phi + N_1
         Z = Z + nz.dense().T  # Z = S A + N_2, noise tiled along the columns of Z
-    Q = source.tall_qr(Y)  # [spec 3.2, F1]
+    if "Y_R" in exact:
+        # non-private pass that began the TSQR per block: finish it [spec 3.2, F1]
+        Q, SQ = source.finish_local_qr(Y, exact.pop("Y_R"), exact.pop("Y_left"))
+    else:
+        Q = source.tall_qr(Y)  # [spec 3.2, F1]
+        SQ = source.tall_left_sketch(Q, ops["S"])  # v x t, summed over row blocks [spec 6.1]
     del Y  # on a cluster the noisy Y may be freed (or unspilled) as soon as Q exists
-    SQ = source.tall_left_sketch(Q, ops["S"])  # v x t, summed over row blocks [spec 6.1]
     W, s, Vx = core_one_sided(SQ, Z, plan.params.rank)  # [spec 3.2, F2]
     signs = sign_convention(Vx)
     return source.tall_matmul(Q, W * signs), s, Vx * signs  # [spec 3.2, F3]

@@ -14,6 +14,8 @@ bit -- does not depend on the number of workers or on retries.
 
 from __future__ import annotations
 
+import dataclasses
+import operator
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
@@ -60,6 +62,22 @@ def _block_task(
         row_scale=row_scale,
         col_scale=col_scale,
         where=where,
+    )
+
+
+def _read_block_task(
+    reader: Any,
+    rows: tuple[int, int],
+    cols: tuple[int, int],
+    request: PassRequest,
+    row_scale: Any,
+    col_scale: Any,
+    where: str,
+) -> tuple[FloatArray, ...]:
+    """Read one block of the store and sketch it, in one task."""
+    block = reader[slice(*rows), slice(*cols)]
+    return block_partials(
+        block, rows[0], cols[0], request, row_scale=row_scale, col_scale=col_scale, where=where
     )
 
 
@@ -126,6 +144,19 @@ def _tree(
     layer[out_key] = (_sum_leaves, list(level), index if first else None)
 
 
+class _Holder:
+    """Opaque holder, so the graph never parses the reader as a task."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def _unhold(holder: _Holder) -> Any:
+    return holder.value
+
+
 class DaskSource:
     """Matrix source over a 2-D dask array, run on a distributed client.
 
@@ -135,12 +166,23 @@ class DaskSource:
     client : distributed.Client
     progress : text stream or None
         Where pass progress bars go (None: silent).
+    reader : object or None
+        ``reader[rows, cols]`` returns that block of ``A`` as numpy (a Zarr
+        input's checked reader, :func:`pipeline.io.open_input`); the pass tasks
+        then read their chunks themselves. ``A`` must be that reader's array
+        with these chunks.
     """
 
     def __init__(
-        self, A: da.Array, client: Any, *, progress: TextIO | None = None
+        self,
+        A: da.Array,
+        client: Any,
+        *,
+        progress: TextIO | None = None,
+        reader: Any = None,
     ) -> None:
         self.A = A
+        self.reader = reader
         self.client = client
         self.progress = progress
         self.n_passes = 0
@@ -209,24 +251,31 @@ class DaskSource:
 
     def sketch(self, request: PassRequest) -> dict[str, Any]:
         A = self.A
+        tr = request.transpose
+        if request.local_qr and (A.numblocks[0] if tr else A.numblocks[1]) > 1:
+            # a row block of X that spans several chunks has its Y rows only after
+            # the sum over them: no local QR, the post-processing runs TSQR instead
+            request = dataclasses.replace(request, local_qr=())
         layer: dict[Any, Any] = {}
         row_keys, col_keys = self._scale_keys(request, layer)
         nr, nc = A.numblocks
         roff, coff = _offsets(A.chunks[0]), _offsets(A.chunks[1])
         pname = _name("partials")
+        if self.reader is not None:
+            rkey = _name("reader")
+            layer[rkey] = _Holder(self.reader)
         for r in range(nr):
             for c in range(nc):
-                layer[(pname, r, c)] = (
-                    _block_task,
-                    (A.name, r, c),
-                    roff[r],
-                    coff[c],
-                    request,
-                    row_keys.get(r),
-                    col_keys.get(c),
-                    f"chunk ({r}, {c})",
-                )
-        tr = request.transpose
+                common = (request, row_keys.get(r), col_keys.get(c), f"chunk ({r}, {c})")
+                if self.reader is None:
+                    layer[(pname, r, c)] = (_block_task, (A.name, r, c), roff[r], coff[c], *common)
+                else:
+                    # the task reads its block itself: one task per chunk instead of
+                    # a read task and a sketch task, and no hand-over between them
+                    layer[(pname, r, c)] = (
+                        _read_block_task, (_unhold, rkey),
+                        (roff[r], roff[r + 1]), (coff[c], coff[c + 1]), *common,
+                    )
         # X = A.T when transposed: X row block R is A column block R
         x_row_chunks, x_col_chunks = (
             (A.chunks[1], A.chunks[0]) if tr else (A.chunks[0], A.chunks[1])
@@ -264,6 +313,20 @@ class DaskSource:
             _tree(layer, oname, (oname, 0, 0), all_parts, index)
             out_names[name] = (oname, ((s_op.dim,), (t_op.dim,)))
             index += 1
+        for rname, _ in request.local_qr:
+            # one part per X row block: R_b blocks (small, gathered) and
+            # G_b^T Q_b blocks (v x t each, kept on the workers)
+            t = dict(request.right)[rname].dim
+            left_dim = dict(request.left)[dict(request.local_qr)[rname]].dim
+            heights = tuple(min(c, t) for c in x_row_chunks)
+            for suffix, rows in (("R", heights), ("left", (left_dim,) * len(heights))):
+                oname = _name(f"sketch-{rname}-{suffix}")
+                for R in range(len(x_row_chunks)):
+                    (part,) = parts_of_x_row(R)
+                    layer[(oname, R, 0)] = (operator.getitem, part, index)
+                chunks = (rows, (t,))
+                out_names[f"{rname}_{suffix}"] = (oname, chunks)
+                index += 1
         self.n_tasks += len(layer)
         arrays = {}
         for name, (oname, chunks) in out_names.items():
@@ -278,7 +341,7 @@ class DaskSource:
             self.progress,
         )
         result = dict(zip(arrays, persisted, strict=True))
-        tall = {n for n, _ in request.right}
+        tall = {n for n, _ in request.right} | {f"{r}_left" for r, _ in request.local_qr}
         small = [n for n in result if n not in tall]
         gathered = self.client.compute([result[n] for n in small], sync=True)
         for n, value in zip(small, gathered, strict=True):
@@ -316,6 +379,49 @@ class DaskSource:
         )
         return np.asarray(self.client.compute(total, sync=True))
 
+    def finish_local_qr(
+        self, Q: da.Array, R: FloatArray, left: da.Array
+    ) -> tuple[da.Array, FloatArray]:
+        """Second level of the TSQR begun in the pass (``PassRequest.local_qr``).
+
+        With ``Y_b = Q_b R_b`` per row block and ``[R_1; ...; R_B] = Q2 R``, the
+        orthonormal basis of ``Y`` is ``Q_b Q2_b`` on block b, and
+        ``G^T Q = sum_b (G_b^T Q_b) Q2_b`` needs no regeneration of ``G``.
+
+        Parameters
+        ----------
+        Q : dask array of shape (M, t)
+            The blocks ``Q_b``.
+        R : ndarray of shape (B t, t)
+            The blocks ``R_b`` stacked.
+        left : dask array of shape (B d, t)
+            The blocks ``G_b^T Q_b`` stacked.
+
+        Returns
+        -------
+        Q : dask array of shape (M, t)
+            Orthonormal, lazy (it is only ever multiplied by a small matrix).
+        GQ : ndarray of shape (d, t)
+        """
+        t, nb = Q.shape[1], Q.numblocks[0]
+        heights = [min(c, t) for c in Q.chunks[0]]
+        offs = _offsets(heights)
+        Q2, _ = np.linalg.qr(R)
+        blocks = [np.ascontiguousarray(Q2[offs[b] : offs[b + 1]]) for b in range(nb)]
+        lname, oname = _name("local-qr-left"), _name("local-qr-sum")
+        layer: dict[Any, Any] = {}
+        for b in range(nb):
+            layer[(lname, b)] = (_block_left_combine, (left.name, b, 0), blocks[b])
+        _tree(layer, oname, (oname, 0, 0), [(lname, b) for b in range(nb)], None)
+        graph = HighLevelGraph.from_collections(oname, layer, dependencies=[left])
+        d = left.chunks[0][0]
+        total = da.Array(graph, oname, chunks=((d,), (t,)), dtype=np.float64)
+        GQ = np.asarray(self.client.compute(total, sync=True))
+        qname = _name("local-q")
+        qlayer = {(qname, b, 0): (_block_local_q, (Q.name, b, 0), blocks[b]) for b in range(nb)}
+        qgraph = HighLevelGraph.from_collections(qname, qlayer, dependencies=[Q])
+        return da.Array(qgraph, qname, chunks=Q.chunks, dtype=np.float64), GQ
+
     def tall_matmul(self, Q: da.Array, M: FloatArray) -> da.Array:
         return Q.map_blocks(
             _block_matmul,
@@ -341,6 +447,18 @@ def _block_left(
 
 def _block_matmul(q: FloatArray, M: FloatArray) -> FloatArray:
     return q @ M
+
+
+def _block_left_combine(g_q: FloatArray, q2: FloatArray) -> FloatArray:
+    # a block shorter than t has a Q2 block of its own height (zero-padded G^T)
+    return g_q[:, : q2.shape[0]] @ q2  # type: ignore[no-any-return]
+
+
+def _block_local_q(q: FloatArray, q2: FloatArray) -> FloatArray:
+    # a block shorter than t holds Y_b itself and its Q is the identity
+    if q.shape[0] < q.shape[1]:
+        return q2.copy()
+    return q @ q2  # type: ignore[no-any-return]
 
 
 __all__ = ["SPLIT_EVERY", "DaskSource"]

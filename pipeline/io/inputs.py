@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import dask.array as da
@@ -28,6 +28,10 @@ class InputInfo:
     dtype: str
     store_chunks: tuple[int, int] | None
     dask_chunks: tuple[tuple[int, ...], tuple[int, ...]]
+    #: For a Zarr input, the checked reader behind the dask array
+    #: (``reader[rows, cols]`` -> numpy), so that a pass task can read its own
+    #: block; None for dask and numpy inputs.
+    reader: Any = field(default=None, repr=False, compare=False)
 
 
 def _check_array_meta(shape: tuple[int, ...], dtype: Any, what: str) -> None:
@@ -190,8 +194,9 @@ def open_input(
         chunks = (min(rows, int(z.shape[0])), int(z.shape[1]))
     else:
         chunks = _band_chunks(tuple(z.shape), store_chunks, z.dtype.itemsize, unit)
+    reader = _CheckedReads(z, what)
     arr = da.from_array(
-        _CheckedReads(z, what),
+        reader,
         chunks=chunks,
         name=f"zarr-{tokenize(z, chunks)}",
         asarray=True,
@@ -204,4 +209,5 @@ def open_input(
         dtype=str(z.dtype),
         store_chunks=store_chunks,
         dask_chunks=arr.chunks,
+        reader=reader,
     )

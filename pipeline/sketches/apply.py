@@ -50,6 +50,16 @@ class PassRequest:
         ``S.T @ X @ T``, of shape (d_S, d_T).
     compute_dtype : numpy dtype
         Dtype of the block products (partials are accumulated in float64).
+    local_qr : tuple of (right name, left name)
+        Non-private runs only. For a source whose row blocks of ``X`` are whole
+        chunks, the right sketch's block ``Y_b`` is returned orthonormalised,
+        ``Y_b = Q_b R_b``, with two more results per pair: ``"<right>_R"``
+        (``R_b``) and ``"<right>_left"`` (``G_b^T Q_b`` for the named left
+        sketch's operator ``G``). A block with fewer rows ``r`` than ``t`` is
+        returned as is, with ``R_b = Y_b`` (``Q_b = I``) and ``G_b^T`` padded
+        with zero columns to ``t``. This is the first level of a TSQR done where the
+        block is computed, and it gives ``S Q`` without regenerating ``S`` later.
+        Refused with clipping: a private ``Y`` gets its noise before any QR.
     """
 
     transpose: bool
@@ -60,6 +70,18 @@ class PassRequest:
         default=()
     )
     compute_dtype: type = np.float64
+    local_qr: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.local_qr and self.clip is not None:
+            raise ValueError(
+                "local_qr is for non-private passes: a private range sketch is "
+                "noised after the global sum, before it is orthonormalised."
+            )
+        rights, lefts = {n for n, _ in self.right}, {n for n, _ in self.left}
+        for r, left in self.local_qr:
+            if r not in rights or left not in lefts:
+                raise ValueError(f"local_qr pair ({r!r}, {left!r}) names no right/left sketch.")
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -68,6 +90,7 @@ class PassRequest:
             tuple(n for n, _ in self.right)
             + tuple(n for n, _ in self.left)
             + tuple(n for n, _, _ in self.two_sided)
+            + tuple(x for r, _ in self.local_qr for x in (f"{r}_R", f"{r}_left"))
         )
 
 
@@ -203,8 +226,10 @@ def block_partials(
     out: list[FloatArray] = []
     for _, op in request.right:
         out.append(_f64(op.right(x, xc0, xc1, dt)))
-    for _, op in request.left:
-        out.append(_f64(op.left(x, xr0, xr1, dt)))
+    # the left operators' blocks are kept for the local QR's G_b^T Q_b
+    left_blocks = {name: op.left_block(xr0, xr1, dt) for name, op in request.left}
+    for name, _ in request.left:
+        out.append(_f64(left_blocks[name] @ x))
     for _, s_op, t_op in request.two_sided:
         # contract the longer side of the block first: fewer flops [spec 6.1]; a
         # sparse S costs zeta per entry of the block, so it always goes first
@@ -219,6 +244,20 @@ def block_partials(
     # outputs costs O(partials), not a pass over the block
     for part in out:
         check_finite_block(part, where)
+    right_index = {name: i for i, (name, _) in enumerate(request.right)}
+    for rname, lname in request.local_qr:
+        i = right_index[rname]
+        y = out[i]
+        rows, t = y.shape
+        if rows >= t:
+            q, r = np.linalg.qr(y)  # y = q r, q (rows, t) orthonormal, r (t, t)
+            out[i] = q
+            out += [r, _f64(left_blocks[lname] @ q)]
+        else:
+            # a block shorter than t is its own R (its Q is the identity); its G^T
+            # is padded with zero columns to the common (d, t) block shape
+            g_t = left_blocks[lname] @ np.eye(rows)
+            out += [y, np.hstack([g_t, np.zeros((g_t.shape[0], t - rows))])]
     return tuple(out)
 
 

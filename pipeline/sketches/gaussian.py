@@ -85,9 +85,13 @@ class GaussianOperator:
         """The whole operator ``G`` of shape (length, dim); for tests and small sizes."""
         return operator_block(self, 0, self.length)
 
+    def left_block(self, start: int, stop: int, dtype: type = np.float64) -> FloatArray:
+        """``G[start:stop].T`` (dim, stop - start) in ``dtype``, to multiply blocks with."""
+        return self.block(start, stop).astype(dtype, copy=False).T
+
     def left(self, x: FloatArray, start: int, stop: int, dtype: type = np.float64) -> FloatArray:
         """``G[start:stop].T @ x`` of shape (dim, x.shape[1]), computed in ``dtype``."""
-        return self.block(start, stop).astype(dtype, copy=False).T @ np.asarray(x, dtype=dtype)  # type: ignore[no-any-return]
+        return self.left_block(start, stop, dtype) @ np.asarray(x, dtype=dtype)  # type: ignore[no-any-return]
 
     def right(self, x: FloatArray, start: int, stop: int, dtype: type = np.float64) -> FloatArray:
         """``x @ G[start:stop]`` of shape (x.shape[0], dim), computed in ``dtype``."""

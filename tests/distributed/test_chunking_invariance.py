@@ -203,3 +203,48 @@ def test_workers_run_single_threaded_blas(
     with Client(one_worker_cluster, set_as_default=False) as other:
         for c in (client, other):
             assert set(c.run(blas_env).values()) == {("1", "1", "1")}
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("operator", ["sparse-sign", "gaussian"])
+def test_non_private_release_same_with_and_without_the_local_qr(
+    client: Client,
+    stores,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    operator: str,
+) -> None:
+    """A non-private pass over whole row bands starts the TSQR in each chunk's task
+    (``PassRequest.local_qr``); column-split chunks and in-memory input take the
+    plain TSQR after the pass. Both give the same factorization at round-off
+    (RTOL_CHUNKING), and the spy shows which path each layout took."""
+    from pipeline.execution.source import DaskSource
+
+    A, paths = stores
+    reference = factorize(A, RANK, private=False, seed=SKETCH_SEED, operator=operator)
+    assert reference.report["parameters"]["operator"] == operator
+    ref_L = low_rank_product(reference.U, reference.S, reference.V)
+    calls: list[int] = []
+    real = DaskSource.finish_local_qr
+
+    def spy(self, Q, R, left):  # type: ignore[no-untyped-def]
+        calls.append(Q.numblocks[0])
+        return real(self, Q, R, left)
+
+    monkeypatch.setattr(DaskSource, "finish_local_qr", spy)
+    # row-bands: 6 bands of 64 rows and one of 16 < t = 25, which is its own R;
+    # without clipping nothing needs whole rows, so "blocks" keeps its column split
+    expected = {"whole": [1], "row-bands": [7], "blocks": [], "blocks-prepass": []}
+    for name, (chunks, force_split, _n_chunks, _passes) in LAYOUTS.items():
+        calls.clear()
+        with monkeypatch.context() as mp:
+            if force_split:
+                mp.setattr(pipeline.io.inputs, "ROW_BAND_LIMIT", 0)
+            f = factorize(paths[chunks], RANK, private=False, seed=SKETCH_SEED, operator=operator)
+        assert calls == expected[name], name
+        assert f.report["n_passes"] == 1, name
+        L = low_rank_product(np.asarray(f.U), f.S, f.V)
+        assert rel_diff(L, ref_L) < RTOL_CHUNKING, name
+        np.testing.assert_allclose(f.S, reference.S, rtol=RTOL_CHUNKING, atol=0.0, err_msg=name)
+        U = np.asarray(f.U)
+        np.testing.assert_allclose(U.T @ U, np.eye(RANK), atol=1e-12, err_msg=name)
