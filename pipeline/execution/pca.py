@@ -2,8 +2,10 @@
 
 Graph of one pass (``A`` in full-width row bands ``c``)::
 
-    payload          = (X, [(B_j, R_j)])                  one task, fetched once per worker
+    payload          = (X, [(B_j, R_j)])                  inside each band task when small,
+                                                          else one task fetched once per worker
     (part, c)        = band_pass(A[c], payload)           one task per band; reads it once
+                                                          (with an inline payload the read is fused into it)
     total            = fixed tree-sum over c (fan-in 8)   delivered to the client
 
 Nothing is added in the tasks: the noise is drawn on the client, by the core,
@@ -35,6 +37,22 @@ class _Payload:
 
     def __init__(self, value: Any) -> None:
         self.value = value
+
+
+#: Payloads up to this size travel inside every band task instead of as one
+#: shared task: a band task then depends on its read alone, so the graph
+#: optimiser fuses the read into it (one task per band, no hand-over of the
+#: band between tasks, or workers, in between).
+INLINE_PAYLOAD_BYTES = 2**16
+
+
+def _nbytes(payload: Any) -> int:
+    """Bytes of the arrays in a (nested tuple/list) payload."""
+    if isinstance(payload, np.ndarray):
+        return int(payload.nbytes)
+    if isinstance(payload, (tuple, list)):
+        return sum(_nbytes(p) for p in payload)
+    return 0
 
 
 def _band_kernel(
@@ -91,8 +109,11 @@ class DaskRowSource:
     ) -> Secret:
         A = self.A
         layer: dict[Any, Any] = {}
-        pay = (_name("payload"),)
-        layer[pay] = _Payload(payload)
+        pay: Any = _Payload(payload)
+        if _nbytes(payload) > INLINE_PAYLOAD_BYTES:
+            pay_key = (_name("payload"),)
+            layer[pay_key] = pay
+            pay = pay_key
         pname, oname = _name(f"pca-{kind}"), _name(f"pca-{kind}-sum")
         leaves = []
         for c in range(self.n_bands):

@@ -33,7 +33,9 @@ from pipeline.algorithms.power_pca import (
     PcaPlan,
     PcaResult,
     Secret,
+    band_pass,
     band_update,
+    clip_rows,
     eig_floor_inv_sqrt,
     plan_pca,
     prep_rows,
@@ -784,3 +786,44 @@ def test_plan_validation_accepts_the_boundary() -> None:
     assert plan.n_passes == 3
     with pytest.raises(InvalidParameterError, match="shape"):
         plan_pca(PcaParams(rank=1, private=False, iterations=1), (100, 1))
+
+
+@pytest.mark.parametrize("n_trials", [1, 3])
+@pytest.mark.parametrize("sub_block_bytes", [2**12, 2**20])
+def test_update_kernel_matches_the_definition(
+    rng: np.random.Generator,
+    monkeypatch: pytest.MonkeyPatch,
+    n_trials: int,
+    sub_block_bytes: int,
+) -> None:
+    """``band_pass`` and ``band_update`` equal ``sum_i a_i Clip_R(a_i^T X_t B_t)``.
+
+    Reference: prepared rows, then each trial's block clipped on its own with
+    :func:`clip_rows`. Covers the matrix-vector route (2 columns) and the
+    matrix-matrix route (6 columns), sub-blocks that split the band unevenly,
+    rows far outside ``[-1, 1]``, a zero row, a non-finite row and an unclipped
+    trial (``R = inf``).
+    """
+    from pipeline.algorithms import power_pca
+
+    monkeypatch.setattr(power_pca, "SUB_BLOCK_BYTES", sub_block_bytes)
+    n, d, k = 301, 7, 2
+    A = rng.standard_normal((n, d)) * rng.choice([0.01, 1.0, 1e3], size=(n, 1))
+    A[5] = 0.0
+    A[17, 3] = np.nan
+    A = A.astype(np.float32)  # as read from a float32 store
+    X = np.linalg.qr(rng.standard_normal((d, k * n_trials)))[0]
+    radii = [0.05, math.inf, 0.3][:n_trials]
+    trials = [(rng.standard_normal((k, k)), R) for R in radii]
+    C = 2.0
+    a = prep_rows(A, C)
+    ref = np.hstack(
+        [
+            a.T @ clip_rows(a @ X[:, t * k : (t + 1) * k] @ B, R)
+            for t, (B, R) in enumerate(trials)
+        ]
+    )
+    got = band_pass(A, "update", (X, trials), C, True)
+    np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(band_update(a, X, trials), ref, rtol=1e-12, atol=1e-12)
+    assert np.all(np.isfinite(got))
