@@ -35,6 +35,10 @@ from pipeline.sketches.operators import SketchOperator
 #: Fan-in of every reduction tree.
 SPLIT_EVERY = 8
 
+#: Largest stack of per-block ``G_b^T Q_b`` (local QR) gathered on the client;
+#: above it they stay on the workers and are combined there.
+LOCAL_QR_GATHER_BYTES = 32 * 2**20
+
 
 def _name(label: str) -> str:
     # random names: never derived from arguments (which may hold key material)
@@ -341,7 +345,12 @@ class DaskSource:
             self.progress,
         )
         result = dict(zip(arrays, persisted, strict=True))
-        tall = {n for n, _ in request.right} | {f"{r}_left" for r, _ in request.local_qr}
+        tall = {n for n, _ in request.right}
+        for r, _ in request.local_qr:
+            # the G_b^T Q_b blocks are gathered with Z when small (one round trip
+            # fewer after the pass), kept on the workers when they grow with m
+            if arrays[f"{r}_left"].nbytes > LOCAL_QR_GATHER_BYTES:
+                tall.add(f"{r}_left")
         small = [n for n in result if n not in tall]
         gathered = self.client.compute([result[n] for n in small], sync=True)
         for n, value in zip(small, gathered, strict=True):
@@ -380,8 +389,8 @@ class DaskSource:
         return np.asarray(self.client.compute(total, sync=True))
 
     def finish_local_qr(
-        self, Q: da.Array, R: FloatArray, left: da.Array
-    ) -> tuple[da.Array, FloatArray]:
+        self, Q: da.Array, R: FloatArray, left: Any
+    ) -> tuple[Any, FloatArray]:
         """Second level of the TSQR begun in the pass (``PassRequest.local_qr``).
 
         With ``Y_b = Q_b R_b`` per row block and ``[R_1; ...; R_B] = Q2 R``, the
@@ -394,13 +403,15 @@ class DaskSource:
             The blocks ``Q_b``.
         R : ndarray of shape (B t, t)
             The blocks ``R_b`` stacked.
-        left : dask array of shape (B d, t)
-            The blocks ``G_b^T Q_b`` stacked.
+        left : dask or numpy array of shape (B d, t)
+            The blocks ``G_b^T Q_b`` stacked (numpy when :meth:`sketch`
+            gathered them).
 
         Returns
         -------
-        Q : dask array of shape (M, t)
-            Orthonormal, lazy (it is only ever multiplied by a small matrix).
+        Q : opaque tall object of shape (M, t)
+            Orthonormal ``Q_b Q2_b``, never formed: :meth:`tall_matmul` takes it
+            and computes ``Q_b (Q2_b M)``, one small product per block.
         GQ : ndarray of shape (d, t)
         """
         t, nb = Q.shape[1], Q.numblocks[0]
@@ -408,6 +419,12 @@ class DaskSource:
         offs = _offsets(heights)
         Q2, _ = np.linalg.qr(R)
         blocks = [np.ascontiguousarray(Q2[offs[b] : offs[b + 1]]) for b in range(nb)]
+        if isinstance(left, np.ndarray):
+            d = left.shape[0] // nb
+            GQ = np.zeros((d, t))
+            for b in range(nb):  # fixed order: the same sum on every run
+                GQ += _block_left_combine(left[b * d : (b + 1) * d], blocks[b])
+            return _LocalQ(Q, blocks), GQ
         lname, oname = _name("local-qr-left"), _name("local-qr-sum")
         layer: dict[Any, Any] = {}
         for b in range(nb):
@@ -417,12 +434,17 @@ class DaskSource:
         d = left.chunks[0][0]
         total = da.Array(graph, oname, chunks=((d,), (t,)), dtype=np.float64)
         GQ = np.asarray(self.client.compute(total, sync=True))
-        qname = _name("local-q")
-        qlayer = {(qname, b, 0): (_block_local_q, (Q.name, b, 0), blocks[b]) for b in range(nb)}
-        qgraph = HighLevelGraph.from_collections(qname, qlayer, dependencies=[Q])
-        return da.Array(qgraph, qname, chunks=Q.chunks, dtype=np.float64), GQ
+        return _LocalQ(Q, blocks), GQ
 
-    def tall_matmul(self, Q: da.Array, M: FloatArray) -> da.Array:
+    def tall_matmul(self, Q: Any, M: FloatArray) -> da.Array:
+        if isinstance(Q, _LocalQ):
+            qname = _name("local-q-matmul")
+            layer = {
+                (qname, b, 0): (_block_local_q, (Q.Q.name, b, 0), q2 @ M)
+                for b, q2 in enumerate(Q.blocks)
+            }
+            graph = HighLevelGraph.from_collections(qname, layer, dependencies=[Q.Q])
+            return da.Array(graph, qname, chunks=(Q.Q.chunks[0], (M.shape[1],)), dtype=np.float64)
         return Q.map_blocks(
             _block_matmul,
             np.ascontiguousarray(M),
@@ -454,11 +476,22 @@ def _block_left_combine(g_q: FloatArray, q2: FloatArray) -> FloatArray:
     return g_q[:, : q2.shape[0]] @ q2  # type: ignore[no-any-return]
 
 
-def _block_local_q(q: FloatArray, q2: FloatArray) -> FloatArray:
-    # a block shorter than t holds Y_b itself and its Q is the identity
+def _block_local_q(q: FloatArray, q2m: FloatArray) -> FloatArray:
+    """Block b of ``Q M`` from ``Q_b`` and ``Q2_b M``.
+
+    A block shorter than t holds ``Y_b`` itself and its ``Q_b`` is the identity.
+    """
     if q.shape[0] < q.shape[1]:
-        return q2.copy()
-    return q @ q2  # type: ignore[no-any-return]
+        return q2m.copy()
+    return q @ q2m  # type: ignore[no-any-return]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _LocalQ:
+    """``Q = blockdiag(Q_b) [Q2_1; ...; Q2_B]`` of a local QR, kept factored."""
+
+    Q: da.Array
+    blocks: list[FloatArray]
 
 
 __all__ = ["SPLIT_EVERY", "DaskSource"]

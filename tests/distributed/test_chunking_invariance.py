@@ -206,20 +206,30 @@ def test_workers_run_single_threaded_blas(
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("operator", ["sparse-sign", "gaussian"])
+@pytest.mark.parametrize(
+    ("operator", "gather_bytes"),
+    [("sparse-sign", None), ("gaussian", None), ("sparse-sign", 0)],
+    ids=["sparse-sign", "gaussian", "sparse-sign-combined-on-workers"],
+)
 def test_non_private_release_same_with_and_without_the_local_qr(
     client: Client,
     stores,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     operator: str,
+    gather_bytes: int | None,
 ) -> None:
     """A non-private pass over whole row bands starts the TSQR in each chunk's task
     (``PassRequest.local_qr``); column-split chunks and in-memory input take the
     plain TSQR after the pass. Both give the same factorization at round-off
-    (RTOL_CHUNKING), and the spy shows which path each layout took."""
+    (RTOL_CHUNKING), and the spy shows which path each layout took. With
+    ``gather_bytes=0`` the per-block ``S_b^T Q_b`` stay on the workers and are
+    combined there (the path of a tall matrix with many chunks)."""
+    import pipeline.execution.source as source_module
     from pipeline.execution.source import DaskSource
 
+    if gather_bytes is not None:
+        monkeypatch.setattr(source_module, "LOCAL_QR_GATHER_BYTES", gather_bytes)
     A, paths = stores
     reference = factorize(A, RANK, private=False, seed=SKETCH_SEED, operator=operator)
     assert reference.report["parameters"]["operator"] == operator
@@ -229,6 +239,7 @@ def test_non_private_release_same_with_and_without_the_local_qr(
 
     def spy(self, Q, R, left):  # type: ignore[no-untyped-def]
         calls.append(Q.numblocks[0])
+        assert isinstance(left, np.ndarray) is (gather_bytes is None)
         return real(self, Q, R, left)
 
     monkeypatch.setattr(DaskSource, "finish_local_qr", spy)
