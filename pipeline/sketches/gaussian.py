@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -132,18 +133,29 @@ def operator_block(
     return out
 
 
+def tile_groups(
+    index: IntArray, length: int, tile_size: int
+) -> Iterator[tuple[int, IntArray, IntArray]]:
+    """Row indices grouped by generation tile, after a range check.
+
+    Yields ``(tile, positions, offsets)``: ``index[positions]`` are the requested
+    rows that fall in ``tile``, at ``offsets`` within it. Each touched tile is
+    yielded once, in increasing order.
+    """
+    index = np.asarray(index, dtype=np.int64)
+    if index.size and (index.min() < 0 or index.max() >= length):
+        raise ValueError(f"row indices must be in [0, {length}); got indices outside it.")
+    tiles = index // tile_size
+    for g in np.unique(tiles):
+        sel = np.flatnonzero(tiles == g)
+        yield int(g), sel, index[sel] - g * tile_size
+
+
 def operator_rows(
     op: GaussianOperator, index: IntArray, *, dtype: type = np.float64
 ) -> FloatArray:
     """Rows ``index`` of ``op``, generating each touched tile once."""
-    index = np.asarray(index, dtype=np.int64)
-    if index.size and (index.min() < 0 or index.max() >= op.length):
-        raise ValueError(
-            f"row indices must be in [0, {op.length}); got indices outside it."
-        )
-    out = np.empty((index.size, op.dim), dtype=dtype)
-    tiles = index // op.tile_size
-    for g in np.unique(tiles):
-        sel = np.flatnonzero(tiles == g)
-        out[sel] = operator_tile(op, int(g))[index[sel] - g * op.tile_size]
+    out = np.empty((np.size(index), op.dim), dtype=dtype)
+    for g, sel, local in tile_groups(index, op.length, op.tile_size):
+        out[sel] = operator_tile(op, g)[local]
     return out

@@ -42,7 +42,7 @@ import scipy.sparse as sp
 
 from pipeline._sealed import Sealed, unseal
 from pipeline._types import FloatArray, IntArray
-from pipeline.sketches.gaussian import DEFAULT_TILE_SIZE
+from pipeline.sketches.gaussian import DEFAULT_TILE_SIZE, tile_groups
 
 #: Non-zeros per data index [TYUC19, section 3.3 recommends 8].
 DEFAULT_NNZ = 8
@@ -118,17 +118,9 @@ class SparseSignOperator:
 
     def rows(self, index: IntArray, dtype: type = np.float64) -> FloatArray:
         """Rows ``index`` of ``G`` (any order, repeats allowed), dense."""
-        index = np.asarray(index, dtype=np.int64)
-        if index.size and (index.min() < 0 or index.max() >= self.length):
-            raise ValueError(
-                f"row indices must be in [0, {self.length}); got indices outside it."
-            )
-        out = np.zeros((index.size, self.dim), dtype=dtype)
-        tiles = index // self.tile_size
-        for g in np.unique(tiles):
-            sel = np.flatnonzero(tiles == g)
-            tc, tv = sparse_tile(self, int(g))
-            local = index[sel] - g * self.tile_size
+        out = np.zeros((np.size(index), self.dim), dtype=dtype)
+        for g, sel, local in tile_groups(index, self.length, self.tile_size):
+            tc, tv = sparse_tile(self, g)
             out[sel[:, None], tc[local]] = tv[local]
         return out
 
