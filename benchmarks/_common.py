@@ -354,7 +354,7 @@ def kernel_breakdown(
             for _, op in req.left:
                 t0 = time.perf_counter()
                 if isinstance(op, SparseSignOperator):
-                    gt = op._csc_transposed(r0, r1, dt)
+                    gt = op.left_block(r0, r1, dt)
                 else:
                     gt = op.block(r0, r1).astype(dt, copy=False).T
                 t1 = time.perf_counter()

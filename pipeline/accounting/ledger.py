@@ -69,11 +69,11 @@ import json
 import math
 import os
 import pathlib
-import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline._durable import write_private
 from pipeline._validation import check_privacy_pair
 from pipeline.accounting.calibration import ReleaseCalibration
 from pipeline.accounting.gaussian import gaussian_delta, gaussian_epsilon
@@ -246,31 +246,9 @@ def _check_details(details: object, where: str = "details") -> None:
             _check_details(value, f"{where}[{key!r}]")
 
 
-def _fsync_dir(directory: pathlib.Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_atomic(path: pathlib.Path, data: Mapping[str, Any]) -> None:
-    """Write JSON via a temporary sibling, fsync, ``os.replace``, fsync dir."""
-    text = json.dumps(data, indent=2, allow_nan=False) + "\n"
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, _FILE_MODE)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    # The rename itself must survive a crash, not only the file contents.
-    _fsync_dir(path.parent)
+    """Write JSON atomically and durably, mode 0600 (:func:`pipeline._durable.write_private`)."""
+    write_private(os.fspath(path), (json.dumps(data, indent=2, allow_nan=False) + "\n").encode())
 
 
 @contextlib.contextmanager

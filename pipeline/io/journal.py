@@ -22,13 +22,11 @@ the job deletes it once its release is published.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
 import os
 import shutil
-import tempfile
 import uuid
 from typing import Any
 
@@ -37,9 +35,9 @@ import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec
 
+from pipeline._durable import fsync_path, write_private
 from pipeline._types import FloatArray
 from pipeline.errors import StoreLayoutError
-from pipeline.io._durable import fsync_path
 from pipeline.mechanisms.noise import NoiseKey
 
 __all__ = [
@@ -131,23 +129,6 @@ def array_fingerprint(array: np.ndarray) -> str:
     h = hashlib.sha256(f"{a.dtype.str}\0{a.shape}\n".encode())
     h.update(memoryview(a).cast("B"))
     return h.hexdigest()
-
-
-def _write_bytes(path: str, data: bytes) -> None:
-    directory = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
-    try:
-        os.fchmod(fd, _FILE_MODE)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    fsync_path(directory)
 
 
 def _make_private(root: str) -> None:
@@ -272,7 +253,7 @@ class FileJournal:
         }
         if sketch_seed is not None:
             record["sketch_seed"] = format(int(sketch_seed), "x")
-        _write_bytes(
+        write_private(
             os.path.join(p, "header.json"), json.dumps(record, indent=2).encode()
         )
         return cls(p, header, noise_key, sketch_seed)
@@ -358,8 +339,8 @@ class FileJournal:
         raw = buf.getvalue()
         f = os.path.join(self.path, _label_file(label))
         # checksum first: a value file without a matching checksum is never trusted
-        _write_bytes(f + ".sha256", hashlib.sha256(raw).hexdigest().encode())
-        _write_bytes(f, raw)
+        write_private(f + ".sha256", hashlib.sha256(raw).hexdigest().encode())
+        write_private(f, raw)
 
     def labels(self) -> list[str]:
         """Labels recorded so far."""
@@ -397,7 +378,7 @@ class FileJournal:
                     "shape": list(arr.shape),
                     "dtype": arr.dtype.str,
                 }
-        _write_bytes(
+        write_private(
             os.path.join(self.path, _SKETCHES_FILE),
             json.dumps({"sketches": manifest}, indent=2).encode(),
         )
@@ -488,7 +469,7 @@ class FileJournal:
     # -- the ledger charge ------------------------------------------------------
     def mark_charged(self, ledger: str | None) -> None:
         """Record that the ledger ``ledger`` holds this job's charge."""
-        _write_bytes(
+        write_private(
             os.path.join(self.path, _CHARGED_FILE),
             json.dumps({"release_id": self.release_id, "ledger": ledger}).encode(),
         )

@@ -13,9 +13,9 @@ import dask.array as da
 import numpy as np
 import zarr
 
+from pipeline._durable import fsync_path, fsync_tree
 from pipeline.algorithms.base import Factorization
 from pipeline.errors import StoreLayoutError
-from pipeline.io._durable import fsync_path, fsync_tree
 
 #: Rows per chunk of the released U and V.
 OUTPUT_ROW_CHUNK = 65536

@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 import zarr
 
+from pipeline._durable import fsync_path, fsync_tree, write_private
 from pipeline.errors import StoreLayoutError
-from pipeline.io._durable import fsync_path, fsync_tree, write_private
 from pipeline.mechanisms.noise import NoiseKey
 
 __all__ = ["STATE_FORMAT", "StateLockedError", "StreamStore"]

@@ -129,11 +129,8 @@ class SparseSignOperator:
         return self.block(0, self.length)
 
     def left_block(self, start: int, stop: int, dtype: type = np.float64) -> sp.csc_array:
-        """``G[start:stop].T`` (dim, stop - start) as a sparse matrix, to multiply blocks with."""
-        return self._csc_transposed(start, stop, dtype)
-
-    def _csc_transposed(self, start: int, stop: int, dtype: type) -> sp.csc_array:
-        """``G[start:stop].T`` (dim x (stop - start)) in CSC form: column j = row j of G."""
+        """``G[start:stop].T`` (dim, stop - start) in CSC form (column j = row j of G),
+        to multiply blocks with."""
         cols, vals = self.structure(start, stop)
         n, z = cols.shape
         indptr = np.arange(0, n * z + 1, z, dtype=np.int64)
@@ -148,12 +145,12 @@ class SparseSignOperator:
         Costs ``zeta`` multiply-adds per entry of ``x`` (scipy's sparse-dense
         product), against ``2 dim`` for a dense operator.
         """
-        g_t = self._csc_transposed(start, stop, dtype)
+        g_t = self.left_block(start, stop, dtype)
         return np.asarray(g_t @ np.asarray(x, dtype=dtype))
 
     def right(self, x: FloatArray, start: int, stop: int, dtype: type = np.float64) -> FloatArray:
         """``x @ G[start:stop]`` of shape (x.shape[0], dim); ``x`` has stop - start columns."""
-        g_t = self._csc_transposed(start, stop, dtype)
+        g_t = self.left_block(start, stop, dtype)
         # (G^T x^T)^T: the CSC product streams over the rows of x^T = columns of x
         return np.asarray(g_t @ np.asarray(x, dtype=dtype).T).T
 
