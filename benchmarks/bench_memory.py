@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -230,13 +231,20 @@ def main(argv: list[str] | None = None) -> int:
                 "ledger": os.path.join(ledger_dir, f"{os.path.basename(path)}.json"),
                 "budget": (1e6, 0.5),
             }
-        factorize(
-            path,
-            k,
-            algorithm="low-space" if method == "ours_ls_dp" else "spectral",
-            seed=0,
-            **kw,
-        )
+        # as `dplr factorize` runs it: the release goes to OUT, whose directory
+        # also holds the job's scratch (the tall Y and Q blocks between steps)
+        out_dir = tempfile.mkdtemp(prefix="dplr-bench-out-", dir=args.workdir)
+        try:
+            factorize(
+                path,
+                k,
+                algorithm="low-space" if method == "ours_ls_dp" else "spectral",
+                seed=0,
+                out=os.path.join(out_dir, "release.zarr"),
+                **kw,
+            )
+        finally:
+            shutil.rmtree(out_dir, ignore_errors=True)
 
     runs: list[dict[str, Any]] = []
     configs = [(m, meth) for m in args.rows for meth in args.methods]

@@ -19,6 +19,8 @@ import math
 import os
 import platform
 import secrets
+import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Sequence
@@ -248,6 +250,7 @@ def factorize(
     scheduler: str | None = None,
     cluster_config: str | os.PathLike[str] | ClusterConfig | None = None,
     journal: str | os.PathLike[str] | None = None,
+    scratch: str | os.PathLike[str] | None = None,
     insecure_noise_seed: int | None = None,
     progress: TextIO | None = None,
 ) -> Factorization:
@@ -305,6 +308,13 @@ def factorize(
         ``.<out>.dplr-journal`` beside ``out``; none when ``out`` is None.
         Rerunning an interrupted job with the same arguments resumes from it:
         no second pass, the same noise, no second ledger charge.
+    scratch : path or None
+        An existing directory, reachable by every worker, where the tall
+        intermediates (``Y``, its orthonormal basis: ``n_rows x t`` each) wait
+        between steps, so that worker memory does not grow with the number of
+        rows. Trusted zone, like the journal: the job keeps its files in a
+        private (0700) subdirectory and removes it when done. Default: beside
+        ``out``; worker memory when ``out`` is None. Dask inputs only.
     insecure_noise_seed : int or None
         Test-only: reproducible noise; the report says ``"private": false``.
     progress : text stream or None
@@ -409,6 +419,8 @@ def factorize(
             return read_release(out)
     if out is not None:
         check_output_path(out, overwrite=overwrite, inputs=(info.path,))
+    if scratch is not None:
+        scratch = _check_scratch(scratch)
     book = _resolve_ledger(ledger, info.path, budget, plan)
     release_id = (
         str(jr.release_id)
@@ -538,7 +550,10 @@ def factorize(
                 "no new charge",
                 file=progress,
             )
-        dsrc = DaskSource(array, client, progress=progress, reader=info.reader)
+        tmp = _make_scratch(scratch, out)
+        dsrc = DaskSource(
+            array, client, progress=progress, reader=info.reader, scratch=tmp
+        )
         cluster = {
             "kind": cinfo.kind,
             "n_workers": cinfo.n_workers,
@@ -558,6 +573,8 @@ def factorize(
             U, V = _gather(staged.U, client), _gather(staged.V, client)
         finally:
             dsrc.close()  # the job's sealed secrets leave the cluster
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
         finish()
         staged.report["timings_seconds"]["total"] = round(time.perf_counter() - t0, 4)
         return Factorization(U=U, S=staged.S, V=V, report=staged.report)
@@ -679,9 +696,52 @@ def _published_by(out: str | os.PathLike[str], jr: Any) -> bool:
 
 
 def _gather(x: Any, client: Any) -> np.ndarray:
+    """A (tall) dask array in client memory, block by block.
+
+    Each block is fetched as soon as it is ready and then released on the
+    workers, so no worker ever holds the whole array (computing the array as
+    one would concatenate it on a worker first).
+    """
     if isinstance(x, np.ndarray):
         return x
-    return np.asarray(client.compute(x, sync=True))
+    from distributed import as_completed
+
+    if x.numblocks[1] != 1:
+        x = x.rechunk({1: -1})
+    futures = client.compute(list(x.to_delayed()[:, 0]))
+    position = {f.key: i for i, f in enumerate(futures)}
+    blocks: list[Any] = [None] * len(futures)
+    for future in as_completed(futures):
+        blocks[position[future.key]] = future.result()
+        future.release()
+    out = np.empty(x.shape, dtype=x.dtype)
+    start = 0
+    for block in blocks:
+        out[start : start + block.shape[0]] = block
+        start += block.shape[0]
+    return out
+
+
+def _check_scratch(scratch: str | os.PathLike[str]) -> str:
+    """Refuse an unusable scratch directory before anything is read or charged."""
+    path = os.fspath(scratch)
+    if not os.path.isdir(path):
+        raise StoreLayoutError(f"the scratch directory {path!r} does not exist.")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise StoreLayoutError(f"the scratch directory {path!r} is not writable.")
+    return path
+
+
+def _make_scratch(
+    scratch: str | None, out: str | os.PathLike[str] | None
+) -> str | None:
+    """The job's private (0700) scratch subdirectory, or None (worker memory)."""
+    if scratch is not None:
+        return tempfile.mkdtemp(prefix=".dplr-scratch-", dir=scratch)
+    if out is None:
+        return None
+    parent, base = os.path.split(os.path.abspath(os.fspath(out)))
+    return tempfile.mkdtemp(prefix=f".{base}.dplr-scratch-", dir=parent)
 
 
 def _resolve_ledger(

@@ -192,6 +192,13 @@ def _parser() -> argparse.ArgumentParser:
         help="crash-recovery journal (default: .OUT.dplr-journal beside OUT); "
         "rerunning the same command after a crash resumes from it",
     )
+    f.add_argument(
+        "--scratch",
+        metavar="DIR",
+        help="existing directory, reachable by every worker, for the tall "
+        "intermediates (n_rows x t) between steps (default: beside OUT); the job "
+        "uses a private subdirectory and removes it",
+    )
     _add_cluster(f)
     f.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
     f.add_argument("--json", action="store_true", help="print the full report as JSON")
@@ -471,6 +478,7 @@ def _factorize(args: argparse.Namespace) -> int:
         scheduler=args.scheduler,
         cluster_config=_cluster_of(args),
         journal=args.journal,
+        scratch=args.scratch,
         insecure_noise_seed=args.insecure_noise_seed,
         progress=None if args.quiet else sys.stderr,
     )

@@ -10,12 +10,20 @@ Graph of one pass (``A`` with row blocks r and column blocks c)::
 The reduction trees have a fixed shape (fan-in :data:`SPLIT_EVERY`), so for a
 fixed chunking the floating-point summation order -- hence the result, bit for
 bit -- does not depend on the number of workers or on retries.
+
+Tall objects (``Y``, its orthonormal basis) have one block per row block of the
+input. By default they stay in the workers' memory. Given a ``scratch``
+directory that every worker can reach, each task writes its block there as a
+``.npy`` file instead and later tasks read it back, so a worker holds a bounded
+number of blocks at any time and the memory of the job does not grow with the
+number of rows (only the disk use does).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import operator
+import os
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
@@ -83,6 +91,42 @@ def _read_block_task(
     return block_partials(
         block, rows[0], cols[0], request, row_scale=row_scale, col_scale=col_scale, where=where
     )
+
+
+def _spill(block: Any, path: str) -> FloatArray:
+    """Write one tall block to the scratch directory; a (1, 1) token.
+
+    The file appears under its final name only when complete (rename), and a
+    retried task writes the same bytes again.
+    """
+    a = np.ascontiguousarray(block, dtype=np.float64)
+    tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+    with open(tmp, "wb") as fh:
+        np.save(fh, a, allow_pickle=False)
+    os.replace(tmp, path)
+    return np.zeros((1, 1))
+
+
+def _load(path: str) -> FloatArray:
+    return np.load(path, allow_pickle=False)  # type: ignore[no-any-return]
+
+
+def _block_qr(y: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """``(Q_b, R_b)`` of one row block, as the in-pass local QR forms them.
+
+    A block shorter than its width is its own R, and its Q is the identity
+    (kept as the block itself, which :func:`_block_local_q` recognises by shape).
+    """
+    y = np.asarray(y, dtype=np.float64)
+    if y.shape[0] < y.shape[1]:
+        return y, y
+    q, r = np.linalg.qr(y)
+    return q, r
+
+
+def _drop_tall(parts: tuple[Any, ...], n_tall: int) -> tuple[Any, ...]:
+    """A chunk's partial sketches without the first ``n_tall`` (the tall ones)."""
+    return (None,) * n_tall + tuple(parts[n_tall:])
 
 
 def _block_sumsq(block: Any, axis: int, where: str) -> FloatArray:
@@ -175,6 +219,10 @@ class DaskSource:
         input's checked reader, :func:`pipeline.io.open_input`); the pass tasks
         then read their chunks themselves. ``A`` must be that reader's array
         with these chunks.
+    scratch : path or None
+        A private directory, reachable by every worker, for the blocks of the
+        tall objects (``Y``, ``Q``) between steps; None keeps them in worker
+        memory. The caller creates and removes it.
     """
 
     def __init__(
@@ -184,9 +232,11 @@ class DaskSource:
         *,
         progress: TextIO | None = None,
         reader: Any = None,
+        scratch: str | os.PathLike[str] | None = None,
     ) -> None:
         self.A = A
         self.reader = reader
+        self.scratch = None if scratch is None else os.fspath(scratch)
         self.client = client
         self.progress = progress
         self.n_passes = 0
@@ -209,6 +259,59 @@ class DaskSource:
         """Remove this job's secrets from the cluster (after its last compute)."""
         while self._secrets:
             remove_secret(self.client, self._secrets.pop())
+
+    # -- running a step -----------------------------------------------------------
+    def _run(
+        self,
+        tall: dict[str, da.Array],
+        small: dict[str, da.Array],
+        label: str | None,
+    ) -> tuple[dict[str, da.Array], dict[str, FloatArray]]:
+        """Compute one step: ``tall`` arrays are kept (in worker memory, or in
+        the scratch directory as lazily loaded blocks), ``small`` ones gathered.
+
+        Everything runs as one graph, so tasks shared by the two (the chunk
+        tasks of a pass) run once.
+        """
+        kept: dict[str, Any] = {}
+        tokens: list[Any] = []
+        if self.scratch is None:
+            running = self.client.persist([*tall.values(), *small.values()])
+            kept = dict(zip(tall, running[: len(tall)], strict=True))
+            running = running[len(tall) :]
+        else:
+            for name, x in tall.items():
+                if x.numblocks[1] != 1:
+                    x = x.rechunk({1: -1})
+                sname, lname = _name(f"spill-{name}"), _name(f"load-{name}")
+                paths = [
+                    os.path.join(self.scratch, f"{sname}-{b}.npy")
+                    for b in range(x.numblocks[0])
+                ]
+                layer = {
+                    (sname, b, 0): (_spill, (x.name, b, 0), path)
+                    for b, path in enumerate(paths)
+                }
+                graph = HighLevelGraph.from_collections(sname, layer, dependencies=[x])
+                tokens.append(
+                    da.Array(graph, sname, chunks=((1,) * len(paths), (1,)), dtype=np.float64)
+                )
+                loads = {(lname, b, 0): (_load, path) for b, path in enumerate(paths)}
+                kept[name] = da.Array(
+                    HighLevelGraph.from_collections(lname, loads, dependencies=[]),
+                    lname,
+                    chunks=x.chunks,
+                    dtype=np.float64,
+                )
+            running = self.client.persist([*tokens, *small.values()])
+        if label is not None:
+            shown = running if self.scratch is not None else [*kept.values(), *running]
+            show_progress(self.client, shown, label, self.progress)
+        values = self.client.compute(running, sync=True)
+        gathered = {
+            n: np.asarray(v) for n, v in zip(small, values[len(tokens) :], strict=True)
+        }
+        return kept, gathered
 
     # -- the pass over A --------------------------------------------------------
     def _scale_keys(
@@ -291,9 +394,21 @@ class DaskSource:
                 for c in range(nc if not tr else nr)
             ]
 
+        # the left and two-sided trees read the chunk results without their tall
+        # entries: a chunk's Y block is then freed as soon as it has reached the
+        # Y tree (or the scratch), not when the last sibling of its Z leaf is done
+        n_right = len(request.right)
+        if n_right:
+            sname = _name("partials-small")
+            for r in range(nr):
+                for c in range(nc):
+                    layer[(sname, r, c)] = (_drop_tall, (pname, r, c), n_right)
+        else:
+            sname = pname
+
         def parts_of_x_col(C: int) -> list[Any]:
             return [
-                (pname, C, r) if tr else (pname, r, C)
+                (sname, C, r) if tr else (sname, r, C)
                 for r in range(nr if not tr else nc)
             ]
 
@@ -311,7 +426,7 @@ class DaskSource:
                 _tree(layer, oname, (oname, 0, C), parts_of_x_col(C), index)
             out_names[name] = (oname, ((op.dim,), tuple(x_col_chunks)))
             index += 1
-        all_parts = [(pname, r, c) for r in range(nr) for c in range(nc)]
+        all_parts = [(sname, r, c) for r in range(nr) for c in range(nc)]
         for name, s_op, t_op in request.two_sided:
             oname = _name(f"sketch-{name}")
             _tree(layer, oname, (oname, 0, 0), all_parts, index)
@@ -327,7 +442,8 @@ class DaskSource:
                 oname = _name(f"sketch-{rname}-{suffix}")
                 for R in range(len(x_row_chunks)):
                     (part,) = parts_of_x_row(R)
-                    layer[(oname, R, 0)] = (operator.getitem, part, index)
+                    small = (sname, *part[1:])
+                    layer[(oname, R, 0)] = (operator.getitem, small, index)
                 chunks = (rows, (t,))
                 out_names[f"{rname}_{suffix}"] = (oname, chunks)
                 index += 1
@@ -337,54 +453,69 @@ class DaskSource:
             graph = HighLevelGraph.from_collections(oname, layer, dependencies=[A])
             arrays[name] = da.Array(graph, oname, chunks=chunks, dtype=np.float64)
         self.n_passes += 1
-        persisted = self.client.persist(list(arrays.values()))
-        show_progress(
-            self.client,
-            persisted,
-            f"pass over the input: {nr * nc} chunks",
-            self.progress,
-        )
-        result = dict(zip(arrays, persisted, strict=True))
         tall = {n for n, _ in request.right}
         for r, _ in request.local_qr:
             # the G_b^T Q_b blocks are gathered with Z when small (one round trip
             # fewer after the pass), kept on the workers when they grow with m
             if arrays[f"{r}_left"].nbytes > LOCAL_QR_GATHER_BYTES:
                 tall.add(f"{r}_left")
-        small = [n for n in result if n not in tall]
-        gathered = self.client.compute([result[n] for n in small], sync=True)
-        for n, value in zip(small, gathered, strict=True):
-            result[n] = np.asarray(value)
-        return result
+        kept, gathered = self._run(
+            {n: a for n, a in arrays.items() if n in tall},
+            {n: a for n, a in arrays.items() if n not in tall},
+            f"pass over the input: {nr * nc} chunks",
+        )
+        return {n: kept[n] if n in kept else gathered[n] for n in arrays}
 
     # -- operations on tall arrays ---------------------------------------------
     def tall_map_rows(self, Y: da.Array, fn: RowBlockFn) -> da.Array:
         out = Y.map_blocks(_block_map_rows, fn, dtype=np.float64, name=_name("rows"))
-        return self.client.persist(out)
+        kept, _ = self._run({"Y": out}, {}, None)
+        return kept["Y"]
 
-    def tall_qr(self, Y: da.Array) -> da.Array:
-        t = Y.shape[1]
-        if min(Y.chunks[0]) < t:  # TSQR needs every block at least as tall as wide
-            Y = Y.rechunk({0: max(t, max(Y.chunks[0]))})
-        Q, _ = da.linalg.tsqr(Y)
-        (Q,) = self.client.persist([Q])
-        show_progress(
-            self.client, [Q], "orthonormalising the range sketch (TSQR)", self.progress
+    def tall_qr(self, Y: da.Array) -> Any:
+        """Two-level TSQR: ``Y_b = Q_b R_b`` on the workers (``Q_b`` kept, ``R_b``
+        gathered), then ``[R_1; ...; R_B] = Q2 R`` on the client.
+
+        Returns the same factored object as :meth:`finish_local_qr`: the
+        orthonormal basis ``Q_b Q2_b`` is never formed as a whole.
+        """
+        if Y.numblocks[1] != 1:
+            Y = Y.rechunk({1: -1})
+        t = int(Y.shape[1])
+        qrname, qname, rname = _name("block-qr"), _name("block-q"), _name("block-r")
+        layer: dict[Any, Any] = {}
+        for b in range(Y.numblocks[0]):
+            layer[(qrname, b)] = (_block_qr, (Y.name, b, 0))
+            layer[(qname, b, 0)] = (operator.getitem, (qrname, b), 0)
+            layer[(rname, b, 0)] = (operator.getitem, (qrname, b), 1)
+        graph = HighLevelGraph.from_collections(qname, layer, dependencies=[Y])
+        Q = da.Array(graph, qname, chunks=Y.chunks, dtype=np.float64)
+        heights = tuple(min(h, t) for h in Y.chunks[0])
+        R = da.Array(graph, rname, chunks=(heights, (t,)), dtype=np.float64)
+        kept, gathered = self._run(
+            {"Q": Q}, {"R": R}, "orthonormalising the range sketch (TSQR)"
         )
-        return Q
+        return _LocalQ(kept["Q"], _q2_blocks(kept["Q"], gathered["R"]))
 
-    def tall_left_sketch(self, Q: da.Array, op: SketchOperator) -> FloatArray:
+    def tall_left_sketch(self, Q: Any, op: SketchOperator) -> FloatArray:
         lname, oname = _name("left-partial"), _name("left")
-        offs = _offsets(Q.chunks[0])
+        local = isinstance(Q, _LocalQ)
+        blocks = Q.Q if local else Q
+        offs = _offsets(blocks.chunks[0])
         layer: dict[Any, Any] = {}
         leaves = []
-        for r in range(Q.numblocks[0]):
-            layer[(lname, r)] = (_block_left, (Q.name, r, 0), op, offs[r], offs[r + 1])
+        for r in range(blocks.numblocks[0]):
+            where = (op, offs[r], offs[r + 1])
+            layer[(lname, r)] = (
+                (_block_left_local, (blocks.name, r, 0), Q.blocks[r], *where)
+                if local
+                else (_block_left, (blocks.name, r, 0), *where)
+            )
             leaves.append((lname, r))
         _tree(layer, oname, (oname, 0, 0), leaves, None)
-        graph = HighLevelGraph.from_collections(oname, layer, dependencies=[Q])
+        graph = HighLevelGraph.from_collections(oname, layer, dependencies=[blocks])
         total = da.Array(
-            graph, oname, chunks=((op.dim,), (Q.shape[1],)), dtype=np.float64
+            graph, oname, chunks=((op.dim,), (blocks.shape[1],)), dtype=np.float64
         )
         return np.asarray(self.client.compute(total, sync=True))
 
@@ -415,10 +546,7 @@ class DaskSource:
         GQ : ndarray of shape (d, t)
         """
         t, nb = Q.shape[1], Q.numblocks[0]
-        heights = [min(c, t) for c in Q.chunks[0]]
-        offs = _offsets(heights)
-        Q2, _ = np.linalg.qr(R)
-        blocks = [np.ascontiguousarray(Q2[offs[b] : offs[b + 1]]) for b in range(nb)]
+        blocks = _q2_blocks(Q, R)
         if isinstance(left, np.ndarray):
             d = left.shape[0] // nb
             GQ = np.zeros((d, t))
@@ -465,6 +593,26 @@ def _block_left(
     q: FloatArray, op: SketchOperator, start: int, stop: int
 ) -> FloatArray:
     return op.left(q, start, stop)
+
+
+def _block_left_local(
+    q: FloatArray, q2: FloatArray, op: SketchOperator, start: int, stop: int
+) -> FloatArray:
+    """``G_b^T (Q_b Q2_b)`` of one block of a factored basis (:class:`_LocalQ`)."""
+    if q.shape[0] < q.shape[1]:  # Q_b is the identity
+        return op.left(q2, start, stop)
+    return op.left(q, start, stop) @ q2  # type: ignore[no-any-return]
+
+
+def _q2_blocks(Q: da.Array, R: FloatArray) -> list[FloatArray]:
+    """Row blocks of ``Q2`` in ``[R_1; ...; R_B] = Q2 R`` (``R_b`` of height
+    ``min(rows_b, t)``), one per block of ``Q``."""
+    t = Q.shape[1]
+    offs = _offsets([min(c, t) for c in Q.chunks[0]])
+    Q2, _ = np.linalg.qr(R)
+    return [
+        np.ascontiguousarray(Q2[offs[b] : offs[b + 1]]) for b in range(Q.numblocks[0])
+    ]
 
 
 def _block_matmul(q: FloatArray, M: FloatArray) -> FloatArray:

@@ -154,6 +154,11 @@ CASES = {
     "existing OUT": Case(
         "good", "already exists; pass --overwrite", prepare=_existing_out
     ),
+    "missing scratch directory": Case(
+        "good",
+        "the scratch directory '/nonexistent/dplr-scratch' does not exist",
+        ("--scratch", "/nonexistent/dplr-scratch"),
+    ),
     "non-private with epsilon": Case(
         "good",
         "a non-private run takes no epsilon or delta",
@@ -340,5 +345,5 @@ def test_missing_ledger_without_a_budget_is_refused(
 @pytest.mark.timeout(10)
 def test_cases_cover_every_exit_2_kind() -> None:
     """Guard against silently dropping a case from the list above."""
-    assert len(CASES) == 25
+    assert len(CASES) == 26
     assert LATE <= CASES.keys()

@@ -1,0 +1,151 @@
+"""Tall intermediates in a scratch directory (``factorize(scratch=)``, ``--scratch``).
+
+With a scratch directory, the blocks of the range sketch ``Y`` and of its
+orthonormal basis wait on disk between steps instead of in worker memory (so
+worker memory does not grow with the number of rows; measured in
+``benchmarks/bench_memory.py``). The arithmetic is the same, block for block,
+so the release must be the same bit for bit; the job's private subdirectory
+must be gone afterwards, on success and on failure.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import stat
+from pathlib import Path
+
+import numpy as np
+import pytest
+from dist_util import seeded_matrix, write_matrix
+from distributed import Client
+
+import pipeline.api
+from pipeline.api import factorize
+from pipeline.execution.source import DaskSource
+
+pytestmark = pytest.mark.distributed
+
+M, N, RANK = 400, 150, 5
+SKETCH_SEED, NOISE_SEED = 20240611, 7
+# whole-width row bands (the non-private pass starts the TSQR in each chunk) and
+# column-split blocks (the pass sums Y over column chunks; TSQR after the pass)
+CHUNKS = {"row-bands": (64, N), "blocks": (100, 37)}
+MODES = {
+    "non-private": {"private": False},
+    "spectral": {"epsilon": 1.0, "delta": 1e-6, "insecure_noise_seed": NOISE_SEED},
+    "low-space": {
+        "epsilon": 1.0,
+        "delta": 1e-6,
+        "insecure_noise_seed": NOISE_SEED,
+        "algorithm": "low-space",
+    },
+}
+
+
+@pytest.fixture
+def spies(monkeypatch: pytest.MonkeyPatch) -> dict[str, list]:
+    """Records the scratch directory of each job and the tall block files present
+    after each step of the job."""
+    seen: dict[str, list] = {"made": [], "files": []}
+    make, run = pipeline.api._make_scratch, DaskSource._run
+
+    def spy_make(scratch, out):  # type: ignore[no-untyped-def]
+        d = make(scratch, out)
+        seen["made"].append(d)
+        if d is not None:
+            assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
+        return d
+
+    def spy_run(self, tall, small, label):  # type: ignore[no-untyped-def]
+        result = run(self, tall, small, label)
+        if self.scratch is not None:
+            seen["files"].append(len(glob.glob(os.path.join(self.scratch, "*.npy"))))
+        return result
+
+    monkeypatch.setattr(pipeline.api, "_make_scratch", spy_make)
+    monkeypatch.setattr(DaskSource, "_run", spy_run)
+    return seen
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("layout", list(CHUNKS))
+@pytest.mark.parametrize("mode", list(MODES))
+def test_release_with_scratch_is_the_release_in_worker_memory(
+    client: Client,
+    tmp_path: Path,
+    global_seed: int,
+    spies: dict[str, list],
+    layout: str,
+    mode: str,
+) -> None:
+    A = seeded_matrix(global_seed, M, N)
+    path = write_matrix(tmp_path / "A.zarr", A, CHUNKS[layout])
+    kw = dict(MODES[mode], seed=SKETCH_SEED)
+    if mode != "non-private":
+        kw["budget"] = (10.0, 1e-4)
+    in_memory = factorize(path, RANK, **kw)
+    assert spies["made"] == [None]  # no out, no scratch: worker memory
+    assert spies["files"] == []
+
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    on_disk = factorize(path, RANK, scratch=scratch, **kw)
+    (job,) = spies["made"][1:]
+    assert os.path.dirname(job) == os.fspath(scratch)
+    # the blocks of Y (and of Q) really went through the directory ...
+    n_blocks = -(-M // CHUNKS[layout][0])
+    assert spies["files"]
+    assert spies["files"][0] >= n_blocks
+    # ... which the job removed when done
+    assert list(scratch.iterdir()) == []
+    for name in ("U", "S", "V"):
+        np.testing.assert_array_equal(
+            getattr(on_disk, name), getattr(in_memory, name), err_msg=name
+        )
+
+
+@pytest.mark.timeout(120)
+def test_scratch_defaults_to_beside_out_and_is_removed_after_a_failure(
+    client: Client,
+    tmp_path: Path,
+    global_seed: int,
+    spies: dict[str, list],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    A = seeded_matrix(global_seed, M, N)
+    path = write_matrix(tmp_path / "A.zarr", A, CHUNKS["row-bands"])
+    out_dir = tmp_path / "releases"
+    out_dir.mkdir()
+    factorize(path, RANK, private=False, seed=SKETCH_SEED, out=out_dir / "r.zarr")
+    (job,) = spies["made"]
+    assert os.path.dirname(job) == os.fspath(out_dir)
+    assert os.path.basename(job).startswith(".r.zarr.dplr-scratch-")
+    assert sorted(p.name for p in out_dir.iterdir()) == ["r.zarr"]
+
+    # a failure after the pass (here: in the post-processing) still removes it
+    def broken(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise RuntimeError("post-processing failed")
+
+    monkeypatch.setattr(DaskSource, "finish_local_qr", broken)
+    with pytest.raises(RuntimeError, match="post-processing failed"):
+        factorize(path, RANK, private=False, seed=SKETCH_SEED, out=out_dir / "s.zarr")
+    assert spies["files"][-1] > 0  # the pass had spilled its blocks
+    # the journal stays for a rerun to resume from; the scratch does not
+    assert sorted(p.name for p in out_dir.iterdir()) == [".s.zarr.dplr-journal", "r.zarr"]
+
+
+@pytest.mark.timeout(60)
+def test_a_scratch_that_is_not_a_directory_is_refused_before_any_read(
+    tmp_path: Path, global_seed: int
+) -> None:
+    from pipeline.errors import StoreLayoutError
+
+    A = seeded_matrix(global_seed, M, N)
+    path = write_matrix(tmp_path / "A.zarr", A, CHUNKS["row-bands"])
+    afile = tmp_path / "a-file"
+    afile.write_text("")
+    for bad in (tmp_path / "missing", afile):
+        with pytest.raises(StoreLayoutError, match=r"the scratch directory .* does not exist"):
+            factorize(path, RANK, private=False, scratch=bad, out=tmp_path / "o.zarr")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["A.zarr", "a-file"]
