@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import functools
 import importlib.metadata as _md
 import math
 import os
@@ -112,6 +113,12 @@ def make_params(
 
 def package_versions(extra: tuple[str, ...] = ()) -> dict[str, str]:
     """Versions of Python, dplr and its dependencies (plus ``extra``), for reports."""
+    return dict(_package_versions(tuple(extra)))
+
+
+@functools.cache
+def _package_versions(extra: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    # read once per process: the metadata lookups cost ~25 ms per report
     out = {"python": platform.python_version()}
     for pkg in (
         "dplr",
@@ -128,7 +135,7 @@ def package_versions(extra: tuple[str, ...] = ()) -> dict[str, str]:
             out[pkg] = _md.version(pkg)
         except _md.PackageNotFoundError:
             out[pkg] = "not installed"
-    return out
+    return tuple(out.items())
 
 
 _INSECURE_NOTE = "noise drawn from a public seed (--insecure-noise-seed): NOT PRIVATE"
@@ -696,24 +703,14 @@ def _published_by(out: str | os.PathLike[str], jr: Any) -> bool:
 
 
 def _gather(x: Any, client: Any) -> np.ndarray:
-    """A (tall) dask array in client memory, block by block.
-
-    Each block is fetched as soon as it is ready and then released on the
-    workers, so no worker ever holds the whole array (computing the array as
-    one would concatenate it on a worker first).
-    """
+    """A (tall) dask array in client memory, fetched block by block in one
+    gather (computing the array as one would concatenate it on a worker first,
+    which then holds all of it)."""
     if isinstance(x, np.ndarray):
         return x
-    from distributed import as_completed
-
     if x.numblocks[1] != 1:
         x = x.rechunk({1: -1})
-    futures = client.compute(list(x.to_delayed()[:, 0]))
-    position = {f.key: i for i, f in enumerate(futures)}
-    blocks: list[Any] = [None] * len(futures)
-    for future in as_completed(futures):
-        blocks[position[future.key]] = future.result()
-        future.release()
+    blocks = client.gather(client.compute(list(x.to_delayed()[:, 0])))
     out = np.empty(x.shape, dtype=x.dtype)
     start = 0
     for block in blocks:

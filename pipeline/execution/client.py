@@ -7,7 +7,7 @@ import importlib.metadata
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TextIO
+from typing import Any, TextIO
 
 from distributed import Client, LocalCluster
 
@@ -170,8 +170,9 @@ def _version(pkg: str) -> str | None:
 def check_worker_versions(client: Client) -> None:
     """Refuse a cluster whose scheduler or workers lack this package or run other versions.
 
-    Each worker is asked for the versions of :data:`MATCHED_PACKAGES` with a
-    standard-library function (so the question itself needs nothing from this
+    Each worker and the scheduler are asked for the versions of
+    :data:`MATCHED_PACKAGES` in one round trip, by a function that needs only
+    the standard library there (so the question itself needs nothing from this
     package on the worker).
 
     Raises
@@ -179,17 +180,29 @@ def check_worker_versions(client: Client) -> None:
     ClusterMismatchError
         Naming the first mismatching worker, package and both versions.
     """
+
+    def versions(packages: tuple[str, ...]) -> dict[str, str | None]:
+        # nested, so cloudpickle ships it by value: the worker needs only the
+        # standard library to answer (one round trip for all packages)
+        import importlib.metadata as md
+
+        found: dict[str, str | None] = {}
+        for name in packages:
+            try:
+                found[name] = md.version(name)
+            except md.PackageNotFoundError:
+                found[name] = None
+        return found
+
     local = {pkg: _version(pkg) for pkg in MATCHED_PACKAGES}
+    answers: dict[str, Any] = client.run(versions, MATCHED_PACKAGES, on_error="return")
+    try:  # the scheduler unpickles task graphs that name this package's functions
+        answers["the scheduler"] = client.run_on_scheduler(versions, MATCHED_PACKAGES)
+    except Exception as exc:  # noqa: BLE001 - any failure means: not usable
+        answers["the scheduler"] = exc
     for pkg in MATCHED_PACKAGES:
-        answers = client.run(importlib.metadata.version, pkg, on_error="return")
-        try:  # the scheduler unpickles task graphs that name this package's functions
-            answers["the scheduler"] = client.run_on_scheduler(
-                importlib.metadata.version, pkg
-            )
-        except Exception as exc:  # noqa: BLE001 - any failure means: not usable
-            answers["the scheduler"] = exc
         for worker, got in sorted(answers.items()):
-            remote = None if isinstance(got, BaseException) else str(got)
+            remote = None if isinstance(got, BaseException) else got.get(pkg)
             if remote != local[pkg]:
                 have = "is not installed" if remote is None else f"is version {remote}"
                 raise ClusterMismatchError(

@@ -87,7 +87,9 @@ def _read_block_task(
     where: str,
 ) -> tuple[FloatArray, ...]:
     """Read one block of the store and sketch it, in one task."""
-    block = reader[slice(*rows), slice(*cols)]
+    # possibly a view of this thread's read buffer: used here only, and dropped
+    # before this thread's next read
+    block = reader.block(rows, cols)
     return block_partials(
         block, rows[0], cols[0], request, row_scale=row_scale, col_scale=col_scale, where=where
     )
@@ -215,7 +217,7 @@ class DaskSource:
     progress : text stream or None
         Where pass progress bars go (None: silent).
     reader : object or None
-        ``reader[rows, cols]`` returns that block of ``A`` as numpy (a Zarr
+        ``reader.block(rows, cols)`` returns that block of ``A`` as numpy (a Zarr
         input's checked reader, :func:`pipeline.io.open_input`); the pass tasks
         then read their chunks themselves. ``A`` must be that reader's array
         with these chunks.

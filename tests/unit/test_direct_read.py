@@ -1,0 +1,129 @@
+"""Direct chunk reads of plain local Zarr v3 stores (``_CheckedReads.block``).
+
+A pass task reads its chunk with ``reader.block``: for the plain layout (local
+directory store, regular chunks, ``bytes`` + optional ``zstd``) the chunk file is
+decoded straight into a per-thread buffer; every other layout, and every block
+that is not exactly one chunk, goes through zarr. Either way the values must be
+zarr's, bit for bit, and a damaged chunk must give the one-line error.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from zarr.codecs import BytesCodec, Crc32cCodec, ZstdCodec
+
+from pipeline.errors import StoreLayoutError
+from pipeline.io import open_input
+
+SHAPE = (250, 70)  # edge chunks in both directions for the chunkings below
+
+
+def _store(path: Path, dtype: str, chunks: tuple[int, int], **kw) -> zarr.Array:
+    rng = np.random.default_rng(3)
+    A = (rng.standard_normal(SHAPE) * 100).astype(dtype)
+    z = zarr.create_array(store=os.fspath(path), shape=SHAPE, chunks=chunks, dtype=dtype, **kw)
+    z[...] = A
+    return z
+
+
+def _blocks(chunks: tuple[int, int]):
+    for r0 in range(0, SHAPE[0], chunks[0]):
+        for c0 in range(0, SHAPE[1], chunks[1]):
+            yield (r0, min(r0 + chunks[0], SHAPE[0])), (c0, min(c0 + chunks[1], SHAPE[1]))
+
+
+PLAIN = {
+    "float32 zstd": ("float32", (64, 70), {}),
+    "float64 zstd, column chunks": ("float64", (64, 32), {}),
+    "int16 uncompressed": ("int16", (100, 30), {"compressors": None}),
+    "float64 zstd with checksum": (
+        "float64",
+        (64, 70),
+        {"compressors": [ZstdCodec(level=3, checksum=True)]},
+    ),
+    "dot-separated chunk keys": (
+        "float32",
+        (64, 70),
+        {"chunk_key_encoding": {"name": "default", "separator": "."}},
+    ),
+}
+THROUGH_ZARR = {
+    "big-endian bytes": ("float64", (64, 70), {"serializer": BytesCodec(endian="big")}),
+    "crc32c codec": ("float32", (64, 70), {"compressors": [Crc32cCodec()]}),
+    "sharded": ("float32", (64, 70), {"shards": (128, 70)}),
+    "zarr v2": ("float32", (64, 70), {"zarr_format": 2}),
+}
+
+
+@pytest.mark.parametrize("name", list(PLAIN) + list(THROUGH_ZARR))
+def test_every_chunk_is_zarrs_bit_for_bit(tmp_path: Path, name: str) -> None:
+    dtype, chunks, kw = {**PLAIN, **THROUGH_ZARR}[name]
+    z = _store(tmp_path / "a.zarr", dtype, chunks, **kw)
+    _, info = open_input(os.fspath(tmp_path / "a.zarr"), unit=None)
+    reader = info.reader
+    # the negative control of the parametrisation: the direct path is really taken
+    assert (reader.layout is not None) is (name in PLAIN)
+    for rows, cols in _blocks(chunks):
+        got = np.array(reader.block(rows, cols))  # copy: the buffer is reused
+        want = z[slice(*rows), slice(*cols)]
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want, err_msg=f"{rows} {cols}")
+    # a block that is not one chunk goes through zarr
+    got = reader.block((10, 200), (0, SHAPE[1]))
+    np.testing.assert_array_equal(got, z[10:200, :])
+
+
+def test_a_missing_chunk_reads_as_the_fill_value(tmp_path: Path) -> None:
+    z = zarr.create_array(
+        store=os.fspath(tmp_path / "a.zarr"), shape=SHAPE, chunks=(64, 70),
+        dtype="float64", fill_value=7.5,
+    )
+    z[64:128, :] = 1.0  # only chunk (1, 0) is written
+    _, info = open_input(os.fspath(tmp_path / "a.zarr"), unit=None)
+    assert info.reader.layout is not None
+    for rows, cols in _blocks((64, 70)):
+        np.testing.assert_array_equal(
+            info.reader.block(rows, cols), z[slice(*rows), slice(*cols)]
+        )
+    assert float(info.reader.block((0, 64), (0, 70))[0, 0]) == 7.5
+
+
+def test_the_buffer_is_reused_so_a_block_is_valid_until_the_next_read(tmp_path: Path) -> None:
+    z = _store(tmp_path / "a.zarr", "float32", (64, 70))
+    _, info = open_input(os.fspath(tmp_path / "a.zarr"), unit=None)
+    first = info.reader.block((0, 64), (0, 70))
+    np.testing.assert_array_equal(first, z[0:64])
+    info.reader.block((64, 128), (0, 70))
+    # documented: the earlier view now shows the later chunk (no per-read allocation)
+    np.testing.assert_array_equal(first, z[64:128])
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "grown"])
+@pytest.mark.parametrize("compressed", [True, False])
+def test_a_damaged_chunk_gives_the_one_line_error(
+    tmp_path: Path, damage: str, compressed: bool
+) -> None:
+    kw = {} if compressed else {"compressors": None}
+    _store(tmp_path / "a.zarr", "float64", (64, 70), **kw)
+    chunk = tmp_path / "a.zarr" / "c" / "1" / "0"
+    raw = chunk.read_bytes()
+    chunk.write_bytes(
+        {"truncated": raw[: len(raw) // 2], "garbage": b"\x00" * len(raw), "grown": raw + b"x"}[damage]
+    )
+    _, info = open_input(os.fspath(tmp_path / "a.zarr"), unit=None)
+    assert info.reader.layout is not None
+    if damage == "garbage" and not compressed:
+        # uncompressed zeros are valid data: read as zeros, like zarr
+        np.testing.assert_array_equal(info.reader.block((64, 128), (0, 70)), 0.0)
+        return
+    with pytest.raises(StoreLayoutError) as err:
+        info.reader.block((64, 128), (0, 70))
+    msg = str(err.value)
+    assert "cannot be read at rows 64:128, columns 0:70" in msg
+    assert "a chunk is truncated or corrupted" in msg
+    assert "\n" not in msg
