@@ -13,11 +13,22 @@ that only forwards the task (the scheduler) never needs it.
 from __future__ import annotations
 
 import secrets
-from typing import Any
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-__all__ = ["Sealed", "install", "remove", "seal", "unseal"]
+__all__ = ["Sealed", "derived", "install", "remove", "seal", "unseal"]
 
 _REGISTRY: dict[str, Any] = {}
+
+#: Values computed from a secret (e.g. an operator block from the sketch seed),
+#: kept per token while the secret is installed and dropped with it.
+_DERIVED: dict[str, dict[Any, Any]] = {}
+_DERIVED_LOCK = threading.Lock()
+#: At most this many derived values per secret (oldest dropped first).
+DERIVED_PER_SECRET = 8
+
+T = TypeVar("T")
 
 
 class Sealed:
@@ -80,5 +91,34 @@ def install(token: str, value: Any) -> None:
 
 
 def remove(token: str) -> None:
-    """Forget ``token`` in this process."""
+    """Forget ``token`` in this process, and everything derived from it."""
     _REGISTRY.pop(token, None)
+    with _DERIVED_LOCK:
+        _DERIVED.pop(token, None)
+
+
+def derived(secret: Any, key: Any, make: Callable[[], T]) -> T:
+    """``make()``, computed once per ``key`` while the sealed ``secret`` is
+    installed in this process (:func:`install`); recomputed every call for a
+    plain value, or in the process that created the secret (nothing would
+    ever drop it there).
+
+    For values that every task of a job recomputes from the same secret: an
+    operator block shared by all row chunks of a pass. They live exactly as
+    long as the secret itself on this worker, so nothing derived from it
+    outlives the job.
+    """
+    if not isinstance(secret, Sealed) or secret.token not in _REGISTRY:
+        return make()
+    with _DERIVED_LOCK:
+        cache = _DERIVED.get(secret.token)
+        if cache is not None and key in cache:
+            return cache[key]  # type: ignore[no-any-return]
+    value = make()
+    with _DERIVED_LOCK:
+        if secret.token in _REGISTRY:  # not removed meanwhile
+            cache = _DERIVED.setdefault(secret.token, {})
+            cache[key] = value
+            while len(cache) > DERIVED_PER_SECRET:
+                del cache[next(iter(cache))]
+    return value

@@ -703,19 +703,12 @@ def _published_by(out: str | os.PathLike[str], jr: Any) -> bool:
 
 
 def _gather(x: Any, client: Any) -> np.ndarray:
-    """A (tall) dask array in client memory, fetched block by block in one
-    gather (computing the array as one would concatenate it on a worker first,
-    which then holds all of it)."""
+    """A (tall) dask array in client memory, its blocks fetched in one gather."""
     if isinstance(x, np.ndarray):
         return x
-    if x.numblocks[1] != 1:
-        x = x.rechunk({1: -1})
-    blocks = client.gather(client.compute(list(x.to_delayed()[:, 0])))
-    out = np.empty(x.shape, dtype=x.dtype)
-    start = 0
-    for block in blocks:
-        out[start : start + block.shape[0]] = block
-        start += block.shape[0]
+    from pipeline.execution.source import gather_blocks
+
+    (out,) = gather_blocks(client, [x])
     return out
 
 

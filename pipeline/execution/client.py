@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.metadata
 import os
 from collections.abc import Iterator
@@ -160,7 +161,9 @@ def _info(client: Client, kind: str) -> ClusterInfo:
     )
 
 
+@functools.cache
 def _version(pkg: str) -> str | None:
+    # this process's own versions: read once (each lookup scans sys.path)
     try:
         return importlib.metadata.version(pkg)
     except importlib.metadata.PackageNotFoundError:

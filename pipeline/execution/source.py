@@ -95,6 +95,37 @@ def _read_block_task(
     )
 
 
+def gather_blocks(
+    client: Any, arrays: Sequence[da.Array], *, persisted: bool = False
+) -> list[FloatArray]:
+    """``arrays`` in client memory: their blocks fetched in one gather and
+    assembled here.
+
+    ``client.compute`` of an array would add a task per array that concatenates
+    its blocks on a worker (one more round trip, and the whole array on that
+    worker) before sending it.
+    """
+    from distributed import futures_of
+
+    if not persisted:
+        arrays = client.persist(list(arrays))
+    futures = [futures_of(a) for a in arrays]
+    values = dict(
+        zip(
+            (f.key for fs in futures for f in fs),
+            client.gather([f for fs in futures for f in fs]),
+            strict=True,
+        )
+    )
+    out = []
+    for a in arrays:
+        grid = np.empty(a.numblocks, dtype=object)
+        for index in np.ndindex(*a.numblocks):
+            grid[index] = np.asarray(values[(a.name, *index)])
+        out.append(np.block(grid.tolist()) if grid.size > 1 else grid.flat[0])
+    return out
+
+
 def _spill(block: Any, path: str) -> FloatArray:
     """Write one tall block to the scratch directory; a (1, 1) token.
 
@@ -309,10 +340,8 @@ class DaskSource:
         if label is not None:
             shown = running if self.scratch is not None else [*kept.values(), *running]
             show_progress(self.client, shown, label, self.progress)
-        values = self.client.compute(running, sync=True)
-        gathered = {
-            n: np.asarray(v) for n, v in zip(small, values[len(tokens) :], strict=True)
-        }
+        values = gather_blocks(self.client, running, persisted=True)
+        gathered = dict(zip(small, values[len(tokens) :], strict=True))
         return kept, gathered
 
     # -- the pass over A --------------------------------------------------------
@@ -644,4 +673,4 @@ class _LocalQ:
     blocks: list[FloatArray]
 
 
-__all__ = ["SPLIT_EVERY", "DaskSource"]
+__all__ = ["SPLIT_EVERY", "DaskSource", "gather_blocks"]

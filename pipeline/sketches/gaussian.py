@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline._sealed import Sealed, unseal
+from pipeline._sealed import Sealed, derived, unseal
 from pipeline._types import FloatArray, IntArray
 
 #: Rows per generation tile along the data axis; recorded in every report because
@@ -96,7 +96,28 @@ class GaussianOperator:
 
     def right(self, x: FloatArray, start: int, stop: int, dtype: type = np.float64) -> FloatArray:
         """``x @ G[start:stop]`` of shape (x.shape[0], dim), computed in ``dtype``."""
-        return np.asarray(x, dtype=dtype) @ self.block(start, stop).astype(dtype, copy=False)  # type: ignore[no-any-return]
+        return np.asarray(x, dtype=dtype) @ self._right_block(start, stop, dtype)  # type: ignore[no-any-return]
+
+    #: Largest operator block :meth:`right` keeps between tasks (bytes).
+    RIGHT_CACHE_BYTES = 16 * 2**20
+
+    def _right_block(self, start: int, stop: int, dtype: type) -> FloatArray:
+        """Rows ``start:stop`` in ``dtype``; on a worker, generated once per job.
+
+        Every row chunk of a pass multiplies its columns by the same rows of the
+        operator, so they are kept with the job's secret (:func:`pipeline._sealed.derived`)
+        when small enough, and read-only.
+        """
+
+        def make() -> FloatArray:
+            block = self.block(start, stop).astype(dtype, copy=False)
+            block.setflags(write=False)
+            return block
+
+        if (stop - start) * self.dim * np.dtype(dtype).itemsize > self.RIGHT_CACHE_BYTES:
+            return self.block(start, stop).astype(dtype, copy=False)
+        key = ("right", int(self.code), self.length, self.dim, self.tile_size, start, stop, np.dtype(dtype).str)
+        return derived(self.root, key, make)
 
 
 def operator_tile(op: GaussianOperator, tile: int) -> FloatArray:
