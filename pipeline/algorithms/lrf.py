@@ -37,7 +37,7 @@ import dataclasses
 import enum
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -131,7 +131,9 @@ class LrfParams:
     private: bool = True
     epsilon: float | None = None
     delta: float | None = None
-    clip: ClipSpec = ClipSpec(unit=PrivacyUnit.ROW, clip_norm=1.0)
+    clip: ClipSpec = field(
+        default_factory=lambda: ClipSpec(unit=PrivacyUnit.ROW, clip_norm=1.0)
+    )
     neighboring: Neighboring = Neighboring.ADD_REMOVE
     padded: bool = False
     delta_jl_fraction: float = 0.5

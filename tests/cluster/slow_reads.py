@@ -1,7 +1,7 @@
 """Worker preload of the fault tests: chunk reads of stores named ``*slow.zarr`` are slow.
 
 ``dask worker --preload tests/cluster/slow_reads.py`` patches zarr's ``LocalStore.get``
-in the worker process: each chunk read of a store whose directory ends in
+and dplr's direct chunk read (``pipeline.io.inputs._chunk_bytes``) in the worker process: each chunk read of a store whose directory ends in
 ``slow.zarr`` sleeps ``DPLR_SLOW_READ_SECONDS`` (default 0.1) and leaves a marker
 file in ``DPLR_SLOW_READ_MARKS``, a counter the test process can watch. Every
 other store reads normally, so the other tests on the same cluster are unaffected.
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -32,5 +33,23 @@ async def _slow_get(self: LocalStore, key: str, prototype: Any = None, byte_rang
     return value
 
 
+# the pass tasks read the chunks of a plain local store directly, not via get()
+import pipeline.io.inputs as _inputs
+
+_original_chunk_bytes = getattr(_inputs, "_dplr_original_chunk_bytes", _inputs._chunk_bytes)
+_inputs._dplr_original_chunk_bytes = _original_chunk_bytes  # type: ignore[attr-defined]
+
+
+def _slow_chunk_bytes(store: Any, key: str) -> Any:
+    value = _original_chunk_bytes(store, key)
+    if key.startswith("c/") and str(store.root).rstrip("/").endswith("slow.zarr"):
+        time.sleep(float(os.environ.get("DPLR_SLOW_READ_SECONDS", "0.1")))
+        marks = os.environ.get("DPLR_SLOW_READ_MARKS")
+        if marks:
+            Path(marks, uuid.uuid4().hex).touch()
+    return value
+
+
 if os.environ.get("DPLR_SLOW_READ_MARKS"):  # only in the workers the test starts
     LocalStore.get = _slow_get  # type: ignore[method-assign]
+    _inputs._chunk_bytes = _slow_chunk_bytes

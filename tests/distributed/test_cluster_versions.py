@@ -77,9 +77,11 @@ def test_mismatched_worker_is_refused(
         (one, *_) = sorted(client.scheduler_info()["workers"])
         client.run(_pretend("dplr", version), workers=[one])
         try:
-            with pytest.raises(ClusterMismatchError, match=needle) as err:
-                with cluster_client(cluster.scheduler_address):
-                    pass
+            with (
+                pytest.raises(ClusterMismatchError, match=needle) as err,
+                cluster_client(cluster.scheduler_address),
+            ):
+                pass
             assert one in str(err.value)
             assert "dplr" in str(err.value)
         finally:

@@ -57,7 +57,8 @@ class SimulatedCrash(Exception):
 # counting chunk reads of the input store on the workers
 # ---------------------------------------------------------------------------
 def _count_reads_on_worker(root: str, marks: str) -> None:
-    """Make every chunk read of the store at ``root`` leave a file in ``marks``."""
+    """Make every chunk read of the store at ``root`` leave a file in ``marks``
+    (through zarr's store, or direct: ``pipeline.io.inputs._chunk_bytes``)."""
     from zarr.storage import LocalStore
 
     real = LocalStore.__dict__.get("_unpatched_get", LocalStore.get)
@@ -71,14 +72,34 @@ def _count_reads_on_worker(root: str, marks: str) -> None:
 
     LocalStore.get = get  # type: ignore[method-assign]
 
+    # the pass tasks read the chunks of a plain local store directly
+    from pipeline.io import inputs
+
+    direct = getattr(inputs, "_unpatched_chunk_bytes", inputs._chunk_bytes)
+    inputs._unpatched_chunk_bytes = direct  # type: ignore[attr-defined]
+
+    def chunk_bytes(store, key):  # type: ignore[no-untyped-def]
+        value = direct(store, key)
+        if key.startswith("c/") and os.path.abspath(str(store.root)) == root:
+            Path(marks, uuid.uuid4().hex).touch()
+        return value
+
+    inputs._chunk_bytes = chunk_bytes
+
 
 def _stop_counting_on_worker() -> None:
     from zarr.storage import LocalStore
+
+    from pipeline.io import inputs
 
     real = LocalStore.__dict__.get("_unpatched_get")
     if real is not None:
         LocalStore.get = real  # type: ignore[method-assign]
         del LocalStore._unpatched_get  # type: ignore[attr-defined]
+    direct = getattr(inputs, "_unpatched_chunk_bytes", None)
+    if direct is not None:
+        inputs._chunk_bytes = direct
+        del inputs._unpatched_chunk_bytes
 
 
 @contextmanager

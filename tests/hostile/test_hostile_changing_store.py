@@ -1,8 +1,8 @@
 """A store rewritten while ``factorize`` reads it (case 6 of the hostile input suite).
 
-Deterministic, no timing: zarr's ``LocalStore.get`` is wrapped in this process (the
-cluster is a LocalCluster with in-process workers, so the wrapper runs where the
-chunks are read). The first chunk read swaps every chunk file of the store, by
+Deterministic, no timing: zarr's ``LocalStore.get`` and dplr's direct chunk read
+(``pipeline.io.inputs._chunk_bytes``) are wrapped in this process (the cluster is a
+LocalCluster with in-process workers, so the wrapper runs where the chunks are read). The first chunk read swaps every chunk file of the store, by
 atomic renames, for the chunks of a hostile matrix (rows at 1e300 and at the float
 max); reads after it see the new chunks. The release is then computed from a mix
 of the two matrices.
@@ -33,6 +33,7 @@ from distributed import Client, LocalCluster
 
 from pipeline.accounting.ledger import Ledger
 from pipeline.api import factorize
+from pipeline.io import inputs
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
 
@@ -62,13 +63,12 @@ def swapping_store(tmp_path: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
     log: dict[str, Any] = {"A": A, "B": B, "read": {}, "swapped": False}
     lock = threading.Lock()
     real = LocalStore.get
+    real_direct = inputs._chunk_bytes
     root = os.path.abspath(store)
 
-    async def get(self: Any, key: str, prototype: Any, byte_range: Any = None) -> Any:
-        value = await real(self, key, prototype, byte_range)
-        if key.startswith("c/") and os.path.abspath(str(self.root)) == root:
+    def seen(store_root: Any, key: str, raw: bytes) -> None:
+        if key.startswith("c/") and os.path.abspath(str(store_root)) == root:
             block = int(key.split("/")[1])
-            raw = value.to_bytes() if value is not None else b""
             with lock:
                 log["read"].setdefault(block, []).append(
                     "A" if raw == old[block] else "B" if raw == new[block] else "?"
@@ -79,13 +79,24 @@ def swapping_store(tmp_path: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
                         shutil.copyfile(other / "c" / str(k) / "0", tmp)
                         os.replace(tmp, store / "c" / str(k) / "0")
                     log["swapped"] = True
+
+    async def get(self: Any, key: str, prototype: Any, byte_range: Any = None) -> Any:
+        value = await real(self, key, prototype, byte_range)
+        seen(self.root, key, value.to_bytes() if value is not None else b"")
+        return value
+
+    def direct(zstore: Any, key: str) -> Any:  # the pass tasks' own chunk reads
+        value = real_direct(zstore, key)
+        seen(zstore.root, key, bytes(value) if value is not None else b"")
         return value
 
     LocalStore.get = get  # type: ignore[method-assign]
+    inputs._chunk_bytes = direct
     try:
         yield store, log
     finally:
         LocalStore.get = real  # type: ignore[method-assign]
+        inputs._chunk_bytes = real_direct
 
 
 def test_release_of_a_store_rewritten_mid_read(
