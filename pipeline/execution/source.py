@@ -21,6 +21,7 @@ number of rows (only the disk use does).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import operator
 import os
@@ -36,6 +37,7 @@ from pipeline._types import FloatArray, Shape2D
 from pipeline.algorithms.base import RowBlockFn
 from pipeline.execution.progress import show_progress
 from pipeline.execution.secrets import install_secret, remove_secret
+from pipeline.io.inputs import release_read_buffers
 from pipeline.mechanisms.clipping import PrivacyUnit, scale_factors_from_sumsq
 from pipeline.sketches.apply import PassRequest, block_partials, check_finite_block
 from pipeline.sketches.operators import SketchOperator
@@ -289,9 +291,13 @@ class DaskSource:
         return sealed
 
     def close(self) -> None:
-        """Remove this job's secrets from the cluster (after its last compute)."""
+        """Remove this job's secrets from the cluster (after its last compute),
+        and the workers' chunk read buffers."""
         while self._secrets:
             remove_secret(self.client, self._secrets.pop())
+        if self.reader is not None:
+            with contextlib.suppress(Exception):  # a closed client: workers are gone
+                self.client.run(release_read_buffers)
 
     # -- running a step -----------------------------------------------------------
     def _run(

@@ -130,16 +130,31 @@ def _plain_layout(z: zarr.Array) -> _PlainLayout | None:
     )
 
 
-#: Per-thread buffers of the direct reads (compressed bytes, decoded chunk).
-_BUFFERS = threading.local()
+#: Buffers of the direct reads (compressed bytes, decoded chunk), per thread;
+#: freed by :func:`release_read_buffers` when a job ends.
+_BUFFERS: dict[tuple[int, str], bytearray] = {}
+_BUFFERS_LOCK = threading.Lock()
 
 
 def _buffer(name: str, nbytes: int) -> bytearray:
-    buf = getattr(_BUFFERS, name, None)
-    if buf is None or len(buf) < nbytes:
-        buf = bytearray(nbytes)
-        setattr(_BUFFERS, name, buf)
+    key = (threading.get_ident(), name)
+    with _BUFFERS_LOCK:
+        buf = _BUFFERS.get(key)
+        if buf is None or len(buf) < nbytes:
+            buf = _BUFFERS[key] = bytearray(nbytes)
     return buf
+
+
+def release_read_buffers() -> int:
+    """Free this process's direct-read buffers; returns the bytes freed.
+
+    Run on every worker when a job is done (``DaskSource.close``), so a worker
+    holds no read buffer (about two chunks per thread) between jobs.
+    """
+    with _BUFFERS_LOCK:
+        freed = sum(len(b) for b in _BUFFERS.values())
+        _BUFFERS.clear()
+    return freed
 
 
 class _CheckedReads:

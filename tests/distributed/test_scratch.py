@@ -149,3 +149,30 @@ def test_a_scratch_that_is_not_a_directory_is_refused_before_any_read(
         with pytest.raises(StoreLayoutError, match=r"the scratch directory .* does not exist"):
             factorize(path, RANK, private=False, scratch=bad, out=tmp_path / "o.zarr")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["A.zarr", "a-file"]
+
+
+@pytest.mark.timeout(120)
+def test_workers_hold_no_chunk_read_buffers_after_a_job(
+    client: Client, tmp_path: Path, global_seed: int
+) -> None:
+    """The pass tasks decode chunks into per-thread buffers (pipeline.io.inputs);
+    the job frees them on every worker when it ends."""
+    A = seeded_matrix(global_seed, M, N)
+    path = write_matrix(tmp_path / "A.zarr", A, CHUNKS["row-bands"])
+
+    def held() -> int:
+        from pipeline.io import inputs
+
+        return sum(len(b) for b in inputs._BUFFERS.values())
+
+    def read_a_chunk(where: str) -> int:
+        from pipeline.io import open_input
+
+        _, info = open_input(where, unit=None)
+        info.reader.block((0, 64), (0, N))
+        return held()
+
+    # control: a direct read does leave a buffer that this check would see
+    assert all(v > 0 for v in client.run(read_a_chunk, path).values())
+    factorize(path, RANK, private=False, seed=SKETCH_SEED)
+    assert client.run(held) == dict.fromkeys(client.run(held), 0)
