@@ -31,6 +31,7 @@ from typing import Any, TextIO
 
 import dask.array as da
 import numpy as np
+import scipy.linalg
 from dask.highlevelgraph import HighLevelGraph
 
 from pipeline._types import FloatArray, Shape2D
@@ -155,7 +156,7 @@ def _block_qr(y: FloatArray) -> tuple[FloatArray, FloatArray]:
     y = np.asarray(y, dtype=np.float64)
     if y.shape[0] < y.shape[1]:
         return y, y
-    q, r = np.linalg.qr(y)
+    q, r = scipy.linalg.qr(y, mode="economic")  # as the in-pass local QR
     return q, r
 
 
@@ -182,6 +183,8 @@ def _block_sumsq(block: Any, axis: int, where: str) -> FloatArray:
 
 def _sum_leaves(parts: list[Any], index: int | None) -> FloatArray:
     arrays = [p if index is None else p[index] for p in parts]
+    if len(arrays) == 1:  # a block's only partial (one chunk per row block): no copy
+        return np.asarray(arrays[0], dtype=np.float64)
     total = np.array(arrays[0], dtype=np.float64, copy=True)
     for a in arrays[1:]:
         total += a
@@ -431,11 +434,12 @@ class DaskSource:
                 for c in range(nc if not tr else nr)
             ]
 
-        # the left and two-sided trees read the chunk results without their tall
-        # entries: a chunk's Y block is then freed as soon as it has reached the
-        # Y tree (or the scratch), not when the last sibling of its Z leaf is done
+        # with a scratch directory, the left and two-sided trees read the chunk
+        # results without their tall entries: a chunk's Y block is then freed as
+        # soon as it has reached the scratch, not when the last sibling of its Z
+        # leaf is done (in worker memory Y stays anyway: no extra tasks there)
         n_right = len(request.right)
-        if n_right:
+        if n_right and self.scratch is not None:
             sname = _name("partials-small")
             for r in range(nr):
                 for c in range(nc):

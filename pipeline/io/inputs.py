@@ -237,14 +237,14 @@ class _CheckedReads:
 def _chunk_bytes(store: Any, key: str) -> memoryview | None:
     """The stored bytes of chunk ``key``, or None if it was never written.
 
-    A local directory store's file is read into a buffer of this thread (a
-    fresh 40 MB ``bytes`` per chunk costs its page faults every time); the
-    view is valid until this thread's next read. Other stores answer through
-    zarr's store interface.
+    A plain local directory store's file is read into a buffer of this thread
+    (a fresh 40 MB ``bytes`` per chunk costs its page faults every time); the
+    view is valid until this thread's next read. Other stores, subclasses of
+    ``LocalStore`` included, answer through their ``get``.
     """
     from zarr.storage import LocalStore
 
-    if isinstance(store, LocalStore):
+    if type(store) is LocalStore:  # a subclass may fetch its bytes otherwise
         path = os.path.join(str(store.root), *key.split("/"))
         try:
             fh = open(path, "rb")  # noqa: SIM115 - closed below

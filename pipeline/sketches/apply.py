@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import scipy.linalg
 
 from pipeline._types import FloatArray
 from pipeline.errors import NonFiniteInputError
@@ -250,7 +251,9 @@ def block_partials(
         y = out[i]
         rows, t = y.shape
         if rows >= t:
-            q, r = np.linalg.qr(y)  # y = q r, q (rows, t) orthonormal, r (t, t)
+            # y = q r, q (rows, t) orthonormal, r (t, t); y is this task's own array
+            # and already checked finite (scipy's economic QR: half numpy's time)
+            q, r = scipy.linalg.qr(y, mode="economic", overwrite_a=True, check_finite=False)
             out[i] = q
             out += [r, _f64(left_blocks[lname] @ q)]
         else:

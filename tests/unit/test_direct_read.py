@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
 import zarr
 from zarr.codecs import BytesCodec, Crc32cCodec, ZstdCodec
+from zarr.storage import LocalStore
 
 from pipeline.errors import StoreLayoutError
 from pipeline.io import open_input
@@ -127,3 +129,27 @@ def test_a_damaged_chunk_gives_the_one_line_error(
     assert "cannot be read at rows 64:128, columns 0:70" in msg
     assert "a chunk is truncated or corrupted" in msg
     assert "\n" not in msg
+
+
+class _CountingStore(LocalStore):
+    """A LocalStore subclass that records the keys it is asked for (module level:
+    the array may be pickled on the way, and a class defined in a test function
+    would then come back with a copy of its closure)."""
+
+    asked: ClassVar[list[str]] = []
+
+    async def get(self, key, prototype, byte_range=None):  # type: ignore[no-untyped-def]
+        self.asked.append(key)
+        return await super().get(key, prototype, byte_range)
+
+
+def test_a_store_subclass_is_read_through_its_own_get(tmp_path: Path) -> None:
+    """Only zarr's own LocalStore is read file by file; a subclass that changes
+    how bytes are fetched (instrumentation, caching, decryption) is asked."""
+    z = _store(tmp_path / "a.zarr", "float32", (64, 70))
+    sub = zarr.open_array(store=_CountingStore(os.fspath(tmp_path / "a.zarr")), mode="r")
+    _, info = open_input(sub, unit=None)
+    assert info.reader.layout is not None
+    _CountingStore.asked.clear()
+    np.testing.assert_array_equal(info.reader.block((64, 128), (0, 70)), z[64:128])
+    assert _CountingStore.asked == ["c/1/0"]
