@@ -137,12 +137,24 @@ _BUFFERS_LOCK = threading.Lock()
 
 
 def _buffer(name: str, nbytes: int) -> bytearray:
+    """This thread's buffer ``name`` of at least ``nbytes``.
+
+    A buffer that is too small is dropped *before* the larger one is made (two
+    live at once would double the peak), and grows with 1/32 headroom: the
+    compressed sizes of a store's chunks differ by a little, and each new
+    largest one would otherwise cost a reallocation.
+    """
     key = (threading.get_ident(), name)
     with _BUFFERS_LOCK:
         buf = _BUFFERS.get(key)
-        if buf is None or len(buf) < nbytes:
-            buf = _BUFFERS[key] = bytearray(nbytes)
-    return buf
+        if buf is not None and len(buf) >= nbytes:
+            return buf
+        _BUFFERS.pop(key, None)
+    del buf
+    fresh = bytearray(nbytes + nbytes // 32)
+    with _BUFFERS_LOCK:
+        _BUFFERS[key] = fresh
+    return fresh
 
 
 def release_read_buffers() -> int:
