@@ -581,7 +581,7 @@ def factorize(
         finally:
             dsrc.close()  # the job's sealed secrets leave the cluster
             if tmp is not None:
-                shutil.rmtree(tmp, ignore_errors=True)
+                _remove_scratch(tmp)
         finish()
         staged.report["timings_seconds"]["total"] = round(time.perf_counter() - t0, 4)
         return Factorization(U=U, S=staged.S, V=V, report=staged.report)
@@ -732,6 +732,28 @@ def _make_scratch(
         return None
     parent, base = os.path.split(os.path.abspath(os.fspath(out)))
     return tempfile.mkdtemp(prefix=f".{base}.dplr-scratch-", dir=parent)
+
+
+def _remove_scratch(path: str) -> None:
+    """Remove the job's scratch directory, even while tasks still write to it.
+
+    When one task of a step fails, the step's other tasks may still be running
+    on the workers and spilling their blocks. A file one of them creates while
+    the tree is being removed would make the final ``rmdir`` fail and leave the
+    directory behind. So the directory is first renamed: a task that opens a
+    file under the old name after that fails (its step has already failed), and
+    the files created before it are all listed by the removal that follows.
+    """
+    doomed = f"{path}.removing"
+    try:
+        os.rename(path, doomed)
+    except OSError:
+        doomed = path  # removed already, or a file system that cannot rename it
+    for pause in (0.0, 0.05, 0.25, 1.0):  # a writer that held an open handle
+        time.sleep(pause)
+        shutil.rmtree(doomed, ignore_errors=True)
+        if not os.path.lexists(doomed):
+            return
 
 
 def _resolve_ledger(

@@ -135,6 +135,59 @@ def test_scratch_defaults_to_beside_out_and_is_removed_after_a_failure(
     assert sorted(p.name for p in out_dir.iterdir()) == [".s.zarr.dplr-journal", "r.zarr"]
 
 
+def _late_writer(monkeypatch: pytest.MonkeyPatch, job: Path) -> list[str]:
+    """Makes a task of a failed step spill a block into ``job`` at the worst
+    moment: after the removal has listed the directory, just before it removes
+    the directory itself. Returns what the writer saw."""
+    from pipeline.execution.source import _spill
+
+    seen: list[str] = []
+    rmdir = os.rmdir
+
+    def rmdir_after_a_late_write(path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if not seen:
+            try:
+                _spill(np.ones((3, 2)), os.fspath(job / "late.npy"))
+                seen.append("written")
+            except FileNotFoundError:
+                seen.append("refused")
+        return rmdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "rmdir", rmdir_after_a_late_write)
+    return seen
+
+
+def test_scratch_removal_survives_a_task_still_spilling(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When one task of a step fails, the others keep running on the workers and
+    may spill while the job removes its scratch directory. The directory is
+    renamed first, so the late spill fails instead of re-populating it."""
+    job = tmp_path / ".r.zarr.dplr-scratch-x"
+    job.mkdir()
+    (job / "Y-0.npy").write_bytes(b"block")
+    seen = _late_writer(monkeypatch, job)
+    pipeline.api._remove_scratch(os.fspath(job))
+    assert seen == ["refused"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_negative_control_plain_removal_loses_the_race(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same late spill against a plain ``rmtree`` of the directory (what the
+    job did before) leaves the directory behind: the race above is real."""
+    import shutil
+
+    job = tmp_path / ".r.zarr.dplr-scratch-x"
+    job.mkdir()
+    (job / "Y-0.npy").write_bytes(b"block")
+    seen = _late_writer(monkeypatch, job)
+    shutil.rmtree(job, ignore_errors=True)
+    assert seen == ["written"]
+    assert [p.name for p in tmp_path.iterdir()] == [job.name]
+
+
 @pytest.mark.timeout(60)
 def test_a_scratch_that_is_not_a_directory_is_refused_before_any_read(
     tmp_path: Path, global_seed: int
