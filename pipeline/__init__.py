@@ -17,11 +17,8 @@ DPPCA, DPLowRank
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pipeline.accounting.ledger import Ledger
-from pipeline.algorithms.base import Factorization
-from pipeline.api import factorize
 from pipeline.errors import (
     BudgetExceededError,
     InvalidParameterError,
@@ -31,6 +28,13 @@ from pipeline.errors import (
     SchedulerUnavailableError,
     StoreLayoutError,
 )
+
+if TYPE_CHECKING:
+    from pipeline.accounting.ledger import Ledger
+    from pipeline.algorithms.base import Factorization
+    from pipeline.api import factorize
+    from pipeline.estimators import DPPCA, DPLowRank
+    from pipeline.io import generate_store, read_release
 
 __version__ = "0.1.0"
 
@@ -54,7 +58,22 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # io imports zarr and dask; keep `import pipeline` light for the core
+    # Everything but the errors is loaded on first use. A dask worker process
+    # imports the module that started it (``dplr``, so ``pipeline``) before it
+    # runs anything: it should not pay for the accounting (scipy.optimize),
+    # the API, zarr or scikit-learn it will never use.
+    if name == "factorize":
+        from pipeline.api import factorize
+
+        return factorize
+    if name == "Ledger":
+        from pipeline.accounting.ledger import Ledger
+
+        return Ledger
+    if name == "Factorization":
+        from pipeline.algorithms.base import Factorization
+
+        return Factorization
     if name in ("read_release", "generate_store"):
         from pipeline import io
 

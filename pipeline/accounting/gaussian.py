@@ -32,7 +32,7 @@ import math
 from collections.abc import Callable
 
 import numpy as np
-from scipy import optimize, special
+from scipy import special
 
 from pipeline._validation import (
     check_float_in_interval,
@@ -131,6 +131,7 @@ def gaussian_delta(noise_multiplier: float, epsilon: float) -> float:
 
 def _bracketed_root(func: Callable[[float], float], lo: float, hi: float) -> float:
     """Root of a decreasing ``func`` with ``func(lo) > 0 >= func(hi)``."""
+    from scipy import optimize  # a quarter second to import: only when calibrating
 
     def finite(x: float) -> float:
         value = func(x)

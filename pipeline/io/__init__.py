@@ -7,21 +7,52 @@ release that looks complete: everything is written under a temporary name in the
 destination's directory and renamed into place in one step.
 """
 
-from pipeline.io.inputs import InputInfo, open_input
-from pipeline.io.journal import (
-    FileJournal,
-    PendingJournal,
-    default_journal_path,
-    input_fingerprint,
-)
-from pipeline.io.release import (
-    check_output_path,
-    read_group,
-    read_release,
-    write_group,
-    write_release,
-)
-from pipeline.io.synthetic import generate_pca_store, generate_store
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pipeline.io.inputs import InputInfo, open_input
+    from pipeline.io.journal import (
+        FileJournal,
+        PendingJournal,
+        default_journal_path,
+        input_fingerprint,
+    )
+    from pipeline.io.release import (
+        check_output_path,
+        read_group,
+        read_release,
+        write_group,
+        write_release,
+    )
+    from pipeline.io.synthetic import generate_pca_store, generate_store
+
+#: Where each public name lives. The modules are imported on first use, so a
+#: command that needs one of them (``dplr stream``: the state store) does not
+#: import dask.array and the others with it.
+_HOME = {
+    "InputInfo": "inputs",
+    "open_input": "inputs",
+    "FileJournal": "journal",
+    "PendingJournal": "journal",
+    "default_journal_path": "journal",
+    "input_fingerprint": "journal",
+    "check_output_path": "release",
+    "read_group": "release",
+    "read_release": "release",
+    "write_group": "release",
+    "write_release": "release",
+    "generate_pca_store": "synthetic",
+    "generate_store": "synthetic",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOME:
+        import importlib
+
+        return getattr(importlib.import_module(f"pipeline.io.{_HOME[name]}"), name)
+    raise AttributeError(f"module 'pipeline.io' has no attribute {name!r}")
+
 
 __all__ = [
     "FileJournal",

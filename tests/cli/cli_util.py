@@ -9,16 +9,22 @@ import sys
 from pathlib import Path
 from typing import Any
 
+#: The address of this session's shared cluster (tests/cli/conftest.py), if any.
+SHARED_SCHEDULER: str | None = None
+
 
 def run_dplr(
-    *args: str | int | os.PathLike[str], timeout: float = 180
+    *args: str | int | os.PathLike[str], timeout: float = 180, embedded: bool = False
 ) -> subprocess.CompletedProcess[str]:
     """``python -m pipeline ARGS`` with stdout/stderr captured.
 
-    ``DASK_SCHEDULER_ADDRESS`` is removed from the environment, so a run without
-    ``--scheduler`` always uses the embedded LocalCluster.
+    A run without ``--scheduler`` connects to the session's shared cluster
+    (through ``DASK_SCHEDULER_ADDRESS``), or with ``embedded=True`` (or when
+    there is none) starts the embedded LocalCluster, as a user's run does.
     """
     env = {k: v for k, v in os.environ.items() if k != "DASK_SCHEDULER_ADDRESS"}
+    if not embedded and SHARED_SCHEDULER is not None:
+        env["DASK_SCHEDULER_ADDRESS"] = SHARED_SCHEDULER
     return subprocess.run(
         [
             sys.executable,

@@ -116,6 +116,7 @@ def test_generate_then_factorize_publishes_a_private_release(
         SKETCH_SEED,
         *PRIVACY,
         *BUDGET,
+        embedded=True,  # the default cluster (kind "local" below)
     )
     assert proc.returncode == 0, proc.stderr
     assert f"released rank-{RANK} factorization to {out}" in proc.stdout
@@ -284,7 +285,15 @@ def test_over_budget_with_a_new_ledger_creates_no_ledger(
 def test_demo_runs_and_prints_the_report(tmp_path: Path) -> None:
     # a smaller matrix than the default keeps the test fast; the code path is the same
     proc = run_dplr(
-        "demo", "--dir", tmp_path, "--rows", "2000", "--cols", "200", timeout=220
+        "demo",
+        "--dir",
+        tmp_path,
+        "--rows",
+        "2000",
+        "--cols",
+        "200",
+        timeout=220,
+        embedded=True,  # the README's first command, as a new user runs it
     )
     assert proc.returncode == 0, proc.stderr
     rep = leading_json(proc.stdout)

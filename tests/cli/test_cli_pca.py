@@ -8,13 +8,11 @@ copied per module so that no ledger or journal is ever written beside it.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
 import shutil
 import subprocess
 import warnings
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +27,6 @@ from cli_util import (
     file_state,
     run_dplr,
 )
-from distributed import LocalCluster
 
 from pipeline.accounting.ledger import Ledger
 from pipeline.io import default_journal_path, read_group
@@ -58,18 +55,11 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def scheduler() -> Iterator[str]:
-    """A running cluster for the runs that need one (the embedded one is tested once)."""
-    with LocalCluster(
-        n_workers=2,
-        threads_per_worker=1,
-        processes=True,
-        host="127.0.0.1",
-        dashboard_address=":0",
-        silence_logs=logging.ERROR,
-    ) as cluster:
-        yield cluster.scheduler_address
+@pytest.fixture
+def scheduler(shared_scheduler: str) -> str:
+    """The session's cluster (tests/cli/conftest.py), for runs that name it with
+    ``--scheduler``; the embedded one is tested once."""
+    return shared_scheduler
 
 
 def _sample_values(store: Path) -> tuple[np.ndarray, dict[str, Any]]:
@@ -110,7 +100,16 @@ def test_pca_publishes_a_private_release(store: Path, tmp_path: Path) -> None:
     """The default path: no --scheduler, so the embedded LocalCluster runs it."""
     out, ledger = tmp_path / "pca.zarr", tmp_path / "ledger.json"
     proc = run_dplr(
-        "pca", store, *POWER, *PRIVACY, *BUDGET, "--out", out, "--ledger", ledger
+        "pca",
+        store,
+        *POWER,
+        *PRIVACY,
+        *BUDGET,
+        "--out",
+        out,
+        "--ledger",
+        ledger,
+        embedded=True,
     )
     assert proc.returncode == 0, proc.stderr
     assert f"released rank-{RANK} PCA subspace (power) to {out}" in proc.stdout
