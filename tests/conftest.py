@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -42,6 +44,43 @@ _AUDIT_ROWS = pytest.StashKey[list[dict[str, Any]]]()
 def audit_rows(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
     """Result rows of this session's privacy audits (appended by the tests)."""
     return request.config.stash.setdefault(_AUDIT_ROWS, [])
+
+
+@pytest.fixture(scope="session")
+def shared_scheduler() -> Iterator[str]:
+    """One real cluster for the ``dplr`` subprocesses of tests/cli.
+
+    A run on the embedded LocalCluster starts two worker processes that import
+    dask, zarr and this package before the first task: seconds per run, most of
+    that directory's time. So its runs connect instead (see :func:`cli_cluster`)
+    to this LocalCluster of two single-threaded worker processes on loopback,
+    started once per session.
+    """
+    from distributed import LocalCluster
+
+    with LocalCluster(
+        n_workers=2,
+        threads_per_worker=1,
+        processes=True,
+        host="127.0.0.1",
+        dashboard_address=":0",
+        silence_logs=logging.ERROR,
+    ) as cluster:
+        yield cluster.scheduler_address
+
+
+@pytest.fixture
+def cli_cluster(shared_scheduler: str) -> Iterator[str]:
+    """During one test, ``cli_util.run_dplr`` runs without ``--scheduler`` connect
+    to the shared cluster through ``DASK_SCHEDULER_ADDRESS`` (which the command
+    honours); a run that tests the embedded default passes ``embedded=True``."""
+    import cli_util  # on sys.path once a module of tests/cli is collected
+
+    cli_util.SHARED_SCHEDULER = shared_scheduler
+    try:
+        yield shared_scheduler
+    finally:
+        cli_util.SHARED_SCHEDULER = None
 
 
 def pytest_terminal_summary(

@@ -38,6 +38,7 @@ from zarr.codecs import Crc32cCodec
 from pipeline._durable import fsync_path, write_private
 from pipeline._types import FloatArray
 from pipeline.errors import StoreLayoutError
+from pipeline.io._store import store_array
 from pipeline.mechanisms.noise import NoiseKey
 
 __all__ = [
@@ -398,11 +399,7 @@ class FileJournal:
             )
             # dask chunks equal the zarr chunks (no two tasks write one chunk); the
             # rechunk is the identity unless the row chunks are irregular
-            stored = da.store(Y.rechunk({0: rows, 1: -1}), z, lock=False, compute=False)
-            if client is not None:
-                client.compute(stored, sync=True)
-            else:
-                stored.compute()
+            store_array(Y.rechunk({0: rows, 1: -1}), z, client)
             _make_private(tmp)
             if os.path.lexists(final):
                 shutil.rmtree(final)

@@ -16,6 +16,7 @@ import zarr
 from pipeline._durable import fsync_path, fsync_tree
 from pipeline.algorithms.base import Factorization
 from pipeline.errors import StoreLayoutError
+from pipeline.io._store import store_array
 
 #: Rows per chunk of the released U and V.
 OUTPUT_ROW_CHUNK = 65536
@@ -59,11 +60,7 @@ def _write_array(group: zarr.Group, name: str, x: Any, client: Any) -> None:
         )
         # dask chunks equal the zarr chunks, so no two tasks write one chunk (no
         # sharding: sharded writes from unaligned chunks corrupt data silently)
-        stored = da.store(x, z, lock=False, compute=False)
-        if client is not None:
-            client.compute(stored, sync=True)
-        else:
-            stored.compute()
+        store_array(x, z, client)
         return
     arr = np.asarray(x, dtype=np.float64)
     chunks = (

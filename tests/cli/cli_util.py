@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-#: The address of this session's shared cluster (tests/cli/conftest.py), if any.
+#: The address of the session's shared cluster, set by the ``cli_cluster`` fixture
+#: (tests/conftest.py) for the duration of a test that uses it.
 SHARED_SCHEDULER: str | None = None
 
 

@@ -25,7 +25,8 @@ from cli_util import assert_nothing_at, assert_one_line_error, file_state, run_d
 
 from pipeline.accounting.ledger import Ledger
 
-pytestmark = pytest.mark.cli
+# runs without --scheduler go to the session's cluster (tests/conftest.py)
+pytestmark = [pytest.mark.cli, pytest.mark.usefixtures("cli_cluster")]
 
 M, N, CHUNKS = 200, 30, (50, 30)
 PRIVACY = ("--epsilon", "1", "--delta", "1e-6")

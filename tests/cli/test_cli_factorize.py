@@ -21,7 +21,8 @@ from cli_util import (
 from pipeline.io import read_release
 from pipeline.mechanisms.noise import NoiseCode, NoiseKey
 
-pytestmark = pytest.mark.cli
+# runs without --scheduler go to the session's cluster (tests/conftest.py)
+pytestmark = [pytest.mark.cli, pytest.mark.usefixtures("cli_cluster")]
 
 ROWS, COLS, RANK = 2000, 60, 3
 SKETCH_SEED = 987654321  # distinctive, so a leak into the report is findable

@@ -11,7 +11,8 @@ from cli_util import assert_nothing_at, assert_one_line_error, run_dplr
 
 from pipeline.linalg.metrics import sin_theta
 
-pytestmark = pytest.mark.cli
+# runs without --scheduler go to the session's cluster (tests/conftest.py)
+pytestmark = [pytest.mark.cli, pytest.mark.usefixtures("cli_cluster")]
 
 ROWS, COLS, RANK, SUPPORT = 2048, 16, 2, 256
 TOP, BOTTOM = 60.0, 15.0

@@ -31,7 +31,8 @@ from cli_util import (
 from pipeline.accounting.ledger import Ledger
 from pipeline.io import default_journal_path, read_group
 
-pytestmark = pytest.mark.cli
+# runs without --scheduler go to the session's cluster (tests/conftest.py)
+pytestmark = [pytest.mark.cli, pytest.mark.usefixtures("cli_cluster")]
 
 SAMPLE = Path(__file__).resolve().parents[2] / "data" / "pca_sample.zarr"
 ROWS, COLS, RANK, T = 2048, 16, 2, 3
@@ -57,7 +58,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def scheduler(shared_scheduler: str) -> str:
-    """The session's cluster (tests/cli/conftest.py), for runs that name it with
+    """The session's cluster (tests/conftest.py), for runs that name it with
     ``--scheduler``; the embedded one is tested once."""
     return shared_scheduler
 

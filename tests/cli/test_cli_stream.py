@@ -13,6 +13,9 @@ from cli_util import assert_one_line_error, run_dplr
 
 from pipeline.io.batches import write_batch
 from pipeline.io.release import read_release
+
+# runs without --scheduler go to the session's cluster (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("cli_cluster")
 from pipeline.stream import stream_init
 
 SHAPE = (240, 160)

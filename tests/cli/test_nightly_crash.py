@@ -23,6 +23,9 @@ from cli_util import assert_one_line_error, run_dplr
 from pipeline.io.batches import write_batch
 from pipeline.io.stream_state import StreamStore
 
+# runs without --scheduler go to the session's cluster (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("cli_cluster")
+
 SHAPE = (200, 120)
 DATES = ("2027-01-01", "2027-01-02", "2027-01-03")
 JOB = """[stream]
