@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 #: The address of the session's shared cluster, set by the ``cli_cluster`` fixture
 #: (tests/conftest.py) for the duration of a test that uses it.
 SHARED_SCHEDULER: str | None = None
@@ -39,6 +41,35 @@ def run_dplr(
         timeout=timeout,
         env=env,
     )
+
+
+def run_in_process(
+    capsys: pytest.CaptureFixture[str], *args: Any
+) -> subprocess.CompletedProcess[str]:
+    """``dplr ARGS`` through :func:`pipeline.cli.main` in this process.
+
+    The same argument parsing, exit codes and stderr line as the subprocess, without
+    an interpreter start (seconds each on a loaded machine); used for refusals that
+    happen before any cluster starts, once the same kind of case has run as a
+    subprocess. A traceback here would be an exception that fails the test.
+    """
+    from pipeline.cli import main
+
+    argv = [
+        f"{a!r}"
+        if isinstance(a, float)
+        else os.fspath(a)
+        if isinstance(a, os.PathLike)
+        else str(a)
+        for a in args
+    ]
+    capsys.readouterr()
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(argv, code, out, err)
 
 
 def file_state(path: Path) -> bytes | None:
