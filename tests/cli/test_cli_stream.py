@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from cli_util import assert_one_line_error, run_dplr
+from cli_util import assert_one_line_error, run_dplr, run_in_process
 
 from pipeline.io.batches import write_batch
 from pipeline.io.release import read_release
@@ -105,31 +105,37 @@ def test_stream_equals_one_shot_factorize_without_noise(tmp_path: Path):
         ("Inf value", {"s": np.array([SENTINEL, np.inf])}, "column 's'"),
     ],
 )
-def test_bad_batches_change_nothing(stream: Path, tmp_path: Path, case, override, message):
+def test_bad_batches_change_nothing(stream: Path, tmp_path: Path, capsys, case, override, message):
     cols = {"entity": np.array([1, 2]), "i": np.array([1, 2]), "j": np.array([3, 4]), "s": np.array([SENTINEL, 0.5])}
     cols.update(override)
     write_batch(tmp_path / "bad.npz", cols)
     before = _state_bytes(stream)
-    proc = run_dplr("stream", "ingest", stream, tmp_path / "bad.npz", "--epoch", 1)
+    # the first case as the command a user types, the others in process (same
+    # parsing, exit code and stderr line; no interpreter start)
+    run = run_dplr if case == "row out of range" else (lambda *a: run_in_process(capsys, *a))
+    proc = run("stream", "ingest", stream, tmp_path / "bad.npz", "--epoch", 1)
     line = assert_one_line_error(proc, 2, "dplr: error:")
     assert message in line, case
     assert "123456" not in line, case
     assert _state_bytes(stream) == before
 
 
-def test_missing_parquet_and_csv_columns(stream: Path, tmp_path: Path):
+def test_missing_parquet_and_csv_columns(stream: Path, tmp_path: Path, capsys):
     (tmp_path / "bad.csv").write_text("entity,i,s\n1,2,123456.789\n")
     proc = run_dplr("stream", "ingest", stream, tmp_path / "bad.csv", "--epoch", 1)
     line = assert_one_line_error(proc, 2, "dplr: error:")
     assert "'j'" in line
     assert "123456" not in line
     write_batch(tmp_path / "bad.parquet", {"entity": np.array([1]), "i": np.array([1]), "s": np.array([SENTINEL])})
-    line = assert_one_line_error(run_dplr("stream", "ingest", stream, tmp_path / "bad.parquet", "--epoch", 1), 2, "dplr: error:")
+    line = assert_one_line_error(run_in_process(capsys, "stream", "ingest", stream, tmp_path / "bad.parquet", "--epoch", 1), 2, "dplr: error:")
     assert "'j'" in line
     assert "123456" not in line
 
 
-def test_epoch_rules_and_duplicates(stream: Path, tmp_path: Path):
+def test_epoch_rules_and_duplicates(stream: Path, tmp_path: Path, capsys):
+    def in_process(*args):  # a refusal of a kind already run as a subprocess
+        return run_in_process(capsys, *args)
+
     _batch(tmp_path / "b.parquet", 50, 3)
     assert run_dplr("stream", "ingest", stream, tmp_path / "b.parquet", "--epoch", 1).returncode == 0
     # the same content again (even in another format) is a replay: refused
@@ -138,31 +144,31 @@ def test_epoch_rules_and_duplicates(stream: Path, tmp_path: Path):
     assert "already ingested into epoch 1" in line
     assert run_dplr("stream", "release", stream, "--epoch", 1, "--out", tmp_path / "r1.zarr").returncode == 0
     _batch(tmp_path / "late.parquet", 50, 4)
-    line = assert_one_line_error(run_dplr("stream", "ingest", stream, tmp_path / "late.parquet", "--epoch", 1), 2, "dplr: error:")
+    line = assert_one_line_error(in_process("stream", "ingest", stream, tmp_path / "late.parquet", "--epoch", 1), 2, "dplr: error:")
     assert "already closed" in line
     line = assert_one_line_error(run_dplr("stream", "ingest", stream, tmp_path / "late.parquet", "--epoch", 5), 3, "dplr: refused:")
     assert "horizon of 4" in line
-    line = assert_one_line_error(run_dplr("stream", "release", stream, "--epoch", 5, "--out", tmp_path / "r5.zarr"), 3, "dplr: refused:")
+    line = assert_one_line_error(in_process("stream", "release", stream, "--epoch", 5, "--out", tmp_path / "r5.zarr"), 3, "dplr: refused:")
     # a release of an epoch already published elsewhere is refused; the same OUT is a no-op
-    line = assert_one_line_error(run_dplr("stream", "release", stream, "--epoch", 1, "--out", tmp_path / "x.zarr"), 2, "dplr: error:")
+    line = assert_one_line_error(in_process("stream", "release", stream, "--epoch", 1, "--out", tmp_path / "x.zarr"), 2, "dplr: error:")
     assert "already released" in line
     proc = run_dplr("stream", "release", stream, "--epoch", 1, "--out", tmp_path / "r1.zarr")
     assert proc.returncode == 0
     assert "already released" in proc.stdout
 
 
-def test_unit_violation_and_entity_kind(stream: Path, tmp_path: Path):
+def test_unit_violation_and_entity_kind(stream: Path, tmp_path: Path, capsys):
     _batch(tmp_path / "two_rows.npz", 2, 5, entity=np.array([7, 7]), i=np.array([0, 1]))
     line = assert_one_line_error(run_dplr("stream", "ingest", stream, tmp_path / "two_rows.npz", "--epoch", 1), 2, "dplr: error:")
     assert "privacy unit 'row'" in line
     _batch(tmp_path / "ints.npz", 2, 6, entity=np.array([1, 2]), i=np.array([1, 2]))
     assert run_dplr("stream", "ingest", stream, tmp_path / "ints.npz", "--epoch", 1).returncode == 0
     (tmp_path / "strs.csv").write_text("entity,i,j,s\nalice,3,4,0.1\n")
-    line = assert_one_line_error(run_dplr("stream", "ingest", stream, tmp_path / "strs.csv", "--epoch", 1), 2, "dplr: error:")
+    line = assert_one_line_error(run_in_process(capsys, "stream", "ingest", stream, tmp_path / "strs.csv", "--epoch", 1), 2, "dplr: error:")
     assert "kind" in line
 
 
-def test_state_of_another_version_and_not_a_state(stream: Path, tmp_path: Path):
+def test_state_of_another_version_and_not_a_state(stream: Path, tmp_path: Path, capsys):
     meta = stream / "zarr.json"
     doc = json.loads(meta.read_text())
     doc["attributes"]["dplr_stream"]["format"] = "dplr-stream/0"
@@ -170,11 +176,11 @@ def test_state_of_another_version_and_not_a_state(stream: Path, tmp_path: Path):
     line = assert_one_line_error(run_dplr("stream", "status", stream), 2, "dplr: error:")
     assert "dplr-stream/0" in line
     assert "dplr-stream/1" in line
-    line = assert_one_line_error(run_dplr("stream", "status", tmp_path), 2, "dplr: error:")
+    line = assert_one_line_error(run_in_process(capsys, "stream", "status", tmp_path), 2, "dplr: error:")
     assert "not a dplr stream state" in line
 
 
-def test_init_refuses_existing_state_and_bad_parameters(stream: Path, tmp_path: Path):
+def test_init_refuses_existing_state_and_bad_parameters(stream: Path, tmp_path: Path, capsys):
     line = assert_one_line_error(
         run_dplr("stream", "init", stream, "--rows", 10, "--cols", 10, "--rank", 2, "--horizon", 4,
                  "--epsilon", "1", "--delta", "1e-6"), 2, "dplr: error:")
@@ -184,6 +190,6 @@ def test_init_refuses_existing_state_and_bad_parameters(stream: Path, tmp_path: 
         (("--horizon", 4, "--epsilon", "-1", "--delta", "1e-6"), "epsilon"),
         (("--horizon", 4), "epsilon"),
     ):
-        proc = run_dplr("stream", "init", tmp_path / "new.stream", "--rows", 50, "--cols", 40, "--rank", 2, *args)
+        proc = run_in_process(capsys, "stream", "init", tmp_path / "new.stream", "--rows", 50, "--cols", 40, "--rank", 2, *args)
         assert text in assert_one_line_error(proc, 2, "dplr: error:")
         assert not os.path.exists(tmp_path / "new.stream")
