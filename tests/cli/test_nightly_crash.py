@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import cli_util
 import numpy as np
 import pytest
 import zarr
@@ -41,6 +42,8 @@ releases = "releases"
 
 def _nightly(root: Path, date: str, crash: str | None = None, extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("DASK_SCHEDULER_ADDRESS", "DPLR_CRASH_AT")}
+    if cli_util.SHARED_SCHEDULER is not None:  # the session's cluster (tests/conftest.py)
+        env["DASK_SCHEDULER_ADDRESS"] = cli_util.SHARED_SCHEDULER
     if crash:
         env["DPLR_CRASH_AT"] = crash
     return subprocess.run(
