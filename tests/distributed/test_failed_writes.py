@@ -22,13 +22,19 @@ from pipeline.io.release import write_group
 pytestmark = pytest.mark.distributed
 
 ROWS, COLS, BLOCK = 400, 5, 100
+LATE = 1.5  # s
 
 
 def _failing_then_slow(block: np.ndarray, block_info=None) -> np.ndarray:  # type: ignore[no-untyped-def]
-    """Block 0 fails at once; the others are still computing when it does."""
+    """Block 0 fails at once; the others are still computing when it does.
+
+    With 2 workers, one of them starts another block at the same time as block 0;
+    its write lands ``LATE`` seconds later, far longer than the failure takes to
+    reach the client and the temporary group to be removed.
+    """
     if block_info[0]["chunk-location"][0] == 0:
         raise OSError("no space left on device")
-    time.sleep(0.5)
+    time.sleep(LATE)
     return block
 
 
