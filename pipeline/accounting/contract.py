@@ -1,0 +1,232 @@
+"""The privacy contract of a release, and when two contracts compose.
+
+Every private release states one :class:`PrivacyContract`: who an individual
+is (``unit``), which datasets are neighbours (``neighboring``), the clip norm,
+the budget, the accountant, whether the noise is secret and whether the sketch
+operators are public. The release job derives its journal header from it (a
+resume can never change any of it), the ledger records it per release, and the
+report states it.
+
+A ledger reads every release at the ledger's own unit and relation.
+:func:`gdp_scale` says by how much a release's Gaussian privacy parameter
+``mu`` (equivalently ``1 / z`` for its total noise multiplier ``z``) grows when
+it is read there, or ``None`` where no conversion is proven. The proofs are in
+``docs/privacy.md`` ("Composing releases of different contracts"); in short:
+
+* **add/remove -> replace**: a replace-one neighbour is one removal followed by
+  one addition, so by group privacy of a ``mu``-GDP mechanism [DRS22, Thm 2.14]
+  the release is ``2 mu``-GDP under replacement. Factor 2.
+* **replace -> add/remove**: dplr's add/remove neighbour sets one individual's
+  clipped contribution to zero (the shape is public and fixed, ``Delta_F = C``),
+  and the zero contribution is a valid value of a replace-one neighbour. So every
+  add/remove neighbour pair is a replace-one pair. Factor 1.
+* **entry -> row** (``n_cols`` entries per row) and **entry -> column**
+  (``n_rows``): the statistics are linear in the clipped entries and the noise is
+  Gaussian, so ``mu`` scales with the L2 sensitivity. One row's change is up to
+  ``n_cols`` entry changes, each of norm at most the entry sensitivity, on
+  disjoint coordinates: ``||dA||_F <= sqrt(n_cols) * Delta``. Factor
+  ``sqrt(n_cols)`` (Gaussian releases only; then the relation converts as above).
+* **row -> entry**, **column -> entry**: two datasets that differ in one entry
+  differ in one row (column), i.e. they are replace-one neighbours at row
+  (column) level. Factor: the row release read under replacement.
+* **row <-> column**: no conversion (an individual of one kind touches every
+  individual of the other); refused.
+
+Releases accounted outside the Gaussian family (the private selection's RDP
+bound, recorded as an approximate ``(epsilon, delta)``) convert only by group
+privacy of size 2 [DR14, Thm 2.2 / Lemma 2.2 of Vadhan]: see
+:func:`approx_group_factor`.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline._validation import check_enum, check_float_in_interval, check_privacy_pair
+from pipeline.errors import InvalidParameterError
+from pipeline.mechanisms.clipping import Neighboring, PrivacyUnit
+
+__all__ = [
+    "Accountant",
+    "PrivacyContract",
+    "approx_group_factor",
+    "gdp_scale",
+]
+
+
+class Accountant(enum.Enum):
+    """How a release's noise was calibrated and how the ledger composes it."""
+
+    #: one analytic Gaussian mechanism [BW18], composed as Gaussian (mu-GDP).
+    ANALYTIC_GAUSSIAN = "analytic-gaussian"
+    #: a composition of Gaussian mechanisms calibrated as one mu-GDP mechanism.
+    GDP = "gdp"
+    #: the paper's constants (reproduction only); still Gaussian, composed as GDP.
+    PAPER = "paper"
+    #: Renyi accounting of a private selection; composed as approx (eps, delta).
+    RDP = "rdp"
+
+    @property
+    def gaussian(self) -> bool:
+        """True when the ledger composes the release exactly as a Gaussian."""
+        return self is not Accountant.RDP
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrivacyContract:
+    """What one private release promises, in public values only.
+
+    Parameters
+    ----------
+    unit : PrivacyUnit
+        Who an individual is.
+    neighboring : Neighboring
+        Add/remove (one individual's contribution set to zero) or replace-one.
+    clip_norm : float
+        ``C``: every individual's contribution is clipped to norm ``<= C``.
+    epsilon, delta : float
+        The release's own budget.
+    accountant : Accountant
+    secret_noise : bool
+        False when the noise comes from a public seed (test only; NOT PRIVATE).
+    public_operators : bool
+        True when the sketch operators were drawn from a user-given (public) seed;
+        then the calibration must use their worst-case sensitivity.
+    shape : (int, int)
+        The public shape ``(n_rows, n_cols)`` of the matrix, for unit conversions.
+
+    Examples
+    --------
+    >>> c = PrivacyContract(unit="row", neighboring="add-remove", clip_norm=1.0,
+    ...                     epsilon=1.0, delta=1e-6, accountant="gdp", shape=(10, 4))
+    >>> c.unit.value, c.neighboring.value, c.private
+    ('row', 'add-remove', True)
+    >>> PrivacyContract.from_dict(c.to_dict()) == c
+    True
+    """
+
+    unit: PrivacyUnit
+    neighboring: Neighboring
+    clip_norm: float
+    epsilon: float
+    delta: float
+    accountant: Accountant
+    shape: tuple[int, int]
+    secret_noise: bool = True
+    public_operators: bool = False
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "unit", check_enum(PrivacyUnit, self.unit, "unit"))
+        set_(
+            self, "neighboring", check_enum(Neighboring, self.neighboring, "neighboring")
+        )
+        set_(self, "accountant", check_enum(Accountant, self.accountant, "accountant"))
+        set_(
+            self,
+            "clip_norm",
+            check_float_in_interval(
+                self.clip_norm, "clip_norm", 0.0, math.inf, privacy=True
+            ),
+        )
+        eps, dlt = check_privacy_pair(self.epsilon, self.delta)
+        set_(self, "epsilon", eps)
+        set_(self, "delta", dlt)
+        shape = tuple(int(x) for x in self.shape)
+        if len(shape) != 2 or min(shape) < 1:
+            raise InvalidParameterError(
+                f"shape must be two positive integers, got shape={self.shape!r}."
+            )
+        set_(self, "shape", shape)
+        for name in ("secret_noise", "public_operators"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidParameterError(
+                    f"{name} must be True or False, got {name}={getattr(self, name)!r}."
+                )
+
+    @property
+    def private(self) -> bool:
+        """False when the noise is reproducible from a public seed."""
+        return self.secret_noise
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (journal headers, ledger records, reports)."""
+        return {
+            "unit": self.unit.value,
+            "neighboring": self.neighboring.value,
+            "clip_norm": self.clip_norm,
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "accountant": self.accountant.value,
+            "shape": list(self.shape),
+            "secret_noise": self.secret_noise,
+            "public_operators": self.public_operators,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PrivacyContract:
+        """Inverse of :meth:`to_dict`; refuses unknown or missing fields."""
+        expected = set(cls.__dataclass_fields__)
+        if not isinstance(data, dict) or set(data) != expected:
+            got = sorted(data) if isinstance(data, dict) else type(data).__name__
+            raise InvalidParameterError(
+                f"a privacy contract has the fields {sorted(expected)}, got {got}."
+            )
+        return cls(**{**data, "shape": tuple(data["shape"])})
+
+
+def _relation_scale(src: Neighboring, dst: Neighboring) -> float:
+    """GDP factor of reading a release under ``src`` at relation ``dst``."""
+    if src is dst or src is Neighboring.REPLACE:
+        return 1.0  # every add/remove pair is a replace pair (module docstring)
+    return 2.0  # add/remove -> replace: group privacy of size 2
+
+
+def gdp_scale(
+    contract: PrivacyContract, unit: PrivacyUnit, neighboring: Neighboring
+) -> float | None:
+    """Factor by which ``mu`` of a Gaussian release grows at (``unit``, ``neighboring``).
+
+    ``None``: no conversion is proven; the ledger must refuse the release.
+
+    Examples
+    --------
+    >>> c = PrivacyContract(unit="entry", neighboring="add-remove", clip_norm=1.0,
+    ...                     epsilon=1.0, delta=1e-6, accountant="analytic-gaussian",
+    ...                     shape=(500, 100))
+    >>> gdp_scale(c, PrivacyUnit.ROW, Neighboring.ADD_REMOVE)
+    10.0
+    >>> gdp_scale(c, PrivacyUnit.ROW, Neighboring.REPLACE)
+    20.0
+    """
+    src = contract.unit
+    if src is unit:
+        return _relation_scale(contract.neighboring, neighboring)
+    if src is PrivacyUnit.ENTRY:
+        # one row (column) is n_cols (n_rows) entries on disjoint coordinates
+        count = contract.shape[1] if unit is PrivacyUnit.ROW else contract.shape[0]
+        return math.sqrt(count) * _relation_scale(contract.neighboring, neighboring)
+    if unit is PrivacyUnit.ENTRY:
+        # entry neighbours are replace-one neighbours of the row (column) unit
+        return _relation_scale(contract.neighboring, Neighboring.REPLACE)
+    return None  # row <-> column
+
+
+def approx_group_factor(
+    contract: PrivacyContract, unit: PrivacyUnit, neighboring: Neighboring
+) -> int | None:
+    """Group size ``k`` for reading an approximate-DP release at (unit, relation).
+
+    ``(epsilon, delta)``-DP gives ``(k epsilon, k e^((k-1) epsilon) delta)``-DP
+    for groups of ``k`` [Vadhan 2017, Lemma 2.2]. Only the conversions with
+    ``k <= 2`` are offered (unit changes through entries would need ``k`` in
+    the hundreds and are refused: ``None``).
+    """
+    if contract.unit is not unit:
+        if unit is PrivacyUnit.ENTRY and contract.unit is not PrivacyUnit.ENTRY:
+            return int(_relation_scale(contract.neighboring, Neighboring.REPLACE))
+        return None
+    return int(_relation_scale(contract.neighboring, neighboring))
