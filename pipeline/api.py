@@ -1,30 +1,24 @@
-"""``pipeline.factorize``: plan, check the budget, one pass, noise once, publish.
+"""``pipeline.factorize`` and ``pipeline.pca``: thin functions over the one release job.
 
-The order is the privacy contract [design 3; style B.3]:
-
-1. validate every parameter and open the input from metadata only;
-2. plan the release (sizes, orientation, calibration) -- public inputs only;
-3. refuse an existing output and an over-budget plan, **before any data is read**;
-4. one pass over the data on the cluster (clipping first, NaN/Inf refused);
-5. charge the ledger (locked, re-checked, fsynced) -- before any noise exists;
-6. add the noise once, post-process, publish atomically.
+Each validates its parameters, opens the input from metadata only, plans the
+release (public inputs only) and hands a :class:`~pipeline.release.ReleaseSpec`
+and its algorithm hooks to :func:`~pipeline.release.run_release`, which runs
+the fixed, durable steps of every release [design 2, "The release job"]:
+refuse (output, budget, contract) before any read; the passes (clipping first,
+NaN/Inf refused); the journal; the ledger charge, once and before any noise;
+the noise, once; post-processing; the atomic publication; the clean-up.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import datetime as _dt
-import functools
-import importlib.metadata as _md
 import math
 import os
-import platform
-import secrets
 import shutil
 import tempfile
 import time
-import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
@@ -35,7 +29,8 @@ from pipeline._validation import (
     check_int_in_range,
     check_privacy_pair,
 )
-from pipeline.accounting.ledger import Ledger, default_ledger_path
+from pipeline.accounting.contract import Accountant, PrivacyContract
+from pipeline.accounting.ledger import Ledger
 from pipeline.algorithms.base import ArraySource, Factorization
 from pipeline.algorithms.lrf import (
     Algorithm,
@@ -48,13 +43,21 @@ from pipeline.algorithms.lrf import (
 from pipeline.algorithms.power_pca import PcaRelease
 from pipeline.errors import (
     InvalidParameterError,
-    PipelineError,
     PrivacyConfigError,
     StoreLayoutError,
 )
 from pipeline.mechanisms.clipping import ClipSpec, Neighboring, PrivacyUnit
-from pipeline.mechanisms.noise import NoiseKey
+from pipeline.release import (
+    InputRef,
+    ReleaseJob,
+    ReleaseSpec,
+    Runtime,
+    package_versions,
+    run_release,
+)
 from pipeline.sketches.operators import OperatorKind
+
+__all__ = ["build_pca_report", "build_report", "factorize", "make_params", "package_versions", "pca"]
 
 if TYPE_CHECKING:
     from pipeline.execution.clusters import ClusterConfig
@@ -111,53 +114,12 @@ def make_params(
     )
 
 
-def package_versions(extra: tuple[str, ...] = ()) -> dict[str, str]:
-    """Versions of Python, dplr and its dependencies (plus ``extra``), for reports."""
-    return dict(_package_versions(tuple(extra)))
-
-
-@functools.cache
-def _package_versions(extra: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
-    # read once per process: the metadata lookups cost ~25 ms per report
-    out = {"python": platform.python_version()}
-    for pkg in (
-        "dplr",
-        "numpy",
-        "scipy",
-        "dask",
-        "distributed",
-        "zarr",
-        "dp-accounting",
-        "randomgen",
-        *extra,
-    ):
-        try:
-            out[pkg] = _md.version(pkg)
-        except _md.PackageNotFoundError:
-            out[pkg] = "not installed"
-    return tuple(out.items())
-
-
-_INSECURE_NOTE = "noise drawn from a public seed (--insecure-noise-seed): NOT PRIVATE"
-
-
-def _ledger_summary(ledger: Any) -> dict[str, Any] | None:
-    """The ledger's state after the charge, for a report (None without a ledger)."""
-    if ledger is None:
-        return None
-    return {"path": str(ledger.path), **ledger.remaining_summary()}
-
-
 def build_report(
     plan: LrfPlan,
+    job: ReleaseJob,
     *,
-    release_id: str,
-    insecure: bool,
-    seed: int,
     info: Any,
-    ledger: Any,
     passes: int,
-    timings: dict[str, float],
     cluster: dict[str, Any] | None,
 ) -> dict[str, Any]:
     """The privacy report and run metadata of a release (public values only)."""
@@ -165,9 +127,7 @@ def build_report(
     m, n = plan.shape
     report: dict[str, Any] = {
         "format": "dplr-release/1",
-        "release_id": release_id,
-        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "private": cal is not None and not insecure,
+        **job.report_core(),
         "algorithm": p.algorithm.value,
         "rank": p.rank,
         "shape": [m, n],
@@ -180,58 +140,54 @@ def build_report(
             "operator": plan.operator.value,
         },
         "n_passes": passes,
-        "timings_seconds": {k: round(v, 4) for k, v in timings.items()},
-        "input": {
-            "path": info.path,
-            "dtype": info.dtype,
-            "store_chunks": info.store_chunks,
-            "n_chunks": [len(c) for c in info.dask_chunks],
-        },
+        "input": _input_report(info),
         "cluster": cluster,
-        "sketch_seed_fingerprint": seed_fingerprint(seed),
-        "versions": package_versions(),
+        "sketch_seed_fingerprint": seed_fingerprint(job.sketch_seed),
+        "public_sketch_seed": job.spec.sketch_seed is not None,
     }
     if cal is None:
-        report.update(
+        return report | _NON_PRIVATE
+    return report | {
+        "mechanism": "Gaussian, one joint mechanism over all released sketches (analytic calibration [BW18])",
+        "epsilon": cal.epsilon,
+        "delta": cal.delta,
+        "accountant": "analytic Gaussian mechanism; releases on one dataset compose exactly in the ledger",
+        "idealized_numerics": True,
+        "privacy_unit": p.clip.unit.value,
+        "neighboring": p.neighboring.value,
+        "clip_norm": p.clip.clip_norm,
+        "calibration": cal.to_dict(),
+        "sketches": [
             {
-                "mechanism": None,
-                "epsilon": None,
-                "delta": None,
-                "note": "non-private run: no clipping, no noise; NOT PRIVATE",
+                "name": s.name,
+                "shape": list(s.shape),
+                "sensitivity": s.sensitivity,
+                "sigma": s.sigma,
+                "weight": s.weight,
             }
-        )
-        return report
-    report.update(
-        {
-            "mechanism": "Gaussian, one joint mechanism over all released sketches (analytic calibration [BW18])",
-            "epsilon": cal.epsilon,
-            "delta": cal.delta,
-            "accountant": "analytic Gaussian mechanism; releases on one dataset compose exactly in the ledger",
-            "idealized_numerics": True,
-            "insecure_noise_seed": insecure,
-            "privacy_unit": p.clip.unit.value,
-            "neighboring": p.neighboring.value,
-            "clip_norm": p.clip.clip_norm,
-            "calibration": cal.to_dict(),
-            "sketches": [
-                {
-                    "name": s.name,
-                    "shape": list(s.shape),
-                    "sensitivity": s.sensitivity,
-                    "sigma": s.sigma,
-                    "weight": s.weight,
-                }
-                for s in cal.sketches
-            ],
-            # spec 7.3: public pre-flight estimate of the additive error
-            "noise_floor_estimate": max(s.sigma for s in cal.sketches)
-            * (math.sqrt(m) + math.sqrt(n)),
-            "ledger": _ledger_summary(ledger),
-        }
-    )
-    if insecure:
-        report["note"] = _INSECURE_NOTE
-    return report
+            for s in cal.sketches
+        ],
+        # spec 7.3: public pre-flight estimate of the additive error
+        "noise_floor_estimate": max(s.sigma for s in cal.sketches)
+        * (math.sqrt(m) + math.sqrt(n)),
+    }
+
+
+_NON_PRIVATE = {
+    "mechanism": None,
+    "epsilon": None,
+    "delta": None,
+    "note": "non-private run: no clipping, no noise; NOT PRIVATE",
+}
+
+
+def _input_report(info: Any) -> dict[str, Any]:
+    return {
+        "path": info.path,
+        "dtype": info.dtype,
+        "store_chunks": info.store_chunks,
+        "n_chunks": [len(c) for c in info.dask_chunks],
+    }
 
 
 def factorize(
@@ -369,337 +325,167 @@ def factorize(
     >>> f.U.shape, f.S.shape, f.V.shape
     ((60, 3), (3,), (40, 3))
     """
-    from pipeline.io import (
-        FileJournal,
-        check_output_path,
-        default_journal_path,
-        open_input,
-        read_release,
-        write_release,
-    )
-
-    t0 = time.perf_counter()
     params = make_params(
-        rank,
-        epsilon=epsilon,
-        delta=delta,
-        algorithm=algorithm,
-        private=private,
-        sketch_size=sketch_size,
-        core_size=core_size,
-        clip_norm=clip_norm,
-        unit=unit,
-        neighboring=neighboring,
-        padded=padded,
-        operator=operator,
-    )
+        rank, epsilon=epsilon, delta=delta, algorithm=algorithm, private=private,
+        sketch_size=sketch_size, core_size=core_size, clip_norm=clip_norm, unit=unit,
+        neighboring=neighboring, padded=padded, operator=operator,
+    )  # fmt: skip
     if seed is not None:
         seed = check_int_in_range(seed, "seed", 0, 2**128 - 1)
-    if insecure_noise_seed is not None:
-        insecure_noise_seed = check_int_in_range(
-            insecure_noise_seed, "insecure_noise_seed", 0
-        )
+    spec, job = _lrf_release(
+        params, source, seed=seed, out=out, overwrite=overwrite, ledger=ledger,
+        budget=budget, journal=journal, scratch=scratch,
+        insecure_noise_seed=insecure_noise_seed,
+    )  # fmt: skip
+    runtime = Runtime(scheduler=scheduler, cluster_config=cluster_config, progress=progress)
+    return run_release(spec, job, runtime)  # type: ignore[no-any-return]
+
+
+def _insecure_seed(value: int | None) -> int | None:
+    if value is None:
+        return None
+    return check_int_in_range(value, "insecure_noise_seed", 0)
+
+
+def _lrf_release(
+    params: LrfParams, source: Any, *, seed: int | None, **kw: Any
+) -> tuple[ReleaseSpec, _LrfJob]:
+    """The release spec and the algorithm hooks of one factorization."""
+    from pipeline.io import open_input
+
+    insecure = _insecure_seed(kw.pop("insecure_noise_seed"))
+    scratch = kw.pop("scratch")
     array, info = open_input(
         source, unit=params.clip.unit.value if params.private else None
     )
     plan = plan_lrf(params, info.shape)
-    jpath = (
-        os.fspath(journal)
-        if journal is not None
-        else (default_journal_path(out) if out is not None else None)
-    )
-    header: dict[str, Any] = {}
-    jr: FileJournal | None = None
-    if jpath is not None:
-        header = _factorize_header(
-            plan,
-            info,
-            array,
-            seed=seed,
-            insecure_noise_seed=insecure_noise_seed,
-            ledger=_ledger_location(ledger, info.path, plan),
-        )
-        jr = _find_factorize_journal(jpath, header)
-        if jr is not None and out is not None and _published_by(out, jr):
-            # the crash came after the publication: only the journal is left to remove
-            jr.remove()
-            return read_release(out)
-    if out is not None:
-        check_output_path(out, overwrite=overwrite, inputs=(info.path,))
+    contract = None
+    if plan.calibration is not None:
+        contract = PrivacyContract(
+            unit=params.clip.unit, neighboring=params.neighboring,
+            clip_norm=params.clip.clip_norm, epsilon=plan.calibration.epsilon,
+            delta=plan.calibration.delta, accountant=Accountant.ANALYTIC_GAUSSIAN,
+            shape=info.shape, secret_noise=insecure is None,
+            public_operators=seed is not None,
+        )  # fmt: skip
+    spec = ReleaseSpec(
+        kind="factorize", contract=contract, calibration=plan.calibration,
+        parameters=_lrf_parameters(plan), input=InputRef.of(info, array),
+        out=None if kw["out"] is None else os.fspath(kw["out"]),
+        insecure_noise_seed=insecure, sketch_seed=seed, uses_sketch_seed=True,
+        **{k: v for k, v in kw.items() if k != "out"},
+    )  # fmt: skip
     if scratch is not None:
         scratch = _check_scratch(scratch)
-    book = _resolve_ledger(ledger, info.path, budget, plan)
-    release_id = (
-        str(jr.release_id)
-        if jr is not None
-        else str(header.get("release_id") or uuid.uuid4().hex)
-    )
+    return spec, _LrfJob(plan=plan, array=array, info=info, scratch=scratch)
 
-    def already_charged() -> bool:
-        return isinstance(book, Ledger) and any(
-            r["release_id"] == release_id for r in book.releases
-        )
 
-    if jr is not None and jr.charged() is not None and not already_charged():
-        raise StoreLayoutError(
-            f"the journal at {jr.path!r} records a ledger charge for release "
-            f"{release_id} but the ledger {header.get('ledger')!r} does not hold it; the "
-            "ledger was replaced or edited. Restore it before resuming; removing the "
-            "journal abandons the charged release."
-        )
-    if book is not None and plan.calibration is not None and not already_charged():
-        book.check(plan.calibration)  # refused here, before the first read
-    if jr is not None:
-        if jr.sketch_seed is None or (plan.calibration is not None) != (
-            jr.noise_key is not None
-        ):
-            raise StoreLayoutError(
-                f"the journal at {jr.path!r} lacks its sketch seed or noise key; it is "
-                "damaged and the job cannot resume safely."
-            )
-        sketch_seed, noise_key = jr.sketch_seed, jr.noise_key
-        exact = jr.load_sketches()  # None: the crash came before they were committed
-    else:
-        sketch_seed = seed if seed is not None else secrets.randbits(128)
-        noise_key = None
-        if plan.calibration is not None:
-            noise_key = (
-                NoiseKey.insecure_from_seed(insecure_noise_seed)
-                if insecure_noise_seed is not None
-                else NoiseKey.fresh()
-            )
-        exact = None
-    timings: dict[str, float] = {"plan": time.perf_counter() - t0}
+def _lrf_parameters(plan: LrfPlan) -> dict[str, Any]:
+    """The public parameters of a factorization (journal header)."""
+    p = plan.params
+    return {
+        "algorithm": p.algorithm.value,
+        "rank": p.rank,
+        "sketch_size": plan.t,
+        "core_size": plan.v,
+        "transposed": plan.transpose,
+        "private": p.private,
+        "unit": p.clip.unit.value,
+        "clip_norm": p.clip.clip_norm,
+        "neighboring": p.neighboring.value,
+        "padded": p.padded,
+        "delta_jl_fraction": p.delta_jl_fraction,
+        "tile_size": p.tile_size,
+        "operator": plan.operator.value,
+    }
 
-    def journal_sketches(sketches: dict[str, Any], client: Any) -> None:
-        # the exact sketches, the key and the seed are durable before any charge
-        nonlocal jr
-        if jpath is None:
+
+@dataclasses.dataclass(eq=False)
+class _LrfJob:
+    """The hooks of a factorization for :func:`pipeline.release.run_release`."""
+
+    plan: LrfPlan
+    array: Any
+    info: Any
+    scratch: str | None
+    source: Any = None
+    cluster: dict[str, Any] | None = None
+
+    @property
+    def local(self) -> bool:
+        return isinstance(self.array, np.ndarray)
+
+    @contextlib.contextmanager
+    def open_source(
+        self, job: ReleaseJob, client: Any, cluster: dict[str, Any] | None
+    ) -> Iterator[Any]:
+        if self.local:
+            self.source = ArraySource(self.array)
+            yield self.source
             return
-        if jr is None:
-            jr = FileJournal.create(
-                jpath, header, noise_key=noise_key, sketch_seed=sketch_seed
-            )
-        jr.record_sketches(sketches, client=client)
+        from pipeline.execution import DaskSource
 
-    def charge() -> None:
-        timings["pass"] = time.perf_counter() - t0 - timings["plan"]
-        if book is None or plan.calibration is None:
-            return
-        if not already_charged():
-            book.charge(
-                plan.calibration,
-                release_id=release_id,
-                algorithm=params.algorithm.value,
-                details={
-                    "rank": params.rank,
-                    "sketch_size": plan.t,
-                    "core_size": plan.v,
-                    "output": None if out is None else os.fspath(out),
-                    "noise_reproducible_not_private": insecure_noise_seed is not None,
-                },
-            )
-        if jr is not None and jr.charged() is None:
-            jr.mark_charged(str(book.path))
+        tmp = _make_scratch(self.scratch, job.spec.out)
+        self.cluster = {**(cluster or {}), "n_graph_tasks_pass": 0}
+        self.source = DaskSource(
+            self.array, client, progress=job.runtime.progress,
+            reader=self.info.reader, scratch=tmp,
+        )  # fmt: skip
+        try:
+            yield self.source
+        finally:
+            self.source.close()  # the job's sealed secrets leave the cluster
+            if tmp is not None:
+                _remove_scratch(tmp)
 
-    def execute(src: Any, cluster: dict[str, Any] | None, client: Any) -> Factorization:
+    def compute(self, job: ReleaseJob, src: Any) -> Factorization:
+        plan, p = self.plan, self.plan.params
+        exact = None if job.journal is None else job.journal.load_sketches()
+
+        def journal(sketches: dict[str, Any]) -> None:
+            jr = job.durable_journal()  # the exact sketches, key and seed: durable
+            if jr is not None:
+                jr.record_sketches(sketches, client=getattr(src, "client", None))
+
+        details = {"rank": p.rank, "sketch_size": plan.t, "core_size": plan.v}
         result = run_lrf(
-            src,
-            plan,
-            sketch_seed=sketch_seed,
-            noise_key=noise_key,
-            before_noise=charge,
-            input_dtype=array.dtype,
-            exact=exact,
-            after_pass=lambda sketches: journal_sketches(sketches, client),
-        )
-        timings["post"] = (
-            time.perf_counter() - t0 - timings["plan"] - timings.get("pass", 0.0)
-        )
+            src, plan, sketch_seed=job.sketch_seed, noise_key=job.noise_key,
+            before_noise=lambda: job.charge(algorithm=p.algorithm.value, details=details),
+            input_dtype=self.array.dtype, exact=exact, after_pass=journal,
+        )  # fmt: skip
+        job.mark("post")
+        if self.cluster is not None:
+            self.cluster["n_graph_tasks_pass"] = src.n_tasks
         report = build_report(
-            plan,
-            release_id=release_id,
-            insecure=insecure_noise_seed is not None,
-            seed=sketch_seed,
-            info=info,
-            ledger=book,
-            passes=src.n_passes,
-            timings=timings,
-            cluster=cluster,
+            plan, job, info=self.info, passes=src.n_passes, cluster=self.cluster
         )
         report["resumed_from_journal"] = exact is not None
         return Factorization(U=result.U, S=result.S, V=result.V, report=report)
 
-    def finish() -> None:
-        if jr is not None:
-            jr.remove()  # the release is out; the journal held its key and sketches
+    def publish(self, job: ReleaseJob, staged: Factorization, client: Any) -> Any:
+        from pipeline.io import read_release, write_release
 
-    if isinstance(array, np.ndarray):
-        final = execute(ArraySource(array), None, None)
-        final.report["timings_seconds"]["total"] = round(time.perf_counter() - t0, 4)
-        if out is not None:
-            write_release(out, final, overwrite=overwrite)
-        finish()
-        return final
-    from pipeline.execution import DaskSource, cluster_client
-
-    with cluster_client(
-        scheduler, cluster_config=cluster_config, progress=progress
-    ) as (client, cinfo):
-        if progress is not None and cinfo.dashboard:
-            print(
-                f"dask cluster: {cinfo.kind}, {cinfo.n_workers} workers, dashboard {cinfo.dashboard}",
-                file=progress,
-            )
-        if exact is not None and progress is not None:
-            print(
-                "resuming from the journal of an interrupted run: no pass, same noise, "
-                "no new charge",
-                file=progress,
-            )
-        tmp = _make_scratch(scratch, out)
-        dsrc = DaskSource(
-            array, client, progress=progress, reader=info.reader, scratch=tmp
-        )
-        cluster = {
-            "kind": cinfo.kind,
-            "n_workers": cinfo.n_workers,
-            "n_graph_tasks_pass": 0,
-        }
-        try:
-            staged = execute(dsrc, cluster, client)
-            cluster["n_graph_tasks_pass"] = dsrc.n_tasks  # the report holds this dict
-            if out is not None:
-                write_release(out, staged, overwrite=overwrite, client=client)
-                finish()
-                final = read_release(out)
-                final.report["timings_seconds"]["total"] = round(
-                    time.perf_counter() - t0, 4
+        out, total = job.spec.out, job.t0
+        if out is None:
+            job.publish(None)
+            final = Factorization(
+                U=_gather(staged.U, client), S=staged.S, V=_gather(staged.V, client),
+                report=staged.report,
+            )  # fmt: skip
+        else:
+            job.publish(
+                lambda: write_release(
+                    out, staged, overwrite=job.spec.overwrite, client=client
                 )
-                return final
-            U, V = _gather(staged.U, client), _gather(staged.V, client)
-        finally:
-            dsrc.close()  # the job's sealed secrets leave the cluster
-            if tmp is not None:
-                _remove_scratch(tmp)
-        finish()
-        staged.report["timings_seconds"]["total"] = round(time.perf_counter() - t0, 4)
-        return Factorization(U=U, S=staged.S, V=V, report=staged.report)
+            )
+            final = read_release(out)
+        final.report["timings_seconds"]["total"] = round(time.perf_counter() - total, 4)
+        return final
 
+    def read(self, out: str) -> Any:
+        from pipeline.io import read_release
 
-def _factorize_header(
-    plan: LrfPlan,
-    info: Any,
-    array: Any,
-    *,
-    seed: int | None,
-    insecure_noise_seed: int | None,
-    ledger: str | None,
-) -> dict[str, Any]:
-    """The public description of a factorize job that a resumed run must match."""
-    from pipeline.io.journal import array_fingerprint, input_fingerprint
-
-    p = plan.params
-    if info.path is not None:
-        fingerprint = input_fingerprint(info.path)
-    elif isinstance(array, np.ndarray):
-        fingerprint = array_fingerprint(array)
-    else:
-        fingerprint = None  # a dask array: shape, dtype and chunks are all we see
-    return {
-        "kind": "factorize",
-        "parameters": {
-            "algorithm": p.algorithm.value,
-            "rank": p.rank,
-            "sketch_size": plan.t,
-            "core_size": plan.v,
-            "transposed": plan.transpose,
-            "private": p.private,
-            "epsilon": p.epsilon,
-            "delta": p.delta,
-            "unit": p.clip.unit.value,
-            "clip_norm": p.clip.clip_norm,
-            "neighboring": p.neighboring.value,
-            "padded": p.padded,
-            "delta_jl_fraction": p.delta_jl_fraction,
-            "tile_size": p.tile_size,
-            "operator": plan.operator.value,
-            # a one-way tag of a user-chosen seed; a secret seed lives in the journal
-            "seed": None if seed is None else seed_fingerprint(seed),
-            "insecure_noise_seed": insecure_noise_seed,
-        },
-        "shape": [int(x) for x in info.shape],
-        "dtype": str(info.dtype),
-        "chunks": [[int(c) for c in dim] for dim in info.dask_chunks],
-        "input": None if info.path is None else os.path.abspath(info.path),
-        "input_fingerprint": fingerprint,
-        "ledger": ledger,
-        "release_id": uuid.uuid4().hex,
-    }
-
-
-def _ledger_location(ledger: Any, path: str | None, plan: LrfPlan) -> str | None:
-    """Absolute path of the ledger a private run charges (None: no ledger)."""
-    if plan.calibration is None:
-        return None
-    if isinstance(ledger, Ledger):
-        return os.path.abspath(ledger.path)
-    if ledger is not None:
-        return os.path.abspath(os.fspath(ledger))
-    return None if path is None else os.path.abspath(default_ledger_path(path))
-
-
-def _find_factorize_journal(jpath: str, header: dict[str, Any]) -> Any:
-    """The journal of an interrupted run of this very job, or None.
-
-    A journal of any other job or input is refused (never reused, never
-    silently replaced), with what removing it would cost.
-    """
-    from pipeline.io.journal import FileJournal, JournalMismatchError
-
-    try:
-        return FileJournal.find(jpath, header, strict=True)
-    except JournalMismatchError as exc:
-        charged = exc.charged is not None or _in_ledger(exc.ledger, exc.release_id)
-        what = ", ".join(exc.differences)
-        cost = (
-            "that job was already charged to its ledger "
-            f"(release {exc.release_id}): rerun it with its original arguments to "
-            "finish it at no further cost; removing the journal abandons it and its "
-            "charge stays spent"
-            if charged
-            else "nothing was charged or published for that job yet, so removing the "
-            "journal costs no privacy budget (only that job's pass is lost)"
-        )
-        raise StoreLayoutError(
-            f"a journal of another interrupted job exists at {exc.path!r} (different "
-            f"{what}); it is never reused for a different job or input. {cost[0].upper()}"
-            f"{cost[1:]}. To start this job instead, remove the journal (rm -r "
-            f"{exc.path}) or pass --journal (journal=) with another path."
-        ) from None
-
-
-def _in_ledger(ledger: str | None, release_id: str | None) -> bool:
-    if ledger is None or release_id is None or not os.path.exists(ledger):
-        return False
-    try:
-        book = Ledger.open(ledger)
-    except PipelineError:
-        return False
-    return any(r["release_id"] == release_id for r in book.releases)
-
-
-def _published_by(out: str | os.PathLike[str], jr: Any) -> bool:
-    """True if ``out`` holds the release of the journaled job (then it is finished)."""
-    from pipeline.io import read_group
-
-    if not os.path.isdir(out):
-        return False
-    try:
-        _, report = read_group(out, ())
-    except (PipelineError, OSError):
-        return False
-    return report.get("release_id") == jr.release_id
+        return read_release(out)
 
 
 def _gather(x: Any, client: Any) -> np.ndarray:
@@ -756,81 +542,6 @@ def _remove_scratch(path: str) -> None:
             return
 
 
-def _resolve_ledger(
-    ledger: Any, path: str | None, budget: tuple[float, float] | None, plan: LrfPlan
-) -> Ledger | _NewLedger | None:
-    """The dataset's ledger, or the declaration of a new one (created at charge time)."""
-    if plan.calibration is None:
-        return None  # non-private runs are not accounted (and say NOT PRIVATE)
-    if isinstance(ledger, Ledger):
-        return ledger
-    where = (
-        ledger
-        if ledger is not None
-        else (default_ledger_path(path) if path is not None else None)
-    )
-    if where is None:
-        return None
-    if os.path.exists(where):
-        book = Ledger.open(where)
-        if budget is not None and tuple(map(float, budget)) != tuple(book.budget):
-            raise PrivacyConfigError(
-                f"the ledger at {os.fspath(where)!r} already declares the lifetime budget "
-                f"(epsilon={book.budget[0]:g}, delta={book.budget[1]:g}); a budget is declared "
-                "once and never changed: drop --budget-epsilon/--budget-delta."
-            )
-        return book
-    if budget is None:
-        raise PrivacyConfigError(
-            f"no privacy ledger at {os.fspath(where)!r}; declare the dataset's lifetime budget "
-            "with --budget-epsilon/--budget-delta (budget=(epsilon, delta)) or `dplr budget init`."
-        )
-    beps, bdelta = check_privacy_pair(*budget)
-    if not os.path.isdir(os.path.dirname(os.path.abspath(where))):
-        raise PrivacyConfigError(
-            f"the directory of the ledger {os.fspath(where)!r} does not exist."
-        )
-    name = os.path.basename(os.path.normpath(path)) if path else "in-memory"
-    return _NewLedger(path=os.fspath(where), dataset=name, epsilon=beps, delta=bdelta)
-
-
-class _NewLedger:
-    """A declared budget whose ledger file is written only with the first charge.
-
-    A job that fails on bad input (NaN in a chunk, an unreachable scheduler) then
-    leaves nothing behind.
-    """
-
-    def __init__(
-        self, *, path: str, dataset: str, epsilon: float, delta: float
-    ) -> None:
-        self.path, self.dataset, self.epsilon, self.delta = (
-            path,
-            dataset,
-            epsilon,
-            delta,
-        )
-        self.ledger: Ledger | None = None
-
-    def check(self, calibration: Any) -> None:
-        Ledger.check_against_budget(calibration, epsilon=self.epsilon, delta=self.delta)
-
-    def charge(self, calibration: Any, **kw: Any) -> dict[str, Any]:
-        from pipeline.errors import StoreLayoutError
-
-        try:
-            self.ledger = Ledger.create(
-                self.path, dataset=self.dataset, epsilon=self.epsilon, delta=self.delta
-            )
-        except StoreLayoutError:
-            if not os.path.exists(self.path):
-                raise
-            self.ledger = Ledger.open(self.path)  # another job created it meanwhile
-        return self.ledger.charge(calibration, **kw)
-
-    def remaining_summary(self) -> dict[str, Any]:
-        assert self.ledger is not None, "summary of a ledger before its first charge"
-        return self.ledger.remaining_summary()
 
 
 # ---------------------------------------------------------------------------
@@ -960,273 +671,237 @@ def pca(
     >>> r.components.shape
     (8, 2)
     """
-    from pipeline.algorithms.power_pca import (
-        ArrayRowSource,
-        MemoryJournal,
-        PcaParams,
-        default_selection_grids,
-        plan_pca,
-        run_pca,
-        run_selection,
-    )
-    from pipeline.io import (
-        FileJournal,
-        PendingJournal,
-        check_output_path,
-        default_journal_path,
-        input_fingerprint,
-        open_input,
-        write_group,
-    )
+    from pipeline.algorithms.power_pca import PcaParams
 
-    t0 = time.perf_counter()
     if not isinstance(private, bool):
         raise InvalidParameterError(
             f"private must be True or False, got private={private!r}."
         )
     params = PcaParams(
-        rank=rank,
-        epsilon=epsilon,
-        delta=delta,
-        method=method,
-        iterations=iterations,
-        clip_radius=clip_radius,
-        accounting=accounting,
-        sensitivity=sensitivity,
-        init_fraction=init_fraction,
-        h_fraction=h_fraction,
-        beta=beta,
-        gamma_scale=gamma_scale,
-        row_norm_bound=row_norm_bound,
-        route=route,
+        rank=rank, epsilon=epsilon, delta=delta, method=method, iterations=iterations,
+        clip_radius=clip_radius, accounting=accounting, sensitivity=sensitivity,
+        init_fraction=init_fraction, h_fraction=h_fraction, beta=beta,
+        gamma_scale=gamma_scale, row_norm_bound=row_norm_bound, route=route,
         private=private,
+    )  # fmt: skip
+    selection = _check_selection(
+        params, select, radius_grid, iterations_grid, expected_trials
     )
-    if insecure_noise_seed is not None:
-        insecure_noise_seed = check_int_in_range(
-            insecure_noise_seed, "insecure_noise_seed", 0
-        )
+    spec, job = _pca_release(
+        params, source, selection, out=out, overwrite=overwrite, ledger=ledger,
+        budget=budget, journal=journal,
+        insecure_noise_seed=_insecure_seed(insecure_noise_seed),
+    )  # fmt: skip
+    runtime = Runtime(scheduler=scheduler, cluster_config=cluster_config, progress=progress)
+    return run_release(spec, job, runtime)  # type: ignore[no-any-return]
+
+
+def _check_selection(
+    params: Any,
+    select: bool,
+    radius_grid: Sequence[float] | None,
+    iterations_grid: Sequence[int] | None,
+    expected_trials: float | None,
+) -> dict[str, Any] | None:
+    """The selection's public grids (None: a fixed run); refuses a bad mix."""
     if not isinstance(select, bool):
         raise InvalidParameterError(
             f"select must be True or False, got select={select!r}."
         )
-    if select and (
-        iterations is not None
-        or clip_radius is not None
-        or not private
-        or method != "power"
-    ):
+    fixed = params.iterations is not None or params.clip_radius is not None
+    if select and (fixed or not params.private or params.method != "power"):
         raise InvalidParameterError(
             "select=True chooses the clip radius and the number of iterations privately; "
             "do not pass iterations or clip_radius, and use method='power' with private=True."
         )
-    if not select and (
-        radius_grid is not None
-        or iterations_grid is not None
-        or expected_trials is not None
-    ):
-        raise InvalidParameterError(
-            "radius_grid, iterations_grid and expected_trials apply to select=True only."
-        )
-    array, info = open_input(source, unit=None, band_bytes=PCA_BAND_BYTES)
-    if select:
-        from pipeline.accounting.pca import calibrate_selection
+    grids = (radius_grid, iterations_grid, expected_trials)
+    if not select:
+        if any(g is not None for g in grids):
+            raise InvalidParameterError(
+                "radius_grid, iterations_grid and expected_trials apply to select=True only."
+            )
+        return None
+    return {"radii": radius_grid, "iterations": iterations_grid, "expected": expected_trials}
 
-        # validated as a fixed run first (rank, budget, route, bounds), then calibrated
-        plan = plan_pca(
-            dataclasses.replace(params, iterations=1, clip_radius=1.0), info.shape
-        )
-        radii, grid = default_selection_grids(info.shape[0], params.rank)
-        radii = tuple(radius_grid) if radius_grid is not None else radii
-        grid = tuple(iterations_grid) if iterations_grid is not None else grid
-        sel_cal = calibrate_selection(
-            epsilon=params.epsilon,
-            delta=params.delta,
-            rank=params.rank,
-            n_rows=info.shape[0],
-            n_features=info.shape[1],
-            radii=radii,
-            iteration_grid=grid,
-            beta=params.beta,
-            expected_trials=(
-                expected_trials
-                if expected_trials is not None
-                else 4.0 * len(radii) * len(grid)
-            ),
-            sensitivity=params.sensitivity,
-            gamma_scale=params.gamma_scale,
-        )
-        plan = dataclasses.replace(plan, calibration=sel_cal, n_passes=-1)
-    else:
-        plan = plan_pca(params, info.shape)
-    if out is not None:
-        check_output_path(out, overwrite=overwrite, inputs=(info.path,))
-    book = _resolve_ledger(ledger, info.path, budget, plan)  # type: ignore[arg-type]
-    cal = plan.calibration
-    new_key = None
+
+def _pca_plan(params: Any, shape: tuple[int, int], selection: dict[str, Any] | None) -> Any:
+    """The plan of a fixed run, or of a selection with its RDP calibration."""
+    from pipeline.accounting.pca import calibrate_selection
+    from pipeline.algorithms.power_pca import default_selection_grids, plan_pca
+
+    if selection is None:
+        return plan_pca(params, shape)
+    # validated as a fixed run first (rank, budget, route, bounds), then calibrated
+    plan = plan_pca(dataclasses.replace(params, iterations=1, clip_radius=1.0), shape)
+    radii, grid = default_selection_grids(shape[0], params.rank)
+    radii = tuple(selection["radii"]) if selection["radii"] is not None else radii
+    grid = tuple(selection["iterations"]) if selection["iterations"] is not None else grid
+    expected = selection["expected"]
+    cal = calibrate_selection(
+        epsilon=params.epsilon, delta=params.delta, rank=params.rank,
+        n_rows=shape[0], n_features=shape[1], radii=radii, iteration_grid=grid,
+        beta=params.beta,
+        expected_trials=expected if expected is not None else 4.0 * len(radii) * len(grid),
+        sensitivity=params.sensitivity, gamma_scale=params.gamma_scale,
+    )  # fmt: skip
+    return dataclasses.replace(plan, calibration=cal, n_passes=-1)
+
+
+def _pca_release(
+    params: Any, source: Any, selection: dict[str, Any] | None, **kw: Any
+) -> tuple[ReleaseSpec, _PcaJob]:
+    """The release spec and the algorithm hooks of one PCA."""
+    from pipeline.io import open_input
+
+    array, info = open_input(source, unit=None, band_bytes=PCA_BAND_BYTES)
+    plan = _pca_plan(params, info.shape, selection)
+    cal, select = plan.calibration, selection is not None
+    contract = None
     if cal is not None:
-        new_key = (
-            NoiseKey.insecure_from_seed(insecure_noise_seed)
-            if insecure_noise_seed is not None
-            else NoiseKey.fresh()
-        )
-    jpath = (
-        journal
-        if journal is not None
-        else (default_journal_path(out) if out is not None else None)
-    )
-    header = {
-        "kind": "pca-select" if select else "pca",
-        "grids": None
-        if not select
-        else {
+        contract = PrivacyContract(
+            unit=PrivacyUnit.ROW, neighboring=Neighboring.REPLACE,
+            clip_norm=params.row_norm_bound, epsilon=cal.epsilon, delta=cal.delta,
+            accountant=Accountant.RDP if select else Accountant(params.accounting),
+            shape=info.shape, secret_noise=kw["insecure_noise_seed"] is None,
+        )  # fmt: skip
+    parameters = dataclasses.asdict(params)
+    if select:
+        parameters["grids"] = {
             "radii": list(cal.radii),
             "iterations": list(cal.iteration_grid),
             "expected_trials": cal.expected_trials,
-        },
-        "parameters": {k: v for k, v in dataclasses.asdict(params).items()},
-        "shape": list(info.shape),
-        "input": info.path,
-        "input_fingerprint": input_fingerprint(info.path),
-        "release_id": uuid.uuid4().hex,
-    }
-    jr: Any = None
-    if jpath is not None:
-        jr = FileJournal.find(jpath, header)  # an interrupted run of this job?
-    if jr is not None:
-        noise_key, release_id = jr.noise_key, str(jr.release_id)
-    else:
-        noise_key, release_id = new_key, header["release_id"]
-        # written only just before the first noise draw: a refused job leaves no key
-        jr = (
-            PendingJournal(jpath, header, noise_key)
-            if jpath is not None
-            else MemoryJournal()
-        )
+        }
+    spec = ReleaseSpec(
+        kind="pca-select" if select else "pca", contract=contract, calibration=cal,
+        parameters=parameters, input=InputRef.of(info, array),
+        **{**kw, "out": None if kw["out"] is None else os.fspath(kw["out"])},
+    )  # fmt: skip
+    return spec, _PcaJob(plan=plan, array=array, info=info, select=select)
 
-    def already_charged() -> bool:
-        return isinstance(book, Ledger) and any(
-            r["release_id"] == release_id for r in book.releases
-        )
 
-    if book is not None and cal is not None:
-        if isinstance(book, Ledger):
-            book.reload()
-        if not already_charged():
-            book.check(cal)  # refused here, before the first read
-    timings: dict[str, float] = {"plan": time.perf_counter() - t0}
+@dataclasses.dataclass(eq=False)
+class _PcaJob:
+    """The hooks of a PCA release for :func:`pipeline.release.run_release`."""
 
-    def charge() -> None:
-        if isinstance(jr, PendingJournal):
-            jr.ensure()  # the key is on disk before the ledger charge and any noise
-        if book is None or cal is None or already_charged():
+    plan: Any
+    array: Any
+    info: Any
+    select: bool
+    cluster: dict[str, Any] | None = None
+    source: Any = None
+
+    @property
+    def local(self) -> bool:
+        return isinstance(self.array, np.ndarray)
+
+    @contextlib.contextmanager
+    def open_source(
+        self, job: ReleaseJob, client: Any, cluster: dict[str, Any] | None
+    ) -> Iterator[Any]:
+        from pipeline.algorithms.power_pca import ArrayRowSource
+
+        p = self.plan.params
+        if self.local:
+            self.source = ArrayRowSource(
+                self.array, row_norm_bound=p.row_norm_bound, clip=p.private
+            )
+            yield self.source
             return
-        book.charge(
-            cal,
-            release_id=release_id,
-            algorithm="pca-select" if select else f"pca-{params.method}",
-            details={
-                "rank": params.rank,
-                "iterations": None if select else plan.iterations,
-                "clip_radius": None if select else cal.clip_radius,
-                "output": None if out is None else os.fspath(out),
-                "noise_reproducible_not_private": insecure_noise_seed is not None,
-            },
-        )
+        from pipeline.execution.pca import DaskRowSource
 
-    def say(msg: str) -> None:
-        if progress is not None:
-            print(msg, file=progress, flush=True)
+        self.source = DaskRowSource(
+            self.array, client, row_norm_bound=p.row_norm_bound, clip=p.private,
+            # a selection's passes would reveal the number of trials (spec 3.5)
+            progress=None if self.select else job.runtime.progress,
+        )  # fmt: skip
+        self.cluster = {**(cluster or {}), "n_row_bands": self.source.n_bands}
+        yield self.source
 
-    def execute(src: Any, cluster: dict[str, Any] | None) -> PcaRelease:
-        if select:
-            result: Any = run_selection(
-                src,
-                cal,
-                noise_key=noise_key,
-                journal=jr,
-                before_first_release=charge,
-                on_step=say,
+    def compute(self, job: ReleaseJob, src: Any) -> PcaRelease:
+        from pipeline.algorithms.power_pca import run_pca, run_selection
+
+        p, cal = self.plan.params, self.plan.calibration
+        details = {
+            "rank": p.rank,
+            "iterations": None if self.select else self.plan.iterations,
+            "clip_radius": None if self.select else getattr(cal, "clip_radius", None),
+        }
+        kw: dict[str, Any] = {
+            "noise_key": job.noise_key,
+            "journal": _JobJournal(job),
+            "before_first_release": lambda: job.charge(
+                algorithm="pca-select" if self.select else f"pca-{p.method}",
+                details=details,
+            ),
+        }
+        if self.select:
+            job.runtime.say(
+                "private selection of (R, T): running; its progress is withheld (it "
+                "would reveal the number of trials)"
             )
+            result: Any = run_selection(src, cal, **kw)
         else:
-            result = run_pca(
-                src,
-                plan,
-                noise_key=noise_key,
-                journal=jr,
-                before_first_release=charge,
-                on_step=say,
-            )
-        timings["run"] = time.perf_counter() - t0 - timings["plan"]
-        report = build_pca_report(
-            plan,
-            result,
-            release_id=release_id,
-            insecure=insecure_noise_seed is not None,
-            info=info,
-            ledger=book,
-            timings=timings,
-            cluster=cluster,
-        )
+            result = run_pca(src, self.plan, on_step=job.runtime.say, **kw)
+        job.mark("run")
+        if self.cluster is not None and not self.select:
+            self.cluster["n_graph_tasks"] = src.n_tasks
+        report = build_pca_report(self.plan, result, job, info=self.info, cluster=self.cluster)
         return PcaRelease(
             components=result.components, eigenvalues=result.eigenvalues, report=report
         )
 
-    def publish(rel: PcaRelease) -> PcaRelease:
-        rel.report["timings_seconds"]["total"] = round(time.perf_counter() - t0, 4)
-        if out is not None:
-            write_group(
-                out,
-                {"components": rel.components, "eigenvalues": rel.eigenvalues},
-                rel.report,
-                overwrite=overwrite,
-            )
-        if isinstance(jr, (FileJournal, PendingJournal)):
-            jr.remove()  # it holds the noise key; the release is out
+    def publish(self, job: ReleaseJob, rel: PcaRelease, client: Any) -> PcaRelease:
+        from pipeline.io import write_group
+
+        if not self.select:  # the time of a selection would reveal its trials
+            rel.report["timings_seconds"]["total"] = round(time.perf_counter() - job.t0, 4)
+        out = job.spec.out
+        arrays = {"components": rel.components, "eigenvalues": rel.eigenvalues}
+        job.publish(
+            None
+            if out is None
+            else lambda: write_group(out, arrays, rel.report, overwrite=job.spec.overwrite)
+        )
         return rel
 
-    if isinstance(array, np.ndarray):
-        src = ArrayRowSource(
-            array, row_norm_bound=plan.params.row_norm_bound, clip=params.private
-        )
-        return publish(execute(src, None))
-    from pipeline.execution import cluster_client
-    from pipeline.execution.pca import DaskRowSource
+    def read(self, out: str) -> PcaRelease:
+        from pipeline.io import read_group
 
-    with cluster_client(
-        scheduler, cluster_config=cluster_config, progress=progress
-    ) as (client, cinfo):
-        if progress is not None and cinfo.dashboard:
-            print(
-                f"dask cluster: {cinfo.kind}, {cinfo.n_workers} workers, dashboard {cinfo.dashboard}",
-                file=progress,
-            )
-        dsrc = DaskRowSource(
-            array,
-            client,
-            row_norm_bound=plan.params.row_norm_bound,
-            clip=params.private,
-            progress=progress,
-        )
-        cluster = {
-            "kind": cinfo.kind,
-            "n_workers": cinfo.n_workers,
-            "n_row_bands": dsrc.n_bands,
-        }
-        rel = execute(dsrc, cluster)
-        if not select:  # in selection mode the task count would reveal N
-            cluster["n_graph_tasks"] = dsrc.n_tasks
-        return publish(rel)
+        arrays, report = read_group(out, ("components", "eigenvalues"))
+        return PcaRelease(
+            components=arrays["components"], eigenvalues=arrays["eigenvalues"],
+            report=report,
+        )  # fmt: skip
+
+
+class _JobJournal:
+    """The job's journal as a per-label release journal (written at the charge)."""
+
+    def __init__(self, job: ReleaseJob) -> None:
+        self.job = job
+        self.memory: dict[str, np.ndarray] = {}
+
+    def load(self, label: str) -> np.ndarray | None:
+        jr = self.job.journal
+        if jr is not None:
+            return jr.load(label)  # type: ignore[no-any-return]
+        v = self.memory.get(label)
+        return None if v is None else v.copy()
+
+    def record(self, label: str, value: np.ndarray) -> None:
+        jr = self.job.durable_journal()
+        if jr is not None:
+            jr.record(label, value)
+        else:
+            self.memory[label] = np.array(value, copy=True)
 
 
 def build_pca_report(
     plan: Any,
     result: Any,
+    job: ReleaseJob,
     *,
-    release_id: str,
-    insecure: bool,
     info: Any,
-    ledger: Any,
-    timings: dict[str, float],
     cluster: dict[str, Any] | None,
 ) -> dict[str, Any]:
     """The privacy report and run metadata of a PCA release (public values only)."""
@@ -1235,9 +910,7 @@ def build_pca_report(
     selected = hasattr(result, "gap")
     report: dict[str, Any] = {
         "format": "dplr-pca-release/1",
-        "release_id": release_id,
-        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "private": cal is not None and not insecure,
+        **job.report_core(),
         "algorithm": f"pca-{p.method}",
         "rank": p.rank,
         "shape": [n, d],
@@ -1262,7 +935,6 @@ def build_pca_report(
         "releases": list(result.releases),
         "resumed_releases": list(result.resumed),
         "selection": None,
-        "timings_seconds": {k: round(v, 4) for k, v in timings.items()},
         "input": {
             "path": info.path,
             "dtype": info.dtype,
@@ -1273,15 +945,7 @@ def build_pca_report(
         "versions": package_versions(),
     }
     if cal is None:
-        report.update(
-            {
-                "mechanism": None,
-                "epsilon": None,
-                "delta": None,
-                "note": "non-private run: no clipping, no noise; NOT PRIVATE",
-            }
-        )
-        return report
+        return report | _NON_PRIVATE
     if selected:
         # Only the winner is public: the number of trials N (and anything that
         # reveals it -- passes, release labels, task counts) stays in the trusted
@@ -1300,6 +964,8 @@ def build_pca_report(
         )
         report.update(
             {
+                # the run's time, like its passes, would reveal the number of trials
+                "timings_seconds": {},
                 "n_passes": None,
                 "n_passes_planned": None,
                 "releases": None,
@@ -1318,14 +984,10 @@ def build_pca_report(
                 "accountant": "rdp (dp_accounting RepeatAndSelectDpEvent), capped number of trials",
                 "neighboring": "replace one row (rows clipped to norm 1)",
                 "idealized_numerics": True,
-                "insecure_noise_seed": insecure,
                 "calibration": cal.to_dict(),
                 "mechanisms": [],
-                "ledger": _ledger_summary(ledger),
             }
         )
-        if insecure:
-            report["note"] = _INSECURE_NOTE
         return report
     cd = cal.to_dict()
     report.update(
@@ -1337,12 +999,9 @@ def build_pca_report(
             "accountant": p.accounting,
             "neighboring": "replace one row (rows clipped to norm 1)",
             "idealized_numerics": True,
-            "insecure_noise_seed": insecure,
             "calibration": cd,
             "mechanisms": cd.get("mechanisms"),
-            "ledger": _ledger_summary(ledger),
         }
     )
-    if insecure:
-        report["note"] = _INSECURE_NOTE
     return report
+

@@ -32,11 +32,13 @@ References
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import inspect
 import math
 import os
 import sys
-import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -54,6 +56,7 @@ from pipeline._validation import (
     check_privacy_pair,
 )
 from pipeline.accounting.calibration import ReleaseCalibration, SketchNoise
+from pipeline.accounting.contract import Accountant, PrivacyContract
 from pipeline.accounting.gaussian import (
     gaussian_delta,
     gaussian_epsilon,
@@ -68,13 +71,14 @@ from pipeline.algorithms.power_pca import (
 )
 from pipeline.api import (
     PCA_BAND_BYTES,
-    _resolve_ledger,
+    _JobJournal,
+    _PcaJob,
     factorize,
     make_params,
     pca,
 )
 from pipeline.errors import InvalidParameterError, PrivacyConfigError
-from pipeline.mechanisms.noise import NoiseKey
+from pipeline.release import InputRef, ReleaseJob, ReleaseSpec, Runtime, run_release
 
 __all__ = ["DPPCA", "DPLowRank"]
 
@@ -680,20 +684,52 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
 
         array, info = open_input(X, unit=None, band_bytes=PCA_BAND_BYTES)
         shape = (int(info.shape[0]), int(info.shape[1]))
-        # public values only: refused here (bad split, over budget) before any read
-        plan = self._centred_plan(kw, shape) if kw["private"] else None
+        extra: dict[str, Any] = {"path": info.path, "n": shape[0], "plan": None}
+        if not isinstance(array, np.ndarray) and array.numblocks[1] > 1:
+            array = array.rechunk({1: -1})  # a row's norm needs all its columns
+        if not kw["private"]:
+            return self._fit_centred_exactly(array, kw, extra)
+        # public values only: refused by the job (bad split, over budget) before any read
+        plan = extra["plan"] = self._centred_plan(kw, shape)
+        contract = PrivacyContract(
+            unit="row", neighboring="replace", clip_norm=float(self.row_norm_bound),
+            epsilon=plan["epsilon"], delta=plan["delta"], accountant=Accountant.GDP,
+            shape=shape, secret_noise=kw["insecure_noise_seed"] is None,
+        )  # fmt: skip
+        params = dataclasses.asdict(plan["pca_plan"].params)
+        spec = ReleaseSpec(
+            kind="pca-centred", contract=contract,
+            calibration=plan["joint_calibration"],
+            parameters={**params, "mean_fraction": float(self.mean_fraction),
+                        "row_norm_bound": float(self.row_norm_bound)},
+            input=InputRef.of(info, array), ledger=kw["ledger"], budget=kw["budget"],
+            insecure_noise_seed=kw["insecure_noise_seed"],
+        )  # fmt: skip
+        job = _CentredPca(self, array=array, info=info, plan=plan)
+        rel = run_release(spec, job, Runtime(scheduler=kw["scheduler"]))
+        extra["mean_release_id"] = rel.report["release_id"]
+        assert job.mean is not None
+        return rel, job.mean * float(self.row_norm_bound), extra
+
+    def _fit_centred_exactly(
+        self, array: Any, kw: dict[str, Any], extra: dict[str, Any]
+    ) -> tuple[Any, FloatArray, dict[str, Any]]:
+        """The non-private baseline: the exact mean of the raw rows."""
+        C, n = float(self.row_norm_bound), extra["n"]
         if isinstance(array, np.ndarray):
-            return self._centre_and_run(array, None, kw, plan, info.path, shape)
+            mean = _row_total(array, None, C, clip=False).value / n
+            centred = self._centred_rows(array, mean, C, clip=False)
+            return pca(centred, int(self.n_components), **kw), mean, extra
         from pipeline.execution import cluster_client
 
-        if array.numblocks[1] > 1:
-            array = array.rechunk({1: -1})  # a row's norm needs all its columns
         with cluster_client(kw["scheduler"]) as (client, cinfo):
             run_kw = dict(kw)
             if cinfo.kind == "local":
                 # the embedded cluster is not the default client: point pca at it
                 run_kw["scheduler"] = client.scheduler.address
-            return self._centre_and_run(array, client, run_kw, plan, info.path, shape)
+            mean = _row_total(array, client, C, clip=False).value / n
+            centred = self._centred_rows(array, mean, C, clip=False)
+            return pca(centred, int(self.n_components), **run_kw), mean, extra
 
     def _centred_plan(
         self, kw: dict[str, Any], shape: tuple[int, int]
@@ -748,69 +784,6 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
             "joint_calibration": joint_cal,
         }
 
-    def _centre_and_run(
-        self,
-        array: Any,
-        client: Any,
-        kw: dict[str, Any],
-        plan: dict[str, Any] | None,
-        path: str | None,
-        shape: tuple[int, int],
-    ) -> tuple[Any, FloatArray, dict[str, Any]]:
-        """Release the mean, centre the rows with it and run the PCA on them.
-
-        Notes
-        -----
-        Privacy. The exact sum of the clipped rows stays a :class:`Secret`:
-        only ``sum + N(0, sigma_m^2 I)`` is used afterwards (L2 sensitivity 2
-        under replacement of a row of norm <= 1), and the ledger is charged
-        for it before the noise is drawn. The centring map uses that released
-        mean only, so it is the same per-row map for neighbouring datasets and
-        the PCA's guarantee holds for the centred, re-clipped rows; the two
-        Gaussian releases compose to ``sqrt(mu_m^2 + mu_pca^2)``-GDP
-        [DRS22, Cor. 3.3].
-        """
-        n = shape[0]
-        C = float(self.row_norm_bound)
-        k = int(self.n_components)
-        run_kw = dict(kw)
-        extra: dict[str, Any] = {"path": path, "n": n, "plan": plan}
-        if plan is None:
-            # non-private baseline: the exact mean of the raw rows
-            mean = _row_total(array, client, C, clip=False).value / n
-            centred = self._centred_rows(array, mean, C, clip=False)
-            return pca(centred, k, **run_kw), mean, extra
-        book = _resolve_ledger(kw["ledger"], path, kw["budget"], plan["pca_plan"])
-        if book is not None:
-            # refused here, before the first read: the PCA alone, and both releases
-            book.check(plan["pca_plan"].calibration)
-            book.check(plan["joint_calibration"])
-        seed = kw["insecure_noise_seed"]
-        key = NoiseKey.fresh() if seed is None else NoiseKey.insecure_from_seed(seed)
-        total = _row_total(array, client, C, clip=True)
-        extra["mean_release_id"] = uuid.uuid4().hex if book is not None else None
-        if book is not None:
-            book.charge(
-                plan["mean_calibration"],
-                release_id=extra["mean_release_id"],
-                algorithm="pca-dp-mean",
-                details={
-                    "mean_fraction": float(self.mean_fraction),
-                    "sigma": plan["sigma_mean"],
-                    "noise_reproducible_not_private": seed is not None,
-                },
-            )
-            run_kw["ledger"] = getattr(
-                book, "ledger", book
-            )  # a declared one now exists
-        # spec power-pca D8: the released sum divided by the public n
-        mean_scaled = release_mean(total, n, plan["sigma_mean"], key)
-        del total
-        centred = self._centred_rows(array, mean_scaled, C, clip=True)
-        run_kw["epsilon"] = plan["epsilon_pca"]
-        run_kw["row_norm_bound"] = 1.0  # rows are already scaled; re-clip to 1
-        return pca(centred, k, **run_kw), mean_scaled * C, extra
-
     @staticmethod
     def _centred_rows(array: Any, mean: FloatArray, C: float, *, clip: bool) -> Any:
         if isinstance(array, np.ndarray):
@@ -852,6 +825,74 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
             X = np.asarray(X, dtype=np.float64)
         out = X @ self.components_
         return out if self.mean_ is None else out + self.mean_
+
+
+class _CentredPca:
+    """A centred DPPCA fit as one release: the DP mean, then the PCA of the centred rows.
+
+    One release id, one charge (the two Gaussian releases composed exactly,
+    ``sqrt(mu_m^2 + mu_pca^2)``-GDP [DRS22, Cor. 3.3]), one journal: a retry
+    of a failed fit reuses the journaled mean and PCA releases, the same noise,
+    and is not charged again.
+
+    Notes
+    -----
+    Privacy. The exact sum of the clipped rows stays a :class:`Secret`: only
+    ``sum + N(0, sigma_m^2 I)`` is used afterwards (L2 sensitivity 2 under
+    replacement of a row of norm <= 1). The centring map uses that released
+    mean only, so it is the same per-row map for neighbouring datasets and the
+    PCA's guarantee holds for the centred, re-clipped rows.
+    """
+
+    def __init__(
+        self, est: DPPCA, *, array: Any, info: Any, plan: dict[str, Any]
+    ) -> None:
+        self.est, self.array, self.info, self.plan = est, array, info, plan
+        self.local = isinstance(array, np.ndarray)
+        self.client: Any = None
+        self.cluster: dict[str, Any] | None = None
+        self.mean: FloatArray | None = None
+
+    @contextlib.contextmanager
+    def open_source(
+        self, job: ReleaseJob, client: Any, cluster: dict[str, Any] | None
+    ) -> Iterator[None]:
+        self.client, self.cluster = client, cluster
+        yield None
+
+    def _released_mean(self, job: ReleaseJob, journal: _JobJournal) -> FloatArray:
+        old = journal.load("dp-mean")
+        if old is not None:
+            return old[0]
+        C, n = float(self.est.row_norm_bound), int(self.info.shape[0])
+        total = _row_total(self.array, self.client, C, clip=True)
+        job.charge(
+            algorithm="pca-centred",
+            details={"mean_fraction": float(self.est.mean_fraction),
+                     "sigma_mean": self.plan["sigma_mean"]},
+        )  # fmt: skip
+        # spec power-pca D8: the released sum divided by the public n
+        mean = release_mean(total, n, self.plan["sigma_mean"], job.noise_key)
+        journal.record("dp-mean", mean[None, :])
+        return mean
+
+    def compute(self, job: ReleaseJob, _: None) -> Any:
+        journal = _JobJournal(job)
+        self.mean = self._released_mean(job, journal)
+        C = float(self.est.row_norm_bound)
+        centred = self.est._centred_rows(self.array, self.mean, C, clip=True)
+        pca_job = _PcaJob(
+            plan=self.plan["pca_plan"], array=centred, info=self.info, select=False
+        )
+        with pca_job.open_source(job, self.client, self.cluster) as src:
+            return pca_job.compute(job, src)  # charged already: no second charge
+
+    def publish(self, job: ReleaseJob, rel: Any, client: Any) -> Any:
+        job.publish(None)
+        return rel
+
+    def read(self, out: str) -> Any:  # pragma: no cover - a fit publishes nothing
+        raise AssertionError("a DPPCA fit has no output to read")
 
 
 def _centring_report(report: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

@@ -226,11 +226,12 @@ def test_centring_budget_split_is_exact(X: np.ndarray, tmp_path: Any) -> None:
     assert gaussian_delta(1.0 / rep["mu_total"], eps) >= delta * (1 - 1e-6)
     assert rep["centring"]["mu"] <= np.sqrt(0.1) * rep["mu_total"] * (1 + 1e-12)
     records = json.loads(ledger.read_text())["releases"]
-    assert [r["algorithm"] for r in records] == ["pca-dp-mean", "pca-analyze-gauss"]
+    # one release: the mean and the PCA composed exactly, charged once
+    assert [r["algorithm"] for r in records] == ["pca-centred"]
     # the ledger sees the whole budget spent: a second fit is refused before a read
     with pytest.raises(BudgetExceededError):
         clone(est).fit(X)
-    assert len(json.loads(ledger.read_text())["releases"]) == 2
+    assert len(json.loads(ledger.read_text())["releases"]) == 1
 
 
 def test_centring_releases_a_noisy_clipped_mean(rng: np.random.Generator) -> None:

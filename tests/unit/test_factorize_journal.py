@@ -397,8 +397,8 @@ def _snapshot(root: Path) -> dict[str, bytes]:
     [
         ({"rank": RANK + 1}, "parameters"),
         ({"algorithm": "low-space"}, "parameters"),
-        ({"insecure_noise_seed": NOISE_SEED + 1}, "parameters"),
-        ({"seed": SKETCH_SEED + 1}, "parameters"),
+        ({"insecure_noise_seed": NOISE_SEED + 1}, "insecure_noise_seed"),
+        ({"seed": SKETCH_SEED + 1}, "sketch_seed"),
         ({"data": "other"}, "input_fingerprint"),
     ],
 )

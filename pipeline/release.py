@@ -1,0 +1,609 @@
+"""The one release job: every private release goes through these steps, in this order.
+
+::
+
+    plan -> refuse (output, budget, contract vs ledger) -> resume? -> passes
+         -> journal the exact statistics -> charge the ledger once (by release id)
+         -> noise -> post-process -> publish atomically -> clean up
+
+An algorithm (factorize, PCA with or without selection, the estimators' DP
+mean) supplies a :class:`ReleaseSpec` -- its plan, its privacy contract and
+its public parameters -- and a :class:`ReleaseAlgorithm`: how to compute its
+statistics from a source, how to post-process and write them. Everything
+around the arithmetic is written here once:
+
+* the journal header is derived from the *whole* spec (contract, parameters,
+  input, ledger, the noise kind), so a resume can never change any of them;
+* the ledger is resolved, the contract checked against it and the budget
+  checked **before the first read**; a journal that records a charge the
+  ledger lacks is refused;
+* the noise key is fresh (secret) or public (test only, ``NOT PRIVATE``), and
+  on a resume it is the journal's, so no noise is ever drawn twice;
+* the charge happens once, after the journal holds the key, before any noise;
+* a crash after publication leaves only the journal, which the rerun removes;
+* :func:`crash_point` is the one seam where the tests kill the process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import functools
+import hashlib
+import importlib.metadata as _md
+import json
+import os
+import platform
+import secrets
+import signal
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TextIO
+
+from pipeline._validation import check_privacy_pair
+from pipeline.accounting.contract import PrivacyContract
+from pipeline.accounting.ledger import Ledger, default_ledger_path
+from pipeline.errors import PipelineError, PrivacyConfigError, StoreLayoutError
+from pipeline.mechanisms.noise import NoiseKey
+
+__all__ = [
+    "CRASH_ENV",
+    "InputRef",
+    "ReleaseAlgorithm",
+    "ReleaseJob",
+    "ReleaseSpec",
+    "Runtime",
+    "crash_point",
+    "package_versions",
+    "run_release",
+]
+
+#: Environment variable naming a step at which the process kills itself with
+#: SIGKILL: ``STEP`` (the first time STEP is reached) or ``STEP#N`` (the N-th
+#: time). Fault injection for the crash-safety tests; unset in production.
+CRASH_ENV = "DPLR_CRASH_AT"
+_crash_counts: dict[str, int] = {}
+
+#: The steps of the job at which :func:`crash_point` is called, in order.
+JOB_STEPS = ("after-journal", "after-charge", "before-publish", "after-publish")
+
+INSECURE_NOTE = "noise drawn from a public seed (--insecure-noise-seed): NOT PRIVATE"
+
+
+def crash_point(step: str) -> None:
+    """Kill this process with SIGKILL if ``DPLR_CRASH_AT`` names ``step``.
+
+    The one fault-injection seam of the release job and the streams; a no-op
+    unless the variable is set (tests only).
+    """
+    target = os.environ.get(CRASH_ENV)
+    if not target:
+        return
+    name, _, nth = target.partition("#")
+    if name != step:
+        return
+    _crash_counts[step] = _crash_counts.get(step, 0) + 1
+    if _crash_counts[step] == int(nth or 1):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def package_versions(extra: tuple[str, ...] = ()) -> dict[str, str]:
+    """Versions of Python, dplr and its dependencies (plus ``extra``), for reports."""
+    return dict(_package_versions(tuple(extra)))
+
+
+@functools.cache
+def _package_versions(extra: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    # read once per process: the metadata lookups cost ~25 ms per report
+    out = {"python": platform.python_version()}
+    names = ("dplr", "numpy", "scipy", "dask", "distributed", "zarr")
+    for pkg in (*names, "dp-accounting", "randomgen", *extra):
+        try:
+            out[pkg] = _md.version(pkg)
+        except _md.PackageNotFoundError:
+            out[pkg] = "not installed"
+    return tuple(out.items())
+
+
+# ---------------------------------------------------------------------------
+# What a release is
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class InputRef:
+    """The public description of a release's input (no data)."""
+
+    path: str | None
+    fingerprint: str | None
+    shape: tuple[int, ...]
+    dtype: str
+    chunks: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def of(cls, info: Any, array: Any) -> InputRef:
+        """From :func:`pipeline.io.open_input`'s info and array."""
+        import numpy as np
+
+        from pipeline.io.journal import array_fingerprint, input_fingerprint
+
+        if info.path is not None:
+            fingerprint = input_fingerprint(info.path)
+        elif isinstance(array, np.ndarray):
+            fingerprint = array_fingerprint(array)
+        else:
+            fingerprint = None  # a dask array: shape, dtype and chunks are all we see
+        return cls(
+            path=None if info.path is None else os.path.abspath(info.path),
+            fingerprint=fingerprint,
+            shape=tuple(int(x) for x in info.shape),
+            dtype=str(info.dtype),
+            chunks=tuple(tuple(int(c) for c in dim) for dim in info.dask_chunks),
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ReleaseSpec:
+    """Everything public that fixes one release; its journal header derives from it.
+
+    Attributes
+    ----------
+    kind : str
+        ``"factorize"``, ``"pca"``, ``"pca-select"``, ``"dp-mean"``...
+    contract : PrivacyContract or None
+        None for a non-private run (no ledger, no noise).
+    calibration : object or None
+        What the ledger charges (a ``ReleaseCalibration``, ``PcaCalibration``,
+        ``SelectionCalibration``); None exactly when ``contract`` is.
+    parameters : mapping
+        The algorithm's public parameters, JSON-ready.
+    input : InputRef
+    out, overwrite, journal, ledger, budget
+        As in :func:`pipeline.api.factorize`.
+    insecure_noise_seed : int or None
+        Test only: the noise key is derived from it and the release says NOT PRIVATE.
+    sketch_seed : int or None
+        A user-given sketch seed (public). None: the job draws a secret one,
+        kept in the journal, when ``uses_sketch_seed``.
+    uses_sketch_seed : bool
+    """
+
+    kind: str
+    contract: PrivacyContract | None
+    calibration: Any
+    parameters: Mapping[str, Any]
+    input: InputRef
+    out: str | None = None
+    overwrite: bool = False
+    journal: str | None = None
+    ledger: Any = None
+    budget: tuple[float, float] | None = None
+    insecure_noise_seed: int | None = None
+    sketch_seed: int | None = None
+    uses_sketch_seed: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.contract is None) != (self.calibration is None):
+            raise PrivacyConfigError(
+                "a release has a privacy contract exactly when it has a calibration."
+            )
+
+    @property
+    def private(self) -> bool:
+        """True for a noised release (secret or not)."""
+        return self.contract is not None
+
+    def journal_path(self) -> str | None:
+        """The journal directory: given; else beside ``out``; else beside the ledger.
+
+        A release with no output but a persistent ledger (an estimator's fit, an
+        in-memory input) keeps its journal beside the ledger, named by a digest
+        of its header: a retry of the same job finds it, so it is charged once.
+        """
+        from pipeline.io import default_journal_path
+
+        if self.journal is not None:
+            return os.fspath(self.journal)
+        if self.out is not None:
+            return default_journal_path(self.out)
+        ledger = self.ledger_path()
+        if ledger is None:
+            return None
+        digest = hashlib.sha256(
+            json.dumps(self.header(), sort_keys=True).encode()
+        ).hexdigest()[:16]
+        where, name = os.path.split(ledger)
+        return os.path.join(where, f".{name}.{self.kind}-{digest}.dplr-journal")
+
+    def ledger_path(self) -> str | None:
+        """Absolute path of the ledger a private run charges (None: no ledger file)."""
+        if not self.private:
+            return None
+        if isinstance(self.ledger, Ledger):
+            return os.path.abspath(self.ledger.path)
+        if self.ledger is not None:
+            return os.path.abspath(os.fspath(self.ledger))
+        path = self.input.path
+        return None if path is None else os.path.abspath(default_ledger_path(path))
+
+    def header(self) -> dict[str, Any]:
+        """The public description of the job that a resumed run must match."""
+        from pipeline.algorithms.lrf import seed_fingerprint
+
+        seed = self.sketch_seed
+        header = {
+            "kind": self.kind,
+            "contract": None if self.contract is None else self.contract.to_dict(),
+            "parameters": dict(self.parameters),
+            # a one-way tag of a user-chosen seed; a secret seed lives in the journal
+            "sketch_seed": None if seed is None else seed_fingerprint(seed),
+            "insecure_noise_seed": self.insecure_noise_seed,
+            "shape": list(self.input.shape),
+            "dtype": self.input.dtype,
+            "chunks": [list(c) for c in self.input.chunks],
+            "input": self.input.path,
+            "input_fingerprint": self.input.fingerprint,
+            "ledger": self.ledger_path(),
+        }
+        # as the journal will read it back: tuples become lists, keys strings
+        return json.loads(json.dumps(header, allow_nan=False))  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Runtime:
+    """Where and how a job runs (never part of what is released)."""
+
+    scheduler: str | None = None
+    cluster_config: Any = None
+    progress: TextIO | None = None
+
+    def say(self, msg: str) -> None:
+        if self.progress is not None:
+            print(msg, file=self.progress, flush=True)
+
+
+class ReleaseAlgorithm(Protocol):
+    """What an algorithm supplies to :func:`run_release`."""
+
+    #: True when the input is in client memory (no cluster).
+    local: bool
+
+    def open_source(
+        self, job: ReleaseJob, client: Any, cluster: dict[str, Any] | None
+    ) -> Any:
+        """A context manager yielding the source the passes read."""
+
+    def compute(self, job: ReleaseJob, source: Any) -> Any:
+        """Passes, journal, ``job.charge()`` before any noise, noise, post-processing."""
+
+    def publish(self, job: ReleaseJob, staged: Any, client: Any) -> Any:
+        """Write ``staged`` to ``job.spec.out`` (through ``job.publish``) or return it."""
+
+    def read(self, out: str) -> Any:
+        """The release already published at ``out``."""
+
+
+# ---------------------------------------------------------------------------
+# The job
+# ---------------------------------------------------------------------------
+@dataclass(eq=False)
+class ReleaseJob:
+    """The durable state of one release, step by step (see the module docstring)."""
+
+    spec: ReleaseSpec
+    runtime: Runtime = field(default_factory=Runtime)
+    header: dict[str, Any] = field(init=False)
+    release_id: str = field(init=False)
+    noise_key: NoiseKey | None = field(init=False, default=None)
+    sketch_seed: int | None = field(init=False, default=None)
+    journal: Any = field(init=False, default=None)
+    book: Any = field(init=False, default=None)
+    resumed: bool = field(init=False, default=False)
+    timings: dict[str, float] = field(init=False, default_factory=dict)
+    t0: float = field(init=False, default_factory=time.perf_counter)
+
+    def __post_init__(self) -> None:
+        self.header = self.spec.header()
+        self.release_id = uuid.uuid4().hex
+
+    # -- plan, refuse, resume: nothing is read before these pass -------------
+    def prepare(self) -> bool:
+        """Refuse or resume before the first read; True if already published."""
+        from pipeline.io import check_output_path
+
+        spec = self.spec
+        jpath = spec.journal_path()
+        if jpath is not None:
+            self.journal = _find_journal(jpath, self.header)
+            if self.journal is not None and _published_by(spec.out, self.journal):
+                self.journal.remove()  # the crash came after the publication
+                return True
+        if spec.out is not None:
+            check_output_path(spec.out, overwrite=spec.overwrite, inputs=(spec.input.path,))
+        self.book = _resolve_ledger(spec)
+        self._resume_or_start()
+        if self.book is not None and not self.already_charged():
+            self.book.check(spec.calibration)  # refused here, before the first read
+        self.mark("plan")
+        return False
+
+    def _resume_or_start(self) -> None:
+        jr, spec = self.journal, self.spec
+        if jr is None:
+            self.sketch_seed = spec.sketch_seed
+            if spec.uses_sketch_seed and self.sketch_seed is None:
+                self.sketch_seed = secrets.randbits(128)
+            if spec.private:
+                seed = spec.insecure_noise_seed
+                self.noise_key = (
+                    NoiseKey.fresh() if seed is None else NoiseKey.insecure_from_seed(seed)
+                )
+            return
+        self.resumed, self.release_id = True, str(jr.release_id)
+        if jr.charged() is not None and not self.already_charged():
+            raise StoreLayoutError(
+                f"the journal at {jr.path!r} records a ledger charge for release "
+                f"{self.release_id} but the ledger {self.header['ledger']!r} does not "
+                "hold it; the ledger was replaced or edited. Restore it before "
+                "resuming; removing the journal abandons the charged release."
+            )
+        missing_seed = spec.uses_sketch_seed and jr.sketch_seed is None
+        if missing_seed or spec.private != (jr.noise_key is not None):
+            raise StoreLayoutError(
+                f"the journal at {jr.path!r} lacks its sketch seed or noise key; it is "
+                "damaged and the job cannot resume safely."
+            )
+        self.sketch_seed, self.noise_key = jr.sketch_seed, jr.noise_key
+
+    def already_charged(self) -> bool:
+        """True when the ledger holds this release id (a resumed or charged job)."""
+        book = getattr(self.book, "ledger", self.book)  # a declared one, once created
+        return isinstance(book, Ledger) and any(
+            r["release_id"] == self.release_id for r in book.releases
+        )
+
+    # -- journal, charge ------------------------------------------------------
+    def durable_journal(self) -> Any:
+        """The journal on disk (created now if needed), or None without a path.
+
+        It holds the noise key and the sketch seed before any charge or noise.
+        """
+        from pipeline.io import FileJournal
+
+        jpath = self.spec.journal_path()
+        if self.journal is None and jpath is not None:
+            self.journal = FileJournal.create(
+                jpath, {**self.header, "release_id": self.release_id},
+                noise_key=self.noise_key, sketch_seed=self.sketch_seed,
+            )  # fmt: skip
+            crash_point("after-journal")
+        return self.journal
+
+    def charge(self, *, algorithm: str, details: Mapping[str, Any]) -> None:
+        """Charge the ledger once for this release, before any noise is drawn."""
+        self.mark("pass")
+        if not self.spec.private:
+            return
+        jr = self.durable_journal()
+        if self.book is not None and not self.already_charged():
+            self.book.charge(
+                self.spec.calibration,
+                release_id=self.release_id,
+                algorithm=algorithm,
+                details={
+                    **details,
+                    "output": None if self.spec.out is None else os.fspath(self.spec.out),
+                    "noise_reproducible_not_private": self.spec.insecure_noise_seed
+                    is not None,
+                },
+            )
+        if jr is not None and self.book is not None and jr.charged() is None:
+            jr.mark_charged(str(self.book.path))
+        crash_point("after-charge")
+
+    # -- publish, clean up ----------------------------------------------------
+    def publish(self, write: Callable[[], None] | None) -> None:
+        """Write the release atomically (``write``), then remove the journal."""
+        self.mark("post")
+        if write is not None and self.spec.out is not None:
+            crash_point("before-publish")
+            write()
+            crash_point("after-publish")
+        if self.journal is not None:
+            self.journal.remove()  # it held the key and the exact statistics
+
+    def mark(self, step: str) -> None:
+        """Record the time since the job started, minus the steps before."""
+        self.timings[step] = time.perf_counter() - self.t0 - sum(self.timings.values())
+
+    def report_core(self) -> dict[str, Any]:
+        """The fields every release report starts with (public values only)."""
+        spec = self.spec
+        insecure = spec.insecure_noise_seed is not None
+        core: dict[str, Any] = {
+            "release_id": self.release_id,
+            "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+            "private": spec.private and not insecure,
+            "contract": None if spec.contract is None else spec.contract.to_dict(),
+            "timings_seconds": {k: round(v, 4) for k, v in self.timings.items()},
+            "versions": package_versions(),
+        }
+        if spec.private:
+            core["insecure_noise_seed"] = insecure
+            core["ledger"] = _ledger_summary(self.book)
+            if insecure:
+                core["note"] = INSECURE_NOTE
+        return core
+
+
+def run_release(spec: ReleaseSpec, algorithm: ReleaseAlgorithm, runtime: Runtime) -> Any:
+    """Run one release job through its fixed steps (module docstring)."""
+    job = ReleaseJob(spec, runtime)
+    if job.prepare():
+        assert spec.out is not None
+        return algorithm.read(spec.out)
+    if algorithm.local:
+        with algorithm.open_source(job, None, None) as source:
+            return algorithm.publish(job, algorithm.compute(job, source), None)
+    from pipeline.execution import cluster_client
+
+    with cluster_client(
+        runtime.scheduler, cluster_config=runtime.cluster_config, progress=runtime.progress
+    ) as (client, cinfo):
+        if cinfo.dashboard:
+            runtime.say(
+                f"dask cluster: {cinfo.kind}, {cinfo.n_workers} workers, "
+                f"dashboard {cinfo.dashboard}"
+            )
+        if job.resumed:
+            runtime.say(
+                "resuming from the journal of an interrupted run: the same noise, "
+                "no new charge"
+            )
+        cluster = {"kind": cinfo.kind, "n_workers": cinfo.n_workers}
+        with algorithm.open_source(job, client, cluster) as source:
+            return algorithm.publish(job, algorithm.compute(job, source), client)
+
+
+# ---------------------------------------------------------------------------
+# Journal lookups
+# ---------------------------------------------------------------------------
+def _find_journal(jpath: str, header: dict[str, Any]) -> Any:
+    """The journal of an interrupted run of this very job, or None.
+
+    A journal of any other job or input is refused (never reused, never
+    silently replaced), with what removing it would cost.
+    """
+    from pipeline.io.journal import FileJournal, JournalMismatchError
+
+    try:
+        return FileJournal.find(jpath, header, strict=True)
+    except JournalMismatchError as exc:
+        charged = exc.charged is not None or _in_ledger(exc.ledger, exc.release_id)
+        what = ", ".join(exc.differences)
+        cost = (
+            "That job was already charged to its ledger "
+            f"(release {exc.release_id}): rerun it with its original arguments to "
+            "finish it at no further cost; removing the journal abandons it and its "
+            "charge stays spent"
+            if charged
+            else "Nothing was charged or published for that job yet, so removing the "
+            "journal costs no privacy budget (only that job's pass is lost)"
+        )
+        raise StoreLayoutError(
+            f"a journal of another interrupted job exists at {exc.path!r} (different "
+            f"{what}); it is never reused for a different job or input. {cost}. To "
+            f"start this job instead, remove the journal (rm -r {exc.path}) or pass "
+            "--journal (journal=) with another path."
+        ) from None
+
+
+def _in_ledger(ledger: str | None, release_id: str | None) -> bool:
+    if ledger is None or release_id is None or not os.path.exists(ledger):
+        return False
+    try:
+        book = Ledger.open(ledger)
+    except PipelineError:
+        return False
+    return any(r["release_id"] == release_id for r in book.releases)
+
+
+def _published_by(out: str | None, jr: Any) -> bool:
+    """True if ``out`` holds the release of the journaled job (then it is finished)."""
+    from pipeline.io import read_group
+
+    if out is None or not os.path.isdir(out):
+        return False
+    try:
+        _, report = read_group(out, ())
+    except (PipelineError, OSError):
+        return False
+    return report.get("release_id") == jr.release_id
+
+
+# ---------------------------------------------------------------------------
+# The ledger
+# ---------------------------------------------------------------------------
+def _ledger_summary(ledger: Any) -> dict[str, Any] | None:
+    """The ledger's state after the charge, for a report (None without a ledger)."""
+    if ledger is None:
+        return None
+    return {"path": str(ledger.path), **ledger.remaining_summary()}
+
+
+def _resolve_ledger(spec: ReleaseSpec) -> Ledger | _NewLedger | None:
+    """The dataset's ledger, or the declaration of a new one (created at charge time)."""
+    if not spec.private:
+        return None  # non-private runs are not accounted (and say NOT PRIVATE)
+    if isinstance(spec.ledger, Ledger):
+        spec.ledger.reload()
+        return spec.ledger
+    where, budget = spec.ledger_path(), spec.budget
+    if where is None:
+        return None
+    if os.path.exists(where):
+        book = Ledger.open(where)
+        if budget is not None and tuple(map(float, budget)) != tuple(book.budget):
+            raise PrivacyConfigError(
+                f"the ledger at {where!r} already declares the lifetime budget "
+                f"(epsilon={book.budget[0]:g}, delta={book.budget[1]:g}); a budget is "
+                "declared once and never changed: drop --budget-epsilon/--budget-delta."
+            )
+        return book
+    if budget is None:
+        raise PrivacyConfigError(
+            f"no privacy ledger at {where!r}; declare the dataset's lifetime budget "
+            "with --budget-epsilon/--budget-delta (budget=(epsilon, delta)) or "
+            "`dplr budget init`."
+        )
+    beps, bdelta = check_privacy_pair(*budget)
+    if not os.path.isdir(os.path.dirname(where)):
+        raise PrivacyConfigError(f"the directory of the ledger {where!r} does not exist.")
+    path = spec.input.path
+    name = os.path.basename(os.path.normpath(path)) if path else "in-memory"
+    return _NewLedger(path=where, dataset=name, epsilon=beps, delta=bdelta)
+
+
+@dataclass
+class _NewLedger:
+    """A declared budget whose ledger file is written only with the first charge.
+
+    A job that fails on bad input (NaN in a chunk, an unreachable scheduler) then
+    leaves nothing behind.
+    """
+
+    path: str
+    dataset: str
+    epsilon: float
+    delta: float
+    ledger: Ledger | None = None
+
+    def check(self, calibration: Any) -> None:
+        Ledger.check_against_budget(calibration, epsilon=self.epsilon, delta=self.delta)
+
+    def charge(self, calibration: Any, **kw: Any) -> dict[str, Any]:
+        try:
+            self.ledger = Ledger.create(
+                self.path, dataset=self.dataset, epsilon=self.epsilon, delta=self.delta
+            )
+        except StoreLayoutError:
+            if not os.path.exists(self.path):
+                raise
+            self.ledger = Ledger.open(self.path)  # another job created it meanwhile
+        return self.ledger.charge(calibration, **kw)
+
+    def remaining_summary(self) -> dict[str, Any]:
+        assert self.ledger is not None, "summary of a ledger before its first charge"
+        return self.ledger.remaining_summary()
+
+
+@contextmanager
+def nothing(value: Any = None) -> Iterator[Any]:
+    """A context manager that yields ``value`` (a source with nothing to close)."""
+    yield value
+
+
+def replace(spec: ReleaseSpec, **changes: Any) -> ReleaseSpec:
+    """``dataclasses.replace`` for specs (kept here so callers import one module)."""
+    return dataclasses.replace(spec, **changes)
