@@ -20,8 +20,6 @@ import math
 import os
 import platform
 import secrets
-import shutil
-import tempfile
 import time
 import uuid
 from collections.abc import Sequence
@@ -29,6 +27,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 
+from pipeline import _scratch
 from pipeline._validation import (
     check_enum,
     check_float_in_interval,
@@ -399,6 +398,7 @@ def factorize(
         insecure_noise_seed = check_int_in_range(
             insecure_noise_seed, "insecure_noise_seed", 0
         )
+    _scratch.remove_dead(scratch, out)  # what a killed job left at this location
     array, info = open_input(
         source, unit=params.clip.unit.value if params.private else None
     )
@@ -714,46 +714,19 @@ def _gather(x: Any, client: Any) -> np.ndarray:
 
 def _check_scratch(scratch: str | os.PathLike[str]) -> str:
     """Refuse an unusable scratch directory before anything is read or charged."""
-    path = os.fspath(scratch)
-    if not os.path.isdir(path):
-        raise StoreLayoutError(f"the scratch directory {path!r} does not exist.")
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise StoreLayoutError(f"the scratch directory {path!r} is not writable.")
-    return path
+    return _scratch.check_scratch(scratch)
 
 
 def _make_scratch(
     scratch: str | None, out: str | os.PathLike[str] | None
 ) -> str | None:
-    """The job's private (0700) scratch subdirectory, or None (worker memory)."""
-    if scratch is not None:
-        return tempfile.mkdtemp(prefix=".dplr-scratch-", dir=scratch)
-    if out is None:
-        return None
-    parent, base = os.path.split(os.path.abspath(os.fspath(out)))
-    return tempfile.mkdtemp(prefix=f".{base}.dplr-scratch-", dir=parent)
+    """The job's private (0700) scratch subdirectory, alive until removed, or None."""
+    return _scratch.make_scratch(scratch, out)
 
 
 def _remove_scratch(path: str) -> None:
-    """Remove the job's scratch directory, even while tasks still write to it.
-
-    When one task of a step fails, the step's other tasks may still be running
-    on the workers and spilling their blocks. A file one of them creates while
-    the tree is being removed would make the final ``rmdir`` fail and leave the
-    directory behind. So the directory is first renamed: a task that opens a
-    file under the old name after that fails (its step has already failed), and
-    the files created before it are all listed by the removal that follows.
-    """
-    doomed = f"{path}.removing"
-    try:
-        os.rename(path, doomed)
-    except OSError:
-        doomed = path  # removed already, or a file system that cannot rename it
-    for pause in (0.0, 0.05, 0.25, 1.0):  # a writer that held an open handle
-        time.sleep(pause)
-        shutil.rmtree(doomed, ignore_errors=True)
-        if not os.path.lexists(doomed):
-            return
+    """Remove the job's scratch directory (even while tasks still write to it)."""
+    _scratch.remove_scratch(path)
 
 
 def _resolve_ledger(
