@@ -39,7 +39,9 @@ sys.stdin.read()
 
 
 @contextmanager
-def holder(directory: Path, prefix: str) -> Iterator[tuple[subprocess.Popen[str], Path]]:
+def holder(
+    directory: Path, prefix: str
+) -> Iterator[tuple[subprocess.Popen[str], Path]]:
     """A live job (another process) with its subdirectory in ``directory``."""
     proc = subprocess.Popen(
         [sys.executable, "-c", _HOLDER, os.fspath(directory), prefix],
@@ -231,7 +233,10 @@ def test_an_unusable_scratch_directory_is_refused(tmp_path: Path) -> None:
     afile = tmp_path / "a-file"
     afile.write_text("")
     for bad in (tmp_path / "missing", afile):
-        with pytest.raises(StoreLayoutError, match=r"^the scratch directory .* does not exist; create it"):
+        with pytest.raises(
+            StoreLayoutError,
+            match=r"^the scratch directory .* does not exist; create it",
+        ):
             _scratch.check_scratch(bad)
     assert _scratch.check_scratch(tmp_path) == os.fspath(tmp_path)
 
