@@ -15,14 +15,13 @@ import contextlib
 import dataclasses
 import math
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 
+from pipeline import _scratch
 from pipeline._validation import (
     check_enum,
     check_float_in_interval,
@@ -44,7 +43,6 @@ from pipeline.algorithms.power_pca import PcaRelease
 from pipeline.errors import (
     InvalidParameterError,
     PrivacyConfigError,
-    StoreLayoutError,
 )
 from pipeline.mechanisms.clipping import ClipSpec, Neighboring, PrivacyUnit
 from pipeline.release import (
@@ -355,6 +353,7 @@ def _lrf_release(
 
     insecure = _insecure_seed(kw.pop("insecure_noise_seed"))
     scratch = kw.pop("scratch")
+    _scratch.remove_dead(scratch, kw["out"])  # what a killed job left at this location
     array, info = open_input(
         source, unit=params.clip.unit.value if params.private else None
     )
@@ -376,7 +375,7 @@ def _lrf_release(
         **{k: v for k, v in kw.items() if k != "out"},
     )  # fmt: skip
     if scratch is not None:
-        scratch = _check_scratch(scratch)
+        scratch = _scratch.check_scratch(scratch)
     return spec, _LrfJob(plan=plan, array=array, info=info, scratch=scratch)
 
 
@@ -425,7 +424,7 @@ class _LrfJob:
             return
         from pipeline.execution import DaskSource
 
-        tmp = _make_scratch(self.scratch, job.spec.out)
+        tmp = _scratch.make_scratch(self.scratch, job.spec.out)
         self.cluster = {**(cluster or {}), "n_graph_tasks_pass": 0}
         self.source = DaskSource(
             self.array, client, progress=job.runtime.progress,
@@ -436,7 +435,7 @@ class _LrfJob:
         finally:
             self.source.close()  # the job's sealed secrets leave the cluster
             if tmp is not None:
-                _remove_scratch(tmp)
+                _scratch.remove_scratch(tmp)
 
     def compute(self, job: ReleaseJob, src: Any) -> Factorization:
         plan, p = self.plan, self.plan.params
@@ -496,52 +495,6 @@ def _gather(x: Any, client: Any) -> np.ndarray:
 
     (out,) = gather_blocks(client, [x])
     return out
-
-
-def _check_scratch(scratch: str | os.PathLike[str]) -> str:
-    """Refuse an unusable scratch directory before anything is read or charged."""
-    path = os.fspath(scratch)
-    if not os.path.isdir(path):
-        raise StoreLayoutError(f"the scratch directory {path!r} does not exist.")
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise StoreLayoutError(f"the scratch directory {path!r} is not writable.")
-    return path
-
-
-def _make_scratch(
-    scratch: str | None, out: str | os.PathLike[str] | None
-) -> str | None:
-    """The job's private (0700) scratch subdirectory, or None (worker memory)."""
-    if scratch is not None:
-        return tempfile.mkdtemp(prefix=".dplr-scratch-", dir=scratch)
-    if out is None:
-        return None
-    parent, base = os.path.split(os.path.abspath(os.fspath(out)))
-    return tempfile.mkdtemp(prefix=f".{base}.dplr-scratch-", dir=parent)
-
-
-def _remove_scratch(path: str) -> None:
-    """Remove the job's scratch directory, even while tasks still write to it.
-
-    When one task of a step fails, the step's other tasks may still be running
-    on the workers and spilling their blocks. A file one of them creates while
-    the tree is being removed would make the final ``rmdir`` fail and leave the
-    directory behind. So the directory is first renamed: a task that opens a
-    file under the old name after that fails (its step has already failed), and
-    the files created before it are all listed by the removal that follows.
-    """
-    doomed = f"{path}.removing"
-    try:
-        os.rename(path, doomed)
-    except OSError:
-        doomed = path  # removed already, or a file system that cannot rename it
-    for pause in (0.0, 0.05, 0.25, 1.0):  # a writer that held an open handle
-        time.sleep(pause)
-        shutil.rmtree(doomed, ignore_errors=True)
-        if not os.path.lexists(doomed):
-            return
-
-
 
 
 # ---------------------------------------------------------------------------

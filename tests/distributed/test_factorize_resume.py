@@ -352,6 +352,7 @@ def test_dplr_factorize_sigkilled_after_a_durable_step_resumes_on_rerun(
         assert not os.path.lexists(out)
         assert (journal / "sketches.json").exists()
         assert (journal / "charged.json").exists() is (step == "mark_charged")
+        assert any(".dplr-scratch-" in p.name for p in tmp_path.iterdir())  # left
         _assert_private_tree(journal)
         before_ledger = ledger.read_bytes() if ledger.exists() else None
         charged = [] if before_ledger is None else _records(ledger)
@@ -387,3 +388,5 @@ def test_dplr_factorize_sigkilled_after_a_durable_step_resumes_on_rerun(
     if charged:
         assert record == charged[0]
     assert not os.path.lexists(journal)
+    # nor the killed run's scratch directory (its exact Y blocks)
+    assert [p.name for p in tmp_path.iterdir() if ".dplr-scratch-" in p.name] == []

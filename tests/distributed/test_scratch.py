@@ -5,24 +5,33 @@ orthonormal basis wait on disk between steps instead of in worker memory (so
 worker memory does not grow with the number of rows; measured in
 ``benchmarks/bench_memory.py``). The arithmetic is the same, block for block,
 so the release must be the same bit for bit; the job's private subdirectory
-must be gone afterwards, on success and on failure.
+must be gone afterwards, on success and on failure -- and, when the client was
+killed, once the next job at that location (its rerun) has started.
 """
 
 from __future__ import annotations
 
 import glob
+import json
 import os
+import signal
 import stat
+import subprocess
+import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from dist_util import seeded_matrix, write_matrix
 from distributed import Client
 
-import pipeline.api
+from pipeline import _scratch
 from pipeline.api import factorize
+from pipeline.errors import StoreLayoutError
 from pipeline.execution.source import DaskSource
+from pipeline.io import read_release
 
 pytestmark = pytest.mark.distributed
 
@@ -48,7 +57,7 @@ def spies(monkeypatch: pytest.MonkeyPatch) -> dict[str, list]:
     """Records the scratch directory of each job and the tall block files present
     after each step of the job."""
     seen: dict[str, list] = {"made": [], "files": []}
-    make, run = pipeline.api._make_scratch, DaskSource._run
+    make, run = _scratch.make_scratch, DaskSource._run
 
     def spy_make(scratch, out):  # type: ignore[no-untyped-def]
         d = make(scratch, out)
@@ -63,7 +72,7 @@ def spies(monkeypatch: pytest.MonkeyPatch) -> dict[str, list]:
             seen["files"].append(len(glob.glob(os.path.join(self.scratch, "*.npy"))))
         return result
 
-    monkeypatch.setattr(pipeline.api, "_make_scratch", spy_make)
+    monkeypatch.setattr(_scratch, "make_scratch", spy_make)
     monkeypatch.setattr(DaskSource, "_run", spy_run)
     return seen
 
@@ -167,7 +176,7 @@ def test_scratch_removal_survives_a_task_still_spilling(
     job.mkdir()
     (job / "Y-0.npy").write_bytes(b"block")
     seen = _late_writer(monkeypatch, job)
-    pipeline.api._remove_scratch(os.fspath(job))
+    _scratch.remove_tree(os.fspath(job))
     assert seen == ["refused"]
     assert list(tmp_path.iterdir()) == []
 
@@ -192,8 +201,6 @@ def test_negative_control_plain_removal_loses_the_race(
 def test_a_scratch_that_is_not_a_directory_is_refused_before_any_read(
     tmp_path: Path, global_seed: int
 ) -> None:
-    from pipeline.errors import StoreLayoutError
-
     A = seeded_matrix(global_seed, M, N)
     path = write_matrix(tmp_path / "A.zarr", A, CHUNKS["row-bands"])
     afile = tmp_path / "a-file"
@@ -229,3 +236,224 @@ def test_workers_hold_no_chunk_read_buffers_after_a_job(
     assert all(v > 0 for v in client.run(read_a_chunk, path).values())
     factorize(path, RANK, private=False, seed=SKETCH_SEED)
     assert client.run(held) == dict.fromkeys(client.run(held), 0)
+
+
+# ---------------------------------------------------------------------------
+# a killed client: its scratch directory is removed by the next job there
+# ---------------------------------------------------------------------------
+def _gate_spills_on_worker(prefix: str, gate: str) -> None:
+    """After writing a block whose file name starts with ``prefix``, a spill
+    task waits while the file ``gate`` exists: the job cannot leave that step,
+    so a kill lands in it whenever it comes."""
+    import time
+
+    from pipeline.execution import source
+
+    real = source.__dict__.get("_ungated_spill", source._spill)
+    source._ungated_spill = real  # type: ignore[attr-defined]
+
+    def spill(block, path):  # type: ignore[no-untyped-def]
+        token = real(block, path)
+        if os.path.basename(path).startswith(prefix):
+            waited = 0.0
+            while os.path.exists(gate) and waited < 60.0:  # bounded: never hangs CI
+                time.sleep(0.01)
+                waited += 0.01
+        return token
+
+    source._spill = spill
+
+
+def _ungate_spills_on_worker() -> None:
+    from pipeline.execution import source
+
+    real = source.__dict__.get("_ungated_spill")
+    if real is not None:
+        source._spill = real
+        del source._ungated_spill  # type: ignore[attr-defined]
+
+
+def _dplr(*args: str | os.PathLike[str]) -> list[str]:
+    return [sys.executable, "-m", "pipeline", *map(os.fspath, args)]
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "DASK_SCHEDULER_ADDRESS"}
+
+
+def _scratch_dirs(parent: Path, out: Path) -> list[Path]:
+    return sorted(p for p in parent.iterdir() if p.name.startswith(f".{out.name}.dplr-scratch-"))
+
+
+def _wait_for_block(
+    proc: subprocess.Popen[bytes], parent: Path, out: Path, block: str
+) -> tuple[Path, Path]:
+    """The job's scratch directory and the first block file named ``block*``
+    in it, as soon as both exist (the process must still be running)."""
+    for _ in range(12000):  # polls, bounded; the gate holds the job in place
+        for d in _scratch_dirs(parent, out):
+            found = sorted(d.glob(f"{block}*.npy"))
+            if found:
+                return d, found[0]
+        assert proc.poll() is None, "the job ended before it spilled a block"
+        time.sleep(0.01)
+    raise AssertionError("no spilled block appeared")
+
+
+def _lock_is_free(job: Path) -> bool:
+    import fcntl
+
+    fd = os.open(job / _scratch.LOCK_NAME, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+# phase -> (spill file names the kill waits for, journal file present at the kill)
+KILLS = {
+    # 1/3 of the job: the pass has spilled the exact Y; nothing journaled or charged
+    "pass spilled Y": ("dplr-spill-Y-", None),
+    # 2/3: journaled and charged, noise added, the TSQR spilling its Q blocks
+    "charged, TSQR spilled Q": ("dplr-spill-Q-", "charged.json"),
+}
+
+
+@pytest.mark.cli
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("phase", list(KILLS))
+def test_sigkilled_dplr_factorize_leaves_no_scratch_after_the_rerun(
+    cluster: Any,
+    client: Client,
+    tmp_path: Path,
+    global_seed: int,
+    phase: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Finding: a SIGKILLed ``dplr factorize`` left its scratch directory (the
+    exact m x t range sketch) beside OUT for good. Its liveness lock dies with
+    it, so the rerun of the same command removes it before it starts; the
+    release is still the undisturbed one, charged once."""
+    block, journal_file = KILLS[phase]
+    path = write_matrix(tmp_path / "A.zarr", seeded_matrix(global_seed, M, N), (50, N))
+    private = {"epsilon": 1.0, "delta": 1e-6, "insecure_noise_seed": NOISE_SEED}
+    ref = factorize(
+        path, RANK, seed=SKETCH_SEED, **private, out=tmp_path / "ref.zarr",
+        ledger=tmp_path / "ref-ledger.json", budget=(10.0, 1e-4),
+    )  # fmt: skip
+    out, ledger = tmp_path / "release.zarr", tmp_path / "ledger.json"
+    argv = _dplr(
+        "factorize", path, "--rank", str(RANK), "--epsilon", "1", "--delta", "1e-6",
+        "--seed", str(SKETCH_SEED), "--insecure-noise-seed", str(NOISE_SEED),
+        "--out", out, "--ledger", ledger, "--budget-epsilon", "10",
+        "--budget-delta", "1e-4", "--scheduler", cluster.scheduler_address, "--quiet",
+    )  # fmt: skip
+    journal = tmp_path / f".{out.name}.dplr-journal"
+
+    gate = tmp_path / "gate"
+    gate.touch()
+    client.run(_gate_spills_on_worker, block, os.fspath(gate))
+    try:
+        proc = subprocess.Popen(
+            argv, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        try:
+            job, first = _wait_for_block(proc, tmp_path, out, block)
+            proc.send_signal(signal.SIGKILL)
+        finally:
+            proc.kill()
+            assert proc.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        gate.unlink()
+        client.run(_ungate_spills_on_worker)
+
+    # the fault landed in the phase named: the directory (never renamed, so never
+    # being removed) and the block seen before the kill were there at the kill
+    assert _scratch_dirs(tmp_path, out) == [job]
+    assert first.exists()
+    assert _lock_is_free(job)  # the kernel released the dead client's lock
+    assert not out.exists()
+    if journal_file is None:
+        assert not (journal / "sketches.json").exists()
+        assert not ledger.exists()
+    else:
+        assert (journal / journal_file).exists()
+    charged = json.loads(ledger.read_text())["releases"] if ledger.exists() else []
+
+    # the same command again, in this process (an interpreter start saved)
+    from pipeline.cli import main
+
+    assert main([os.fspath(a) for a in argv[3:]]) == 0
+    assert _scratch_dirs(tmp_path, out) == []  # the dead job's directory is gone
+    assert not journal.exists()
+    rel = read_release(out)
+    for name in ("U", "S", "V"):
+        assert getattr(rel, name).tobytes() == getattr(ref, name).tobytes(), name
+    (record,) = json.loads(ledger.read_text())["releases"]  # charged once
+    assert record["release_id"] == rel.report["release_id"]
+    if charged:
+        assert [record] == charged
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert leftovers == []
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def _dead_job(parent: Path, prefix: str) -> Path:
+    """The scratch directory of a job SIGKILLed while it ran: created and
+    locked by that process, holding one spilled block."""
+    script = (
+        "import os, signal, sys\n"
+        "from pipeline._scratch import JobScratch\n"
+        "job = JobScratch.create(sys.argv[1], sys.argv[2])\n"
+        "open(os.path.join(job.path, 'dplr-spill-Y-0.npy'), 'wb').write(b'block')\n"
+        "print(job.path, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script, os.fspath(parent), prefix],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    job = Path(proc.stdout.strip())
+    assert (job / "dplr-spill-Y-0.npy").exists()
+    return job
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("where", ["beside OUT", "scratch directory"])
+def test_the_next_job_removes_a_dead_jobs_scratch_and_the_old_code_did_not(
+    client: Client,
+    tmp_path: Path,
+    global_seed: int,
+    monkeypatch: pytest.MonkeyPatch,
+    where: str,
+) -> None:
+    """Negative control first: a job that does not look for dead jobs (what
+    factorize did before) leaves their directories, however many jobs run on
+    the same OUT. Then the next job removes them, even one that is refused."""
+    path = write_matrix(tmp_path / "A.zarr", seeded_matrix(global_seed, M, N), (64, N))
+    out = tmp_path / "r.zarr"
+    scratch = tmp_path / "scratch" if where == "scratch directory" else None
+    if scratch is not None:
+        scratch.mkdir()
+    parent, prefix = _scratch.scratch_locations(scratch, out)[0]
+    dead = _dead_job(Path(parent), prefix)
+    kw: dict[str, Any] = {"private": False, "seed": SKETCH_SEED, "scratch": scratch}
+    with monkeypatch.context() as mp:
+        mp.setattr(_scratch, "remove_dead", lambda *a, **k: [])
+        factorize(path, RANK, out=out, **kw)
+        factorize(path, RANK, out=out, overwrite=True, **kw)
+    assert (dead / "dplr-spill-Y-0.npy").exists()  # the old behaviour: it stays
+
+    # a job that is then refused (OUT exists) has removed it already ...
+    with pytest.raises(StoreLayoutError, match="already exists"):
+        factorize(path, RANK, out=out, **kw)
+    assert not os.path.lexists(dead)
+    # ... and so does one that runs
+    dead = _dead_job(Path(parent), prefix)
+    factorize(path, RANK, out=out, overwrite=True, **kw)
+    assert not os.path.lexists(dead)
+    assert [p.name for p in Path(parent).iterdir() if p.name.startswith(prefix)] == []
