@@ -129,8 +129,8 @@ def _init(a: argparse.Namespace) -> int:
         book = Ledger.open(info.ledger)
         eps_used, _ = book.spent()
         print(f"charged to the ledger {info.ledger}: {len(book.releases)} release(s) compose to "
-              f"epsilon={eps_used:.4g} of its lifetime budget (epsilon={book.budget[0]:g}, "
-              f"delta={book.budget[1]:g})")
+              f"epsilon={eps_used:.4g} at the budget's delta (lifetime budget epsilon="
+              f"{book.budget[0]:g}, delta={book.budget[1]:g})")
     return 0
 
 
