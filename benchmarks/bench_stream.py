@@ -192,6 +192,7 @@ def new_state(root: str, m: int, n: int, tag: str) -> tuple[str, str]:
         unit="row",
         clip_norm=1.0,
         ledger=ledger,
+        budget=(EPS, DELTA),
     )
     return state, ledger
 
@@ -768,6 +769,7 @@ def ledger_check(args: argparse.Namespace) -> dict[str, Any]:
             delta=DELTA,
             unit="row",
             ledger=ledger,
+            budget=(EPS, DELTA),
         )
         charges_after_init = len(Ledger.open(ledger).releases)
         ups = turnstile_updates(

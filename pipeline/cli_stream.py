@@ -23,7 +23,9 @@ def add_parsers(sub: Any) -> None:
         description=(
             "A matrix that changes by batches of (entity, i, j, s) updates over epochs "
             "1..T, released after any epoch by the binary-tree mechanism; the whole "
-            "stream costs its (epsilon, delta) once."
+            "stream costs its (epsilon, delta) once, charged at init to the ledger of "
+            "its population (--ledger), where it composes with the population's other "
+            "streams and releases."
         ),
     )
     ss = s.add_subparsers(dest="stream_command", required=True, metavar="ACTION")
@@ -45,9 +47,13 @@ def add_parsers(sub: Any) -> None:
     i.add_argument("--neighboring", choices=("add-remove", "replace"), default="add-remove")
     i.add_argument("--sketch-size", "-t", type=int, help="t (default as for dplr factorize)")
     i.add_argument("--core-size", "-v", type=int, help="v (default as for dplr factorize)")
-    i.add_argument("--ledger", help="privacy ledger to charge (default: STATE.dplr-ledger.json)")
-    i.add_argument("--budget", nargs=2, type=float, metavar=("EPSILON", "DELTA"),
-                   help="lifetime budget of a ledger created now (default: the stream's)")
+    i.add_argument("--ledger", metavar="PATH",
+                   help="the privacy ledger of the stream's population, charged once now and "
+                   "shared with its other streams and releases (required unless --non-private)")
+    i.add_argument("--budget-epsilon", type=float,
+                   help="lifetime epsilon of the population, declared when --ledger does not exist yet")
+    i.add_argument("--budget-delta", type=float,
+                   help="lifetime delta of the population, declared when --ledger does not exist yet")
     i.add_argument("--seed", type=int, help=argparse.SUPPRESS)
     i.add_argument("--insecure-noise-seed", type=int, help=argparse.SUPPRESS)
 
@@ -111,13 +117,31 @@ def _init(a: argparse.Namespace) -> int:
         epsilon=a.epsilon if private else None, delta=a.delta if private else None,
         algorithm=a.algorithm, private=private, clip_norm=a.clip_norm, unit=a.unit,
         neighboring=a.neighboring, sketch_size=a.sketch_size, core_size=a.core_size,
-        ledger=a.ledger, budget=tuple(a.budget) if a.budget else None, seed=a.seed,
+        ledger=a.ledger, budget=_budget_of(a), seed=a.seed,
         insecure_noise_seed=a.insecure_noise_seed,
     )
     what = f"(epsilon={info.epsilon:g}, delta={info.delta:g})-DP over all {info.horizon} epochs" if info.private else "NOT PRIVATE"
     print(f"created stream {info.path}: {info.shape[0]} x {info.shape[1]}, rank {info.rank}, "
           f"{info.algorithm}, {info.levels} tree levels, {what}")
+    if info.ledger is not None:
+        from pipeline.accounting.ledger import Ledger
+
+        book = Ledger.open(info.ledger)
+        eps_used, _ = book.spent()
+        print(f"charged to the ledger {info.ledger}: {len(book.releases)} release(s) compose to "
+              f"epsilon={eps_used:.4g} at the budget's delta (lifetime budget epsilon="
+              f"{book.budget[0]:g}, delta={book.budget[1]:g})")
     return 0
+
+
+def _budget_of(a: argparse.Namespace) -> tuple[float, float] | None:
+    if a.budget_epsilon is None and a.budget_delta is None:
+        return None
+    if a.budget_epsilon is None or a.budget_delta is None:
+        from pipeline.errors import InvalidParameterError
+
+        raise InvalidParameterError("--budget-epsilon and --budget-delta go together.")
+    return a.budget_epsilon, a.budget_delta
 
 
 def _ingest(a: argparse.Namespace) -> int:

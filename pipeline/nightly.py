@@ -235,6 +235,7 @@ def run_nightly(
     from pipeline.stream import (
         _crash_point,
         _plan_of,
+        continue_advice,
         open_stream,
         stream_ingest,
         stream_release,
@@ -256,7 +257,8 @@ def run_nightly(
         raise HorizonExceededError(
             f"date {day.isoformat()} is epoch {epoch}, beyond the stream's horizon of "
             f"{plan.horizon} epochs (the last date it covers is {last}); its budget was "
-            "calibrated for the horizon. Start a new stream (with its own budget) to continue."
+            "calibrated for the horizon; a new stream needs its own job file, with start_date "
+            f"{cfg.date_of(plan.horizon + 1).isoformat()}. {continue_advice(m)}"
         ) from None
     summary: dict[str, Any] = {"dry_run": dry_run, "dates": []}
     if dry_run:

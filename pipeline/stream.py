@@ -6,9 +6,11 @@ A stream is a matrix of public shape that changes by batches of updates
 binary tree, the clipped cells of the batches of epochs not yet closed, and each
 entity's spent clipping budget. Every step is one atomic commit of the state:
 
-* :func:`stream_init` plans the stream, charges its whole (epsilon, delta) to
-  the ledger **once**, before any data exists, and creates the state with a fresh
-  secret sketch seed and noise key;
+* :func:`stream_init` plans the stream, charges its whole (epsilon, delta)
+  **once**, before any data exists, to the ledger of the stream's population
+  (named by the caller: every stream and release on that population composes
+  there, so the stream that continues one after its horizon does too [spec
+  9.18]), and creates the state with a fresh secret sketch seed and noise key;
 * :func:`stream_ingest` validates a batch, clips it per entity against the
   budgets left [spec sketch-lrf 1.3] and records its clipped, coalesced cells
   under its epoch; a batch already ingested, or for an epoch already closed, is
@@ -39,6 +41,7 @@ import hashlib
 import math
 import os
 import secrets
+import shlex
 import signal
 import time
 import uuid
@@ -49,8 +52,13 @@ from typing import Any
 
 import numpy as np
 
-from pipeline._validation import check_enum, check_float_in_interval, check_int_in_range
-from pipeline.accounting.ledger import Ledger, default_ledger_path
+from pipeline._validation import (
+    check_enum,
+    check_float_in_interval,
+    check_int_in_range,
+    check_privacy_pair,
+)
+from pipeline.accounting.ledger import Ledger
 from pipeline.algorithms.base import Factorization
 from pipeline.algorithms.continual import (
     StreamPlan,
@@ -69,7 +77,13 @@ from pipeline.algorithms.lrf import (
     default_operator,
     seed_fingerprint,
 )
-from pipeline.errors import EpochError, InvalidParameterError, StoreLayoutError
+from pipeline.errors import (
+    EpochError,
+    HorizonExceededError,
+    InvalidParameterError,
+    PrivacyConfigError,
+    StoreLayoutError,
+)
 from pipeline.mechanisms.clipping import ClipSpec, Neighboring, PrivacyUnit
 from pipeline.mechanisms.entities import EntityTable, StreamUnit, clip_updates, coalesce
 from pipeline.mechanisms.noise import NoiseKey
@@ -78,7 +92,10 @@ from pipeline.sketches.operators import OperatorKind
 __all__ = [
     "DuplicateBatchError",
     "StreamInfo",
+    "continue_advice",
+    "continue_command",
     "open_stream",
+    "stream_contract",
     "stream_ingest",
     "stream_init",
     "stream_release",
@@ -166,6 +183,8 @@ class StreamInfo:
     n_batches: int
     epsilon: float | None
     delta: float | None
+    #: the population's ledger, charged once at creation (None: non-private)
+    ledger: str | None
 
     def to_dict(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in self.__slots__}  # type: ignore[attr-defined]
@@ -189,6 +208,7 @@ def _info(store: Any) -> StreamInfo:
         n_batches=len(m["batches"]),
         epsilon=p["epsilon"],
         delta=p["delta"],
+        ledger=None if m["ledger"] is None else m["ledger"]["path"],
     )
 
 
@@ -254,10 +274,15 @@ def stream_init(
         ``Delta_F = C`` or ``2C``.
     sketch_size, core_size : int or None
         ``t``, ``v``; None takes the defaults of one-shot releases.
-    ledger : path or None
-        The privacy ledger charged; default ``<state>.dplr-ledger.json``.
+    ledger : path
+        The privacy ledger of the stream's population, which every stream and
+        release on that population charges. Required for a private stream
+        (there is no default: a ledger of the stream's own would let each new
+        stream start from a fresh budget); refused for a non-private one.
     budget : (epsilon, delta) or None
-        Lifetime budget of a ledger created here (default: the stream's own).
+        Lifetime budget of the population, declared when ``ledger`` does not
+        exist yet (it is then created with this stream's charge). For an
+        existing ledger, None or its declared budget.
     seed : int or None
         Public sketch seed, for tests only (default: 128 secret bits).
     insecure_noise_seed : int or None
@@ -270,42 +295,33 @@ def stream_init(
     Raises
     ------
     InvalidParameterError, PrivacyConfigError
-        Bad parameters; nothing is created or charged.
+        Bad parameters, no ledger, a new ledger without a budget; nothing is
+        created or charged.
     BudgetExceededError
-        The ledger cannot afford the stream; nothing is created or charged.
+        The ledger cannot afford the stream on top of what it already holds;
+        nothing is created or charged.
     StoreLayoutError
         ``state`` exists.
 
     Notes
     -----
-    Privacy. Charges one Gaussian mechanism over the whole tree [spec 4.5];
+    Privacy. Charges one Gaussian mechanism over the whole tree [spec 4.5] to
+    the population's ledger, where it composes with every earlier release and
+    stream (spec 9.18: the tree after a horizon composes with the one before);
     releases are post-processing and are never charged again.
     """
     from pipeline.io.stream_state import StreamStore
 
-    alg = check_enum(Algorithm, algorithm, "algorithm")
-    unit_e = check_enum(StreamUnit, unit, "unit")
-    neigh = check_enum(Neighboring, neighboring, "neighboring")
-    rank = check_int_in_range(rank, "rank", 1)
-    horizon = check_int_in_range(horizon, "horizon", 1)
-    if private:
-        from pipeline._validation import check_privacy_pair
-
-        eps, dlt = check_privacy_pair(epsilon, delta)
-    else:
-        if epsilon is not None or delta is not None:
-            raise InvalidParameterError("a non-private stream takes no epsilon or delta.")
-        eps = dlt = None
-    c = check_float_in_interval(clip_norm, "clip_norm", 0.0, math.inf, privacy=True)
-    m, n = check_int_in_range(n_rows, "n_rows", 1), check_int_in_range(n_cols, "n_cols", 1)
-    params = {
-        "n_rows": m, "n_cols": n, "rank": rank, "horizon": horizon,
-        "algorithm": alg.value, "private": bool(private), "epsilon": eps, "delta": dlt,
-        "clip_norm": c, "unit": unit_e.value, "neighboring": neigh.value,
-        "sketch_size": sketch_size, "core_size": core_size, "delta_jl_fraction": 0.5,
-        "operator": default_operator(private=bool(private)).value,
-    }
-    plan = plan_stream(_lrf_params(params), (m, n), horizon)  # validates sizes and calibrates
+    params = _init_params(
+        n_rows=n_rows, n_cols=n_cols, rank=rank, horizon=horizon, epsilon=epsilon,
+        delta=delta, algorithm=algorithm, private=private, clip_norm=clip_norm, unit=unit,
+        neighboring=neighboring, sketch_size=sketch_size, core_size=core_size,
+    )
+    if not private and (ledger is not None or budget is not None):
+        raise InvalidParameterError(
+            "a non-private stream is charged to no ledger; drop ledger and budget."
+        )
+    plan = plan_stream(_lrf_params(params), (params["n_rows"], params["n_cols"]), params["horizon"])
     state = os.path.abspath(os.fspath(state))
     if os.path.lexists(state):
         raise StoreLayoutError(
@@ -314,18 +330,60 @@ def stream_init(
         )
     if seed is not None:
         seed = check_int_in_range(seed, "seed", 0, 2**128 - 1)
+    cal = plan.lrf.calibration
+    book = None
+    if cal is not None:
+        book = _population_ledger(ledger, budget)
+        book.check(cal)  # refused here: nothing exists yet, not even a new ledger
     sketch_seed = seed if seed is not None else secrets.randbits(128)
     key = None
     if private:
         key = NoiseKey.insecure_from_seed(insecure_noise_seed) if insecure_noise_seed is not None else NoiseKey.fresh()
-    stream_id = uuid.uuid4().hex
+    manifest = _new_manifest(params, plan, seed_fingerprint(sketch_seed), public_seed=seed is not None,
+                             insecure=insecure_noise_seed is not None, ledger=book)
+    if book is not None:
+        # charged before the state exists: a crash in between forfeits budget,
+        # never spends it twice on one stream
+        _charge_stream(book, plan, manifest, state)
+    store = StreamStore.create(state, manifest=manifest, sketch_seed=sketch_seed, noise_key=key)
+    return _info(store)
+
+
+def _init_params(
+    *, n_rows: int, n_cols: int, rank: int, horizon: int, epsilon: float | None, delta: float | None,
+    algorithm: str, private: bool, clip_norm: float, unit: str, neighboring: str,
+    sketch_size: int | None, core_size: int | None,
+) -> dict[str, Any]:
+    """The stream's validated public parameters, as the manifest records them."""
+    alg = check_enum(Algorithm, algorithm, "algorithm")
+    unit_e = check_enum(StreamUnit, unit, "unit")
+    neigh = check_enum(Neighboring, neighboring, "neighboring")
+    rank = check_int_in_range(rank, "rank", 1)
+    horizon = check_int_in_range(horizon, "horizon", 1)
+    if private:
+        eps, dlt = check_privacy_pair(epsilon, delta)
+    else:
+        if epsilon is not None or delta is not None:
+            raise InvalidParameterError("a non-private stream takes no epsilon or delta.")
+        eps = dlt = None
+    c = check_float_in_interval(clip_norm, "clip_norm", 0.0, math.inf, privacy=True)
+    m, n = check_int_in_range(n_rows, "n_rows", 1), check_int_in_range(n_cols, "n_cols", 1)
+    return {
+        "n_rows": m, "n_cols": n, "rank": rank, "horizon": horizon,
+        "algorithm": alg.value, "private": bool(private), "epsilon": eps, "delta": dlt,
+        "clip_norm": c, "unit": unit_e.value, "neighboring": neigh.value,
+        "sketch_size": sketch_size, "core_size": core_size, "delta_jl_fraction": 0.5,
+        "operator": default_operator(private=bool(private)).value,
+    }
+
+
+def _new_manifest(
+    params: dict[str, Any], plan: StreamPlan, fingerprint: str, *, public_seed: bool, insecure: bool,
+    ledger: Ledger | _NewLedger | None,
+) -> dict[str, Any]:
     cal = plan.lrf.calibration
-    ledger_doc = None
-    if cal is not None:
-        book = _stream_ledger(ledger, state, budget, (eps, dlt))
-        book.check(cal)  # refused here: nothing exists yet
-        ledger_doc = {"path": str(book.path), "release_id": f"stream-{stream_id}"}
-    manifest = {
+    stream_id = uuid.uuid4().hex
+    return {
         "dplr_version": _version(),
         "stream_id": stream_id,
         "created": _now(),
@@ -336,10 +394,10 @@ def stream_init(
             "tile_size": plan.lrf.params.tile_size,
             "calibration": None if cal is None else cal.to_dict(),
         },
-        "sketch_seed_fingerprint": seed_fingerprint(sketch_seed),
-        "insecure_noise": insecure_noise_seed is not None,
-        "public_sketch_seed": seed is not None,
-        "ledger": ledger_doc,
+        "sketch_seed_fingerprint": fingerprint,
+        "insecure_noise": insecure,
+        "public_sketch_seed": public_seed,
+        "ledger": None if ledger is None else {"path": str(ledger.path), "release_id": f"stream-{stream_id}"},
         "entity_kind": None,
         "last_closed": 0,
         "closed": {},
@@ -348,33 +406,150 @@ def stream_init(
         "batches": [],
         "releases": {},
     }
-    if cal is not None:
-        # charged before the state exists: a crash in between forfeits budget,
-        # never spends it twice on one stream
-        book.charge(
-            cal,
-            release_id=ledger_doc["release_id"],  # type: ignore[index]
-            algorithm=f"continual-{alg.value}",
-            details={
-                "stream": state, "horizon": horizon, "tree_levels": plan.levels,
-                "rank": rank, "sketch_size": plan.lrf.t, "core_size": plan.lrf.v,
-                "noise_reproducible_not_private": insecure_noise_seed is not None,
-            },
+
+
+def stream_contract(params: dict[str, Any]) -> dict[str, Any]:
+    """The privacy contract a private stream states, from its public parameters.
+
+    Who an individual is (``unit``: one entity, which the unit restricts to a
+    row, a column or an entry, or not at all for ``"general"``), the
+    neighbouring relation, the clip norm C and the whole stream's
+    ``(epsilon, delta)``; recorded with the stream's ledger charge.
+    """
+    return {k: params[k] for k in ("unit", "neighboring", "clip_norm", "epsilon", "delta")}
+
+
+def _charge_stream(book: Ledger | _NewLedger, plan: StreamPlan, manifest: dict[str, Any], state: str) -> None:
+    p = manifest["params"]
+    # The ledger records the stream's contract in the charge's details; a ledger
+    # whose charge() takes the contract itself receives stream_contract(p) there.
+    book.charge(
+        plan.lrf.calibration,
+        release_id=manifest["ledger"]["release_id"],
+        algorithm=f"continual-{p['algorithm']}",
+        details={
+            "stream": state, "stream_id": manifest["stream_id"], "horizon": p["horizon"],
+            "tree_levels": plan.levels, "rank": p["rank"], "sketch_size": plan.lrf.t,
+            "core_size": plan.lrf.v, "contract": stream_contract(p),
+            "noise_reproducible_not_private": manifest["insecure_noise"],
+        },
+    )
+
+
+# -- the population's ledger ----------------------------------------------------
+
+_LEDGER_SUFFIXES = (".dplr-ledger.json", ".json")
+
+
+@dataclass(frozen=True, slots=True)
+class _NewLedger:
+    """A declared budget whose ledger file is written only with the first charge.
+
+    A stream refused on bad input or over budget then leaves no ledger behind.
+    """
+
+    path: str
+    dataset: str
+    epsilon: float
+    delta: float
+
+    def check(self, calibration: Any) -> None:
+        Ledger.check_against_budget(calibration, epsilon=self.epsilon, delta=self.delta)
+
+    def charge(self, calibration: Any, **kw: Any) -> dict[str, Any]:
+        try:
+            book = Ledger.create(self.path, dataset=self.dataset, epsilon=self.epsilon, delta=self.delta)
+        except StoreLayoutError:
+            if not os.path.exists(self.path):
+                raise
+            book = Ledger.open(self.path)  # created by another stream meanwhile: it composes
+        return book.charge(calibration, **kw)
+
+
+def _population_ledger(ledger: Any, budget: Any) -> Ledger | _NewLedger:
+    """The ledger a private stream charges: the one named, never one of its own."""
+    if ledger is None:
+        raise PrivacyConfigError(
+            "a private stream is charged to its population's privacy ledger and none was "
+            "given; pass --ledger PATH (ledger=PATH), with --budget-epsilon/--budget-delta "
+            "(budget=(epsilon, delta)) if that ledger does not exist yet."
         )
-    store = StreamStore.create(state, manifest=manifest, sketch_seed=sketch_seed, noise_key=key)
-    return _info(store)
-
-
-def _stream_ledger(ledger: Any, state: str, budget: tuple[float, float] | None, own: tuple[float, float]) -> Ledger:
-    path = default_ledger_path(state) if ledger is None else os.fspath(ledger)
+    path = os.path.abspath(os.fspath(ledger))
+    if budget is not None:
+        if not isinstance(budget, tuple | list) or len(budget) != 2:
+            raise InvalidParameterError(f"budget must be a pair (epsilon, delta), got budget={budget!r}.")
+        budget = check_privacy_pair(*budget)
     if os.path.exists(path):
-        if budget is not None:
-            raise InvalidParameterError(
-                f"the ledger {str(path)!r} exists with its own budget; drop budget."
+        book = Ledger.open(path)
+        if budget is not None and budget != book.budget:
+            raise PrivacyConfigError(
+                f"the ledger {path!r} already declares the lifetime budget (epsilon="
+                f"{book.budget[0]:g}, delta={book.budget[1]:g}); a budget is declared once "
+                "and never changed: drop --budget-epsilon/--budget-delta."
             )
-        return Ledger.open(path)
-    eps, dlt = budget if budget is not None else own
-    return Ledger.create(path, dataset=os.path.basename(state), epsilon=eps, delta=dlt)
+        return book
+    if budget is None:
+        raise PrivacyConfigError(
+            f"no privacy ledger at {path!r}; declare the population's lifetime budget with "
+            "--budget-epsilon/--budget-delta (budget=(epsilon, delta)) to create it, or "
+            "pass the path of its existing ledger."
+        )
+    if not os.path.isdir(os.path.dirname(path)):
+        raise StoreLayoutError(f"the directory of the ledger {path!r} does not exist; create it first.")
+    name = os.path.basename(path)
+    for suffix in _LEDGER_SUFFIXES:
+        if name.endswith(suffix) and len(name) > len(suffix):
+            name = name[: -len(suffix)]
+            break
+    return _NewLedger(path, name, *budget)
+
+
+# -- the horizon ----------------------------------------------------------------
+
+
+def continue_command(manifest: dict[str, Any]) -> str:
+    """The ``dplr stream init`` command of a stream that continues this one.
+
+    Same shape, rank, horizon, algorithm, contract and sizes; for a private
+    stream, the same ledger, where the new stream's charge composes with this
+    one's [spec 9.18]. ``NEW_STATE`` stands for the new state's path.
+    """
+    p = manifest["params"]
+    words = ["dplr", "stream", "init", "NEW_STATE", "--rows", p["n_rows"], "--cols", p["n_cols"],
+             "--rank", p["rank"], "--horizon", p["horizon"]]
+    if p["private"]:
+        words += ["--epsilon", repr(p["epsilon"]), "--delta", repr(p["delta"])]
+    else:
+        words += ["--non-private"]
+    words += ["--algorithm", p["algorithm"], "--clip-norm", repr(p["clip_norm"]), "--unit", p["unit"],
+              "--neighboring", p["neighboring"]]
+    for flag, key in (("--sketch-size", "sketch_size"), ("--core-size", "core_size")):
+        if p[key] is not None:
+            words += [flag, p[key]]
+    if manifest["ledger"] is not None:
+        words += ["--ledger", manifest["ledger"]["path"]]
+    return shlex.join(str(w) for w in words)
+
+
+def continue_advice(manifest: dict[str, Any]) -> str:
+    """The sentence that says how to continue after the horizon (no data, public parameters only)."""
+    if manifest["ledger"] is None:
+        return f"To continue, create a new stream: {continue_command(manifest)}"
+    return (
+        f"To continue, create a new stream on the same ledger {manifest['ledger']['path']!r}, "
+        f"where its charge composes with this one's: {continue_command(manifest)}"
+    )
+
+
+def _check_epoch(plan: StreamPlan, manifest: dict[str, Any], epoch: Any) -> int:
+    """``plan.check_epoch``, whose horizon refusal says how to continue on the same ledger."""
+    try:
+        return plan.check_epoch(epoch)
+    except HorizonExceededError:
+        raise HorizonExceededError(
+            f"epoch {int(epoch)} is beyond the stream's horizon of {plan.horizon} epochs; its "
+            f"budget was calibrated for the horizon. {continue_advice(manifest)}"
+        ) from None
 
 
 def _version() -> str:
@@ -464,7 +639,7 @@ def stream_ingest(
         m = st.manifest
         plan = _plan_of(m)
         p = m["params"]
-        epoch = plan.check_epoch(epoch)
+        epoch = _check_epoch(plan, m, epoch)
         if epoch <= m["last_closed"]:
             raise EpochError(
                 f"epoch {epoch} is already closed (the stream is released up to epoch "
@@ -719,7 +894,7 @@ def stream_release(
     with _locked(state, store) as st:
         m = st.manifest
         plan = _plan_of(m)
-        epoch = plan.check_epoch(epoch)
+        epoch = _check_epoch(plan, m, epoch)
         done = m["releases"].get(str(epoch))
         if done is not None:
             if done["out"] != out:

@@ -186,7 +186,7 @@ class StreamPlan:
             raise HorizonExceededError(
                 f"epoch {int(epoch)} is beyond the stream's horizon of {self.horizon} "
                 "epochs; its budget was calibrated for the horizon. Start a new stream "
-                "(with its own budget) to continue."
+                "on the same ledger (its charge composes with this one's) to continue."
             )
         return int(epoch)
 

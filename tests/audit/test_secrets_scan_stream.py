@@ -115,7 +115,8 @@ def run(client: Client, tmp_path_factory: pytest.TempPathFactory) -> dict[str, b
     try:
         state = tmp / "s.stream"
         stream_init(state, n_rows=SHAPE[0], n_cols=SHAPE[1], rank=3, horizon=8, epsilon=1.0,
-                    delta=1e-6, unit="row", seed=SKETCH_SEED, insecure_noise_seed=NOISE_SEED)
+                    delta=1e-6, unit="row", seed=SKETCH_SEED, insecure_noise_seed=NOISE_SEED,
+                    ledger=tmp / "population.dplr-ledger.json", budget=(1.0, 1e-6))
         _batch(tmp / "b1.parquet", 1)
         printed.append(json.dumps(stream_ingest(state, tmp / "b1.parquet", epoch=1)))
         # closing the epoch sketches its cells on the workers
@@ -153,7 +154,7 @@ def run(client: Client, tmp_path_factory: pytest.TempPathFactory) -> dict[str, b
             "printed output": "\n".join(printed).encode(),
             "release reports": json.dumps(reports, default=str).encode(),
             "published groups": _tree_bytes(tmp / "r1.zarr") + _tree_bytes(tmp / "releases"),
-            "ledger file": (tmp / "s.stream.dplr-ledger.json").read_bytes(),
+            "ledger file": (tmp / "population.dplr-ledger.json").read_bytes(),
             "exception texts": "\n".join(errors).encode(),
         }
         surfaces["_n_graphs"] = str(len(rec.blobs)).encode()

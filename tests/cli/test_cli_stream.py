@@ -42,15 +42,18 @@ def stream(tmp_path: Path) -> Path:
     """A new private stream, created through the API (the CLI's init is tested below)."""
     state = tmp_path / "s.stream"
     stream_init(state, n_rows=SHAPE[0], n_cols=SHAPE[1], rank=3, horizon=4, epsilon=1.0,
-                delta=1e-6, unit="row")
+                delta=1e-6, unit="row", ledger=tmp_path / "population.dplr-ledger.json", budget=(1.0, 1e-6))
     return state
 
 
 def test_init_ingest_release_status(tmp_path: Path):
     stream = tmp_path / "s.stream"
+    ledger_path = tmp_path / "population.dplr-ledger.json"
     proc = run_dplr("stream", "init", stream, "--rows", SHAPE[0], "--cols", SHAPE[1], "--rank", 3,
-                    "--horizon", 4, "--epsilon", "1", "--delta", "1e-6", "--unit", "row")
+                    "--horizon", 4, "--epsilon", "1", "--delta", "1e-6", "--unit", "row",
+                    "--ledger", ledger_path, "--budget-epsilon", "1", "--budget-delta", "1e-6")
     assert proc.returncode == 0, proc.stderr
+    assert f"charged to the ledger {ledger_path}" in proc.stdout
     assert "4 epochs" in proc.stdout
     assert "3 tree levels" in proc.stdout
     assert oct(stream.stat().st_mode & 0o777) == "0o700"
@@ -70,7 +73,9 @@ def test_init_ingest_release_status(tmp_path: Path):
     status = json.loads(run_dplr("stream", "status", stream).stdout)
     assert status["last_closed"] == 2
     assert status["released"] == [2]
-    ledger = json.loads((tmp_path / "s.stream.dplr-ledger.json").read_text())
+    assert status["ledger"] == str(ledger_path)
+    assert rep["ledger"]["path"] == str(ledger_path)
+    ledger = json.loads(ledger_path.read_text())
     assert len(ledger["releases"]) == 1  # the stream was charged once, at init
 
 

@@ -58,7 +58,8 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root.mkdir()
     proc = run_dplr("stream", "init", root / "s.stream", "--rows", SHAPE[0], "--cols", SHAPE[1], "--rank", 3,
                     "--horizon", 8, "--epsilon", "1", "--delta", "1e-6", "--unit", "row",
-                    "--seed", 99, "--insecure-noise-seed", 7)
+                    "--ledger", root / "population.dplr-ledger.json", "--budget-epsilon", "1",
+                    "--budget-delta", "1e-6", "--seed", 99, "--insecure-noise-seed", 7)
     assert proc.returncode == 0, proc.stderr
     rng = np.random.default_rng(0)
     for d in DATES:
@@ -101,7 +102,7 @@ def reference(prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
 def _ledger_records(prepared: Path) -> int:
     import json
 
-    return len(json.loads((prepared / "s.stream.dplr-ledger.json").read_text())["releases"])
+    return len(json.loads((prepared / "population.dplr-ledger.json").read_text())["releases"])
 
 
 @pytest.mark.parametrize(

@@ -77,7 +77,8 @@ def test_closing_an_epoch_on_the_cluster_equals_closing_it_in_process(client: Cl
                                              "s": rng.normal(size=15000) * 0.01})
     state = tmp_path / "s.stream"
     stream_init(state, n_rows=SHAPE[0], n_cols=SHAPE[1], rank=3, horizon=4, epsilon=1.0, delta=1e-6,
-                unit="row", seed=SEED, insecure_noise_seed=5)
+                unit="row", seed=SEED, insecure_noise_seed=5,
+                ledger=tmp_path / "population.dplr-ledger.json", budget=(1.0, 1e-6))
     for k in range(2):
         stream_ingest(state, tmp_path / f"b{k}.npz", epoch=1)
     store = open_stream(state)

@@ -151,10 +151,11 @@ def test_hostile_batches_through_the_cli(
     release; the other refusals through ``pipeline.cli.main`` in this process
     (same parser, handler, exit codes and message; seconds saved per case)."""
     state = tmp_path / "s.stream"
-    ledger = tmp_path / "s.stream.dplr-ledger.json"
+    ledger = tmp_path / "population.dplr-ledger.json"
     proc = run_dplr(
         "stream", "init", state, "--rows", SHAPE[0], "--cols", SHAPE[1], "--rank", 2,
         "--horizon", 4, "--epsilon", "1", "--delta", "1e-6", "--unit", "row",
+        "--ledger", ledger, "--budget-epsilon", "1", "--budget-delta", "1e-6",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert len(_records(ledger)) == 1  # the whole stream is charged once, at init
@@ -232,6 +233,8 @@ def _release(
     stream_init(
         state, n_rows=SHAPE[0], n_cols=SHAPE[1], rank=2, horizon=4, epsilon=1.0,
         delta=1e-6, unit="row", seed=77, insecure_noise_seed=78,
+        # x and y are neighbouring datasets, each its own population
+        ledger=tmp / f"{name}.dplr-ledger.json", budget=(1.0, 1e-6),
     )  # fmt: skip
     last = max(epochs)
     for epoch in range(1, last + 1):
@@ -342,7 +345,8 @@ def test_a_second_empty_batch_is_not_a_replay(tmp_path: Path) -> None:
     state = tmp_path / "e.stream"
     stream_init(
         state, n_rows=SHAPE[0], n_cols=SHAPE[1], rank=2, horizon=4, epsilon=1.0,
-        delta=1e-6, unit="row",
+        delta=1e-6, unit="row", ledger=tmp_path / "population.dplr-ledger.json",
+        budget=(1.0, 1e-6),
     )  # fmt: skip
     write_batch(
         tmp_path / "empty.npz",

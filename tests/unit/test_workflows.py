@@ -471,6 +471,12 @@ def dry_runs(tmp_path_factory):
             "1e-6",
             "--unit",
             "row",
+            "--ledger",
+            str(site / "ratings.dplr-ledger.json"),
+            "--budget-epsilon",
+            "1",
+            "--budget-delta",
+            "1e-6",
         ]
     )
     assert init.returncode == 0, init.stderr
