@@ -42,7 +42,6 @@ import math
 import os
 import secrets
 import shlex
-import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -87,6 +86,7 @@ from pipeline.errors import (
 from pipeline.mechanisms.clipping import ClipSpec, Neighboring, PrivacyUnit
 from pipeline.mechanisms.entities import EntityTable, StreamUnit, clip_updates, coalesce
 from pipeline.mechanisms.noise import NoiseKey
+from pipeline.release import crash_point as _crash_point
 from pipeline.sketches.operators import OperatorKind
 
 __all__ = [
@@ -102,27 +102,8 @@ __all__ = [
     "stream_status",
 ]
 
-#: Environment variable naming a step at which the process kills itself with
-#: SIGKILL: ``STEP`` (the first time STEP is reached) or ``STEP#N`` (the N-th
-#: time). Fault injection for the crash-safety tests; unset in production.
-CRASH_ENV = "DPLR_CRASH_AT"
-_crash_counts: dict[str, int] = {}
-
-
 class DuplicateBatchError(InvalidParameterError):
     """The batch's content was already ingested into this stream."""
-
-
-def _crash_point(step: str) -> None:
-    target = os.environ.get(CRASH_ENV)
-    if not target:
-        return
-    name, _, nth = target.partition("#")
-    if name != step:
-        return
-    _crash_counts[step] = _crash_counts.get(step, 0) + 1
-    if _crash_counts[step] == int(nth or 1):
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _now() -> str:
