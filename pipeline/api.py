@@ -900,48 +900,7 @@ def build_pca_report(
     if cal is None:
         return report | _NON_PRIVATE
     if selected:
-        # Only the winner is public: the number of trials N (and anything that
-        # reveals it -- passes, release labels, task counts) stays in the trusted
-        # zone, as the random-stopping analysis requires (spec 3.5).
-        report["parameters"].update(
-            {
-                "method": "power (private selection of R and T)",
-                "accounting": "rdp",
-                "iterations": result.iterations,
-                "clip_radius": result.clip_radius,
-                "requested_clip_radius": None,
-                "gamma": None
-                if result.iterations == 0
-                else cal.gamma(result.iterations),
-            }
-        )
-        report.update(
-            {
-                # the run's time, like its passes, would reveal the number of trials
-                "timings_seconds": {},
-                "n_passes": None,
-                "n_passes_planned": None,
-                "releases": None,
-                "resumed_releases": [] if not result.resumed else ["(withheld)"],
-                "selection": {
-                    "selected_clip_radius": result.clip_radius,
-                    "selected_iterations": result.iterations,
-                    "score_gap": result.gap,
-                    "warm_start_gap_test_passed": result.iterations > 0,
-                    "withheld": "number of trials, passes and per-trial values (they would void the random-stopping analysis)",
-                },
-                "mechanism": "Analyze Gauss warm start + Papernot-Steinke random stopping over (R, T) trials; RDP accountant",
-                "epsilon": cal.epsilon,
-                "delta": cal.delta,
-                "realised_epsilon": cal.rdp_epsilon,
-                "accountant": "rdp (dp_accounting RepeatAndSelectDpEvent), capped number of trials",
-                "neighboring": "replace one row (rows clipped to norm 1)",
-                "idealized_numerics": True,
-                "calibration": cal.to_dict(),
-                "mechanisms": [],
-            }
-        )
-        return report
+        return _selection_report(report, result, cal)
     cd = cal.to_dict()
     report.update(
         {
@@ -958,3 +917,50 @@ def build_pca_report(
     )
     return report
 
+
+def _selection_report(report: dict[str, Any], result: Any, cal: Any) -> dict[str, Any]:
+    """The report of a private selection: the winner only.
+
+    The number of trials N, and anything that reveals it (passes, release
+    labels, task counts, the run's time), stays in the trusted zone, as the
+    random-stopping analysis requires (spec 3.5).
+    """
+    report["parameters"].update(
+        {
+            "method": "power (private selection of R and T)",
+            "accounting": "rdp",
+            "iterations": result.iterations,
+            "clip_radius": result.clip_radius,
+            "requested_clip_radius": None,
+            "gamma": None
+            if result.iterations == 0
+            else cal.gamma(result.iterations),
+        }
+    )
+    report.update(
+        {
+            # the run's time, like its passes, would reveal the number of trials
+            "timings_seconds": {},
+            "n_passes": None,
+            "n_passes_planned": None,
+            "releases": None,
+            "resumed_releases": [] if not result.resumed else ["(withheld)"],
+            "selection": {
+                "selected_clip_radius": result.clip_radius,
+                "selected_iterations": result.iterations,
+                "score_gap": result.gap,
+                "warm_start_gap_test_passed": result.iterations > 0,
+                "withheld": "number of trials, passes and per-trial values (they would void the random-stopping analysis)",
+            },
+            "mechanism": "Analyze Gauss warm start + Papernot-Steinke random stopping over (R, T) trials; RDP accountant",
+            "epsilon": cal.epsilon,
+            "delta": cal.delta,
+            "realised_epsilon": cal.rdp_epsilon,
+            "accountant": "rdp (dp_accounting RepeatAndSelectDpEvent), capped number of trials",
+            "neighboring": "replace one row (rows clipped to norm 1)",
+            "idealized_numerics": True,
+            "calibration": cal.to_dict(),
+            "mechanisms": [],
+        }
+    )
+    return report
