@@ -35,6 +35,7 @@ from pipeline._validation import (
     check_int_in_range,
     check_privacy_pair,
 )
+from pipeline.accounting.contract import PrivacyContract
 from pipeline.accounting.ledger import Ledger, default_ledger_path
 from pipeline.algorithms.base import ArraySource, Factorization
 from pipeline.algorithms.lrf import (
@@ -403,6 +404,12 @@ def factorize(
         source, unit=params.clip.unit.value if params.private else None
     )
     plan = plan_lrf(params, info.shape)
+    contract = None if plan.calibration is None else PrivacyContract(
+        unit=params.clip.unit, neighboring=params.neighboring,
+        clip_norm=params.clip.clip_norm, epsilon=plan.calibration.epsilon,
+        delta=plan.calibration.delta, accountant="analytic-gaussian", shape=info.shape,
+        secret_noise=insecure_noise_seed is None, public_operators=seed is not None,
+    )  # fmt: skip
     jpath = (
         os.fspath(journal)
         if journal is not None
@@ -448,7 +455,7 @@ def factorize(
             "journal abandons the charged release."
         )
     if book is not None and plan.calibration is not None and not already_charged():
-        book.check(plan.calibration)  # refused here, before the first read
+        book.check(plan.calibration, contract=contract)  # refused before the first read
     if jr is not None:
         if jr.sketch_seed is None or (plan.calibration is not None) != (
             jr.noise_key is not None
@@ -489,6 +496,7 @@ def factorize(
         if not already_charged():
             book.charge(
                 plan.calibration,
+                contract=contract,
                 release_id=release_id,
                 algorithm=params.algorithm.value,
                 details={
@@ -812,21 +820,24 @@ class _NewLedger:
         )
         self.ledger: Ledger | None = None
 
-    def check(self, calibration: Any) -> None:
-        Ledger.check_against_budget(calibration, epsilon=self.epsilon, delta=self.delta)
+    def check(self, calibration: Any, *, contract: PrivacyContract) -> None:
+        Ledger.check_against_budget(
+            calibration, contract=contract, epsilon=self.epsilon, delta=self.delta
+        )
 
-    def charge(self, calibration: Any, **kw: Any) -> dict[str, Any]:
+    def charge(self, calibration: Any, *, contract: PrivacyContract, **kw: Any) -> dict[str, Any]:
         from pipeline.errors import StoreLayoutError
 
-        try:
+        try:  # the new ledger declares the first release's unit and relation
             self.ledger = Ledger.create(
-                self.path, dataset=self.dataset, epsilon=self.epsilon, delta=self.delta
-            )
+                self.path, dataset=self.dataset, epsilon=self.epsilon, delta=self.delta,
+                unit=contract.unit, neighboring=contract.neighboring,
+            )  # fmt: skip
         except StoreLayoutError:
             if not os.path.exists(self.path):
                 raise
             self.ledger = Ledger.open(self.path)  # another job created it meanwhile
-        return self.ledger.charge(calibration, **kw)
+        return self.ledger.charge(calibration, contract=contract, **kw)
 
     def remaining_summary(self) -> dict[str, Any]:
         assert self.ledger is not None, "summary of a ledger before its first charge"
@@ -1062,6 +1073,12 @@ def pca(
         check_output_path(out, overwrite=overwrite, inputs=(info.path,))
     book = _resolve_ledger(ledger, info.path, budget, plan)  # type: ignore[arg-type]
     cal = plan.calibration
+    contract = None if cal is None else PrivacyContract(
+        unit="row", neighboring="replace", clip_norm=params.row_norm_bound,
+        epsilon=cal.epsilon, delta=cal.delta, shape=info.shape,
+        accountant="rdp" if select else params.accounting,
+        secret_noise=insecure_noise_seed is None,
+    )  # fmt: skip
     new_key = None
     if cal is not None:
         new_key = (
@@ -1112,7 +1129,7 @@ def pca(
         if isinstance(book, Ledger):
             book.reload()
         if not already_charged():
-            book.check(cal)  # refused here, before the first read
+            book.check(cal, contract=contract)  # refused here, before the first read
     timings: dict[str, float] = {"plan": time.perf_counter() - t0}
 
     def charge() -> None:
@@ -1122,6 +1139,7 @@ def pca(
             return
         book.charge(
             cal,
+            contract=contract,
             release_id=release_id,
             algorithm="pca-select" if select else f"pca-{params.method}",
             details={

@@ -54,6 +54,7 @@ from pipeline._validation import (
     check_privacy_pair,
 )
 from pipeline.accounting.calibration import ReleaseCalibration, SketchNoise
+from pipeline.accounting.contract import PrivacyContract
 from pipeline.accounting.gaussian import (
     gaussian_delta,
     gaussian_epsilon,
@@ -215,6 +216,16 @@ def _gaussian_release_calibration(
             ),
         ),
     )
+
+
+def _row_replace_contract(
+    cal: Any, accountant: str, shape: tuple[int, int], C: float, seed: int | None
+) -> PrivacyContract:
+    """The contract of DPPCA's releases: one row, replaced; rows clipped to ``C``."""
+    return PrivacyContract(
+        unit="row", neighboring="replace", clip_norm=C, epsilon=cal.epsilon,
+        delta=cal.delta, accountant=accountant, shape=shape, secret_noise=seed is None,
+    )  # fmt: skip
 
 
 def split_mean_budget(
@@ -781,17 +792,23 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
             centred = self._centred_rows(array, mean, C, clip=False)
             return pca(centred, k, **run_kw), mean, extra
         book = _resolve_ledger(kw["ledger"], path, kw["budget"], plan["pca_plan"])
+        seed = kw["insecure_noise_seed"]
         if book is not None:
             # refused here, before the first read: the PCA alone, and both releases
-            book.check(plan["pca_plan"].calibration)
-            book.check(plan["joint_calibration"])
-        seed = kw["insecure_noise_seed"]
+            pca_cal = plan["pca_plan"].calibration
+            con = _row_replace_contract(pca_cal, kw["accounting"], shape, C, seed)
+            book.check(pca_cal, contract=con)
+            joint = plan["joint_calibration"]
+            book.check(joint, contract=_row_replace_contract(joint, "gdp", shape, C, seed))
         key = NoiseKey.fresh() if seed is None else NoiseKey.insecure_from_seed(seed)
         total = _row_total(array, client, C, clip=True)
         extra["mean_release_id"] = uuid.uuid4().hex if book is not None else None
         if book is not None:
             book.charge(
                 plan["mean_calibration"],
+                contract=_row_replace_contract(
+                    plan["mean_calibration"], "gdp", shape, C, seed
+                ),
                 release_id=extra["mean_release_id"],
                 algorithm="pca-dp-mean",
                 details={

@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from pipeline._validation import check_enum, check_float_in_interval, check_int_in_range
+from pipeline.accounting.contract import PrivacyContract
 from pipeline.accounting.ledger import Ledger, default_ledger_path
 from pipeline.algorithms.base import Factorization
 from pipeline.algorithms.continual import (
@@ -322,8 +323,9 @@ def stream_init(
     cal = plan.lrf.calibration
     ledger_doc = None
     if cal is not None:
-        book = _stream_ledger(ledger, state, budget, (eps, dlt))
-        book.check(cal)  # refused here: nothing exists yet
+        contract = _stream_contract(params, cal, insecure_noise_seed, seed)
+        book = _stream_ledger(ledger, state, budget, (eps, dlt), neigh)
+        book.check(cal, contract=contract)  # refused here: nothing exists yet
         ledger_doc = {"path": str(book.path), "release_id": f"stream-{stream_id}"}
     manifest = {
         "dplr_version": _version(),
@@ -353,6 +355,7 @@ def stream_init(
         # never spends it twice on one stream
         book.charge(
             cal,
+            contract=contract,
             release_id=ledger_doc["release_id"],  # type: ignore[index]
             algorithm=f"continual-{alg.value}",
             details={
@@ -365,7 +368,20 @@ def stream_init(
     return _info(store)
 
 
-def _stream_ledger(ledger: Any, state: str, budget: tuple[float, float] | None, own: tuple[float, float]) -> Ledger:
+def _stream_contract(p: dict[str, Any], cal: Any, insecure: int | None, seed: int | None) -> PrivacyContract:
+    """A stream's contract: the individual is an entity id, whatever its unit binds it to."""
+    return PrivacyContract(
+        unit="entity", neighboring=p["neighboring"], clip_norm=p["clip_norm"],
+        epsilon=cal.epsilon, delta=cal.delta, accountant="analytic-gaussian",
+        shape=(p["n_rows"], p["n_cols"]), secret_noise=insecure is None,
+        public_operators=seed is not None,
+    )  # fmt: skip
+
+
+def _stream_ledger(
+    ledger: Any, state: str, budget: tuple[float, float] | None, own: tuple[float, float],
+    neigh: Neighboring,
+) -> Ledger:
     path = default_ledger_path(state) if ledger is None else os.fspath(ledger)
     if os.path.exists(path):
         if budget is not None:
@@ -374,7 +390,10 @@ def _stream_ledger(ledger: Any, state: str, budget: tuple[float, float] | None, 
             )
         return Ledger.open(path)
     eps, dlt = budget if budget is not None else own
-    return Ledger.create(path, dataset=os.path.basename(state), epsilon=eps, delta=dlt)
+    return Ledger.create(
+        path, dataset=os.path.basename(state), epsilon=eps, delta=dlt, unit="entity",
+        neighboring=neigh,
+    )  # fmt: skip
 
 
 def _version() -> str:
