@@ -273,7 +273,9 @@ def approx_group_factor(
     """Group size ``k`` for reading an approximate-DP release at (unit, relation).
 
     ``(epsilon, delta)``-DP gives ``(k epsilon, k e^((k-1) epsilon) delta)``-DP
-    for groups of ``k`` [Vadhan 2017, Lemma 2.2]. Only the conversions with
+    for datasets ``k`` neighbour steps apart: applying the definition along the
+    steps adds ``(1 + e^epsilon + ... + e^((k-1) epsilon)) delta <= k
+    e^((k-1) epsilon) delta`` [Vadhan 2017, Lemma 2.2]. Only the conversions with
     ``k <= 2`` are offered (unit changes through entries would need ``k`` in
     the hundreds and are refused: ``None``).
 

@@ -546,6 +546,33 @@ def test_factorize_and_pca_charge_their_contracts(path: pathlib.Path) -> None:
     )
 
 
+def test_a_ledger_created_by_a_release_declares_the_release_contract(
+    tmp_path: pathlib.Path,
+) -> None:
+    """A ledger written at the first charge (``budget=``) declares that release's unit
+    and relation; a stream's default ledger declares its entities."""
+    from pipeline.api import factorize, pca
+    from pipeline.stream import stream_init
+
+    A = np.random.default_rng(8).normal(size=(60, 20)) / 10
+    budget = (50.0, 1e-3)
+    pca(A, 2, epsilon=1.0, delta=1e-6, iterations=2, clip_radius=0.5, insecure_noise_seed=2,
+        ledger=tmp_path / "p.json", budget=budget)  # fmt: skip
+    factorize(A, 2, epsilon=1.0, delta=1e-6, unit="column", insecure_noise_seed=1,
+              ledger=tmp_path / "f.json", budget=budget)  # fmt: skip
+    stream_init(tmp_path / "s.stream", n_rows=40, n_cols=10, rank=2, horizon=4, epsilon=1.0,
+                delta=1e-6, neighboring="replace")  # fmt: skip
+    declared = {
+        name: json.loads((tmp_path / name).read_text())["contract"]
+        for name in ("p.json", "f.json", "s.stream.dplr-ledger.json")
+    }
+    assert declared == {
+        "p.json": {"unit": "row", "neighboring": "replace"},
+        "f.json": {"unit": "column", "neighboring": "add-remove"},
+        "s.stream.dplr-ledger.json": {"unit": "entity", "neighboring": "replace"},
+    }
+
+
 def test_a_stream_is_refused_on_a_row_ledger(
     tmp_path: pathlib.Path, path: pathlib.Path
 ) -> None:
