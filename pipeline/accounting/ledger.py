@@ -90,6 +90,8 @@ References
    privacy. ICML 2018, arXiv:1805.06530.
 .. [DR14] Dwork, Roth. The algorithmic foundations of differential privacy,
    Thm 3.16 (basic composition).
+.. [Vadhan 2017] Vadhan. The complexity of differential privacy, Lemma 2.2
+   (group privacy).
 """
 
 from __future__ import annotations
