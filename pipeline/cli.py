@@ -388,6 +388,14 @@ def _parser() -> argparse.ArgumentParser:
     bi.add_argument("--epsilon", type=float, required=True)
     bi.add_argument("--delta", type=float, required=True)
     bi.add_argument(
+        "--unit", default="row", choices=("row", "column", "entry", "entity"),
+        help="who an individual is: the budget holds for one (default row; entity: streams)",
+    )  # fmt: skip
+    bi.add_argument(
+        "--neighboring", default="add-remove", choices=("add-remove", "replace"),
+        help="the neighbouring relation the budget holds under (default add-remove)",
+    )  # fmt: skip
+    bi.add_argument(
         "--ledger", help="ledger path (default: <DATASET>.dplr-ledger.json)"
     )
     bs = bsub.add_parser("show", help="print the budget and what has been spent")
@@ -419,7 +427,8 @@ def _ledger_lines(report: dict[str, Any]) -> list[str]:
         return []
     return [
         (f"  ledger: {led['path']}  lifetime budget (epsilon={led['budget_epsilon']:g}, "
-        f"delta={led['budget_delta']:g}); {led['n_releases']} release(s) compose to "
+        f"delta={led['budget_delta']:g}) for one {led['unit']} under {led['neighboring']} "
+        f"neighbours; {led['n_releases']} release(s) compose to "
         f"epsilon={led['epsilon_used']:.4g} at the budget's delta")
     ]
 
@@ -717,8 +726,13 @@ def _budget(args: argparse.Namespace) -> int:
             dataset=os.path.basename(os.path.normpath(args.dataset)),
             epsilon=eps,
             delta=dlt,
+            unit=args.unit,
+            neighboring=args.neighboring,
         )
-        print(f"declared lifetime budget (epsilon={eps:g}, delta={dlt:g}) in {path}")
+        print(
+            f"declared lifetime budget (epsilon={eps:g}, delta={dlt:g}) for one "
+            f"{args.unit} under {args.neighboring} neighbours in {path}"
+        )
         return EXIT_OK
     book = Ledger.open(path)
     print(

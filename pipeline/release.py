@@ -46,7 +46,12 @@ from typing import Any, Protocol, TextIO
 from pipeline._validation import check_privacy_pair
 from pipeline.accounting.contract import PrivacyContract
 from pipeline.accounting.ledger import Ledger, default_ledger_path
-from pipeline.errors import PipelineError, PrivacyConfigError, StoreLayoutError
+from pipeline.errors import (
+    InvalidParameterError,
+    PipelineError,
+    PrivacyConfigError,
+    StoreLayoutError,
+)
 from pipeline.mechanisms.noise import NoiseKey
 
 __all__ = [
@@ -324,7 +329,8 @@ class ReleaseJob:
         self.book = _resolve_ledger(spec)
         self._resume_or_start()
         if self.book is not None and not self.already_charged():
-            self.book.check(spec.calibration)  # refused here, before the first read
+            # refused here, before the first read: budget, and contract vs ledger
+            self.book.check(spec.calibration, contract=spec.contract)
         self.mark("plan")
         return False
 
@@ -389,6 +395,7 @@ class ReleaseJob:
         if self.book is not None and not self.already_charged():
             self.book.charge(
                 self.spec.calibration,
+                contract=self.spec.contract,
                 release_id=self.release_id,
                 algorithm=algorithm,
                 details={
@@ -557,12 +564,26 @@ def _resolve_ledger(spec: ReleaseSpec) -> Ledger | _NewLedger | None:
             "with --budget-epsilon/--budget-delta (budget=(epsilon, delta)) or "
             "`dplr budget init`."
         )
+    if not isinstance(budget, tuple | list) or len(budget) != 2:
+        raise InvalidParameterError(
+            f"budget must be a pair (epsilon, delta), got budget={budget!r}."
+        )
     beps, bdelta = check_privacy_pair(*budget)
     if not os.path.isdir(os.path.dirname(where)):
         raise PrivacyConfigError(f"the directory of the ledger {where!r} does not exist.")
-    path = spec.input.path
-    name = os.path.basename(os.path.normpath(path)) if path else "in-memory"
-    return _NewLedger(path=where, dataset=name, epsilon=beps, delta=bdelta)
+    return _NewLedger(path=where, dataset=_dataset_name(spec.input.path, where),
+                      epsilon=beps, delta=bdelta)  # fmt: skip
+
+
+def _dataset_name(input_path: str | None, ledger: str) -> str:
+    """The input store's name, else the ledger file's (``ratings.dplr-ledger.json``)."""
+    if input_path:
+        return os.path.basename(os.path.normpath(input_path))
+    name = os.path.basename(ledger)
+    for suffix in (".dplr-ledger.json", ".json"):
+        if name.endswith(suffix) and len(name) > len(suffix):
+            return name[: -len(suffix)]
+    return name
 
 
 @dataclass
@@ -579,19 +600,25 @@ class _NewLedger:
     delta: float
     ledger: Ledger | None = None
 
-    def check(self, calibration: Any) -> None:
-        Ledger.check_against_budget(calibration, epsilon=self.epsilon, delta=self.delta)
+    def check(self, calibration: Any, *, contract: PrivacyContract) -> None:
+        Ledger.check_against_budget(
+            calibration, contract=contract, epsilon=self.epsilon, delta=self.delta
+        )
 
-    def charge(self, calibration: Any, **kw: Any) -> dict[str, Any]:
+    def charge(
+        self, calibration: Any, *, contract: PrivacyContract, **kw: Any
+    ) -> dict[str, Any]:
+        # a ledger created by a release declares that release's unit and relation
         try:
             self.ledger = Ledger.create(
-                self.path, dataset=self.dataset, epsilon=self.epsilon, delta=self.delta
-            )
+                self.path, dataset=self.dataset, epsilon=self.epsilon,
+                delta=self.delta, unit=contract.unit, neighboring=contract.neighboring,
+            )  # fmt: skip
         except StoreLayoutError:
             if not os.path.exists(self.path):
                 raise
             self.ledger = Ledger.open(self.path)  # another job created it meanwhile
-        return self.ledger.charge(calibration, **kw)
+        return self.ledger.charge(calibration, contract=contract, **kw)
 
     def remaining_summary(self) -> dict[str, Any]:
         assert self.ledger is not None, "summary of a ledger before its first charge"

@@ -40,10 +40,8 @@ import datetime as _dt
 import hashlib
 import math
 import os
-import secrets
 import shlex
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -57,7 +55,7 @@ from pipeline._validation import (
     check_int_in_range,
     check_privacy_pair,
 )
-from pipeline.accounting.ledger import Ledger
+from pipeline.accounting.contract import PrivacyContract
 from pipeline.algorithms.base import Factorization
 from pipeline.algorithms.continual import (
     StreamPlan,
@@ -85,7 +83,7 @@ from pipeline.errors import (
 )
 from pipeline.mechanisms.clipping import ClipSpec, Neighboring, PrivacyUnit
 from pipeline.mechanisms.entities import EntityTable, StreamUnit, clip_updates, coalesce
-from pipeline.mechanisms.noise import NoiseKey
+from pipeline.release import InputRef, ReleaseJob, ReleaseSpec
 from pipeline.release import crash_point as _crash_point
 from pipeline.sketches.operators import OperatorKind
 
@@ -95,7 +93,6 @@ __all__ = [
     "continue_advice",
     "continue_command",
     "open_stream",
-    "stream_contract",
     "stream_ingest",
     "stream_init",
     "stream_release",
@@ -311,22 +308,24 @@ def stream_init(
         )
     if seed is not None:
         seed = check_int_in_range(seed, "seed", 0, 2**128 - 1)
-    cal = plan.lrf.calibration
-    book = None
-    if cal is not None:
-        book = _population_ledger(ledger, budget)
-        book.check(cal)  # refused here: nothing exists yet, not even a new ledger
-    sketch_seed = seed if seed is not None else secrets.randbits(128)
-    key = None
-    if private:
-        key = NoiseKey.insecure_from_seed(insecure_noise_seed) if insecure_noise_seed is not None else NoiseKey.fresh()
-    manifest = _new_manifest(params, plan, seed_fingerprint(sketch_seed), public_seed=seed is not None,
-                             insecure=insecure_noise_seed is not None, ledger=book)
-    if book is not None:
-        # charged before the state exists: a crash in between forfeits budget,
-        # never spends it twice on one stream
-        _charge_stream(book, plan, manifest, state)
-    store = StreamStore.create(state, manifest=manifest, sketch_seed=sketch_seed, noise_key=key)
+    job = ReleaseJob(_init_spec(params, plan, state, ledger, budget, seed, insecure_noise_seed))
+    job.prepare()  # refused here (contract vs ledger, budget): nothing exists yet
+    manifest = _new_manifest(params, plan, job, public_seed=seed is not None)
+    p = params
+    # the key and the seed go to a journal beside the ledger, then the one charge:
+    # a crash before the state exists is finished by the same command, not recharged
+    job.charge(
+        algorithm=f"continual-{p['algorithm']}",
+        details={
+            "stream": state, "stream_id": manifest["stream_id"], "horizon": p["horizon"],
+            "tree_levels": plan.levels, "rank": p["rank"], "sketch_size": plan.lrf.t,
+            "core_size": plan.lrf.v,
+        },
+    )  # fmt: skip
+    store = StreamStore.create(
+        state, manifest=manifest, sketch_seed=job.sketch_seed, noise_key=job.noise_key
+    )
+    job.publish(None)  # the state holds the key and the seed now
     return _info(store)
 
 
@@ -358,12 +357,40 @@ def _init_params(
     }
 
 
-def _new_manifest(
-    params: dict[str, Any], plan: StreamPlan, fingerprint: str, *, public_seed: bool, insecure: bool,
-    ledger: Ledger | _NewLedger | None,
-) -> dict[str, Any]:
+def _init_spec(
+    params: dict[str, Any], plan: StreamPlan, state: str, ledger: Any, budget: Any,
+    seed: int | None, insecure: int | None,
+) -> ReleaseSpec:
+    """The release spec of a stream's creation: the whole tree, charged once."""
     cal = plan.lrf.calibration
-    stream_id = uuid.uuid4().hex
+    if cal is not None and ledger is None:
+        raise PrivacyConfigError(
+            "a private stream is charged to its population's privacy ledger and none was "
+            "given; pass --ledger PATH (ledger=PATH), with --budget-epsilon/--budget-delta "
+            "(budget=(epsilon, delta)) if that ledger does not exist yet."
+        )
+    contract = None if cal is None else PrivacyContract(
+        # the individual is an entity id, whatever row, column or entry it is bound to
+        unit="entity", neighboring=params["neighboring"], clip_norm=params["clip_norm"],
+        epsilon=cal.epsilon, delta=cal.delta, accountant="analytic-gaussian",
+        shape=(params["n_rows"], params["n_cols"]), secret_noise=insecure is None,
+        public_operators=seed is not None,
+    )  # fmt: skip
+    shape = (params["n_rows"], params["n_cols"])
+    return ReleaseSpec(
+        kind="stream", contract=contract, calibration=cal,
+        parameters={**params, "state": state},
+        input=InputRef(path=None, fingerprint=None, shape=shape, dtype="float64", chunks=()),
+        ledger=ledger, budget=None if budget is None else tuple(budget),
+        insecure_noise_seed=insecure, sketch_seed=seed, uses_sketch_seed=True,
+    )  # fmt: skip
+
+
+def _new_manifest(
+    params: dict[str, Any], plan: StreamPlan, job: ReleaseJob, *, public_seed: bool
+) -> dict[str, Any]:
+    cal, book = plan.lrf.calibration, job.book
+    stream_id = job.release_id
     return {
         "dplr_version": _version(),
         "stream_id": stream_id,
@@ -375,10 +402,10 @@ def _new_manifest(
             "tile_size": plan.lrf.params.tile_size,
             "calibration": None if cal is None else cal.to_dict(),
         },
-        "sketch_seed_fingerprint": fingerprint,
-        "insecure_noise": insecure,
+        "sketch_seed_fingerprint": seed_fingerprint(job.sketch_seed),
+        "insecure_noise": job.spec.insecure_noise_seed is not None,
         "public_sketch_seed": public_seed,
-        "ledger": None if ledger is None else {"path": str(ledger.path), "release_id": f"stream-{stream_id}"},
+        "ledger": None if book is None else {"path": str(book.path), "release_id": stream_id},
         "entity_kind": None,
         "last_closed": 0,
         "closed": {},
@@ -387,102 +414,6 @@ def _new_manifest(
         "batches": [],
         "releases": {},
     }
-
-
-def stream_contract(params: dict[str, Any]) -> dict[str, Any]:
-    """The privacy contract a private stream states, from its public parameters.
-
-    Who an individual is (``unit``: one entity, which the unit restricts to a
-    row, a column or an entry, or not at all for ``"general"``), the
-    neighbouring relation, the clip norm C and the whole stream's
-    ``(epsilon, delta)``; recorded with the stream's ledger charge.
-    """
-    return {k: params[k] for k in ("unit", "neighboring", "clip_norm", "epsilon", "delta")}
-
-
-def _charge_stream(book: Ledger | _NewLedger, plan: StreamPlan, manifest: dict[str, Any], state: str) -> None:
-    p = manifest["params"]
-    # The ledger records the stream's contract in the charge's details; a ledger
-    # whose charge() takes the contract itself receives stream_contract(p) there.
-    book.charge(
-        plan.lrf.calibration,
-        release_id=manifest["ledger"]["release_id"],
-        algorithm=f"continual-{p['algorithm']}",
-        details={
-            "stream": state, "stream_id": manifest["stream_id"], "horizon": p["horizon"],
-            "tree_levels": plan.levels, "rank": p["rank"], "sketch_size": plan.lrf.t,
-            "core_size": plan.lrf.v, "contract": stream_contract(p),
-            "noise_reproducible_not_private": manifest["insecure_noise"],
-        },
-    )
-
-
-# -- the population's ledger ----------------------------------------------------
-
-_LEDGER_SUFFIXES = (".dplr-ledger.json", ".json")
-
-
-@dataclass(frozen=True, slots=True)
-class _NewLedger:
-    """A declared budget whose ledger file is written only with the first charge.
-
-    A stream refused on bad input or over budget then leaves no ledger behind.
-    """
-
-    path: str
-    dataset: str
-    epsilon: float
-    delta: float
-
-    def check(self, calibration: Any) -> None:
-        Ledger.check_against_budget(calibration, epsilon=self.epsilon, delta=self.delta)
-
-    def charge(self, calibration: Any, **kw: Any) -> dict[str, Any]:
-        try:
-            book = Ledger.create(self.path, dataset=self.dataset, epsilon=self.epsilon, delta=self.delta)
-        except StoreLayoutError:
-            if not os.path.exists(self.path):
-                raise
-            book = Ledger.open(self.path)  # created by another stream meanwhile: it composes
-        return book.charge(calibration, **kw)
-
-
-def _population_ledger(ledger: Any, budget: Any) -> Ledger | _NewLedger:
-    """The ledger a private stream charges: the one named, never one of its own."""
-    if ledger is None:
-        raise PrivacyConfigError(
-            "a private stream is charged to its population's privacy ledger and none was "
-            "given; pass --ledger PATH (ledger=PATH), with --budget-epsilon/--budget-delta "
-            "(budget=(epsilon, delta)) if that ledger does not exist yet."
-        )
-    path = os.path.abspath(os.fspath(ledger))
-    if budget is not None:
-        if not isinstance(budget, tuple | list) or len(budget) != 2:
-            raise InvalidParameterError(f"budget must be a pair (epsilon, delta), got budget={budget!r}.")
-        budget = check_privacy_pair(*budget)
-    if os.path.exists(path):
-        book = Ledger.open(path)
-        if budget is not None and budget != book.budget:
-            raise PrivacyConfigError(
-                f"the ledger {path!r} already declares the lifetime budget (epsilon="
-                f"{book.budget[0]:g}, delta={book.budget[1]:g}); a budget is declared once "
-                "and never changed: drop --budget-epsilon/--budget-delta."
-            )
-        return book
-    if budget is None:
-        raise PrivacyConfigError(
-            f"no privacy ledger at {path!r}; declare the population's lifetime budget with "
-            "--budget-epsilon/--budget-delta (budget=(epsilon, delta)) to create it, or "
-            "pass the path of its existing ledger."
-        )
-    if not os.path.isdir(os.path.dirname(path)):
-        raise StoreLayoutError(f"the directory of the ledger {path!r} does not exist; create it first.")
-    name = os.path.basename(path)
-    for suffix in _LEDGER_SUFFIXES:
-        if name.endswith(suffix) and len(name) > len(suffix):
-            name = name[: -len(suffix)]
-            break
-    return _NewLedger(path, name, *budget)
 
 
 # -- the horizon ----------------------------------------------------------------

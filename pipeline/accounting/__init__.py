@@ -45,6 +45,13 @@ from pipeline.accounting.calibration import (
     pld_epsilon,
     to_dp_event,
 )
+from pipeline.accounting.contract import (
+    Accountant,
+    EntityUnit,
+    PrivacyContract,
+    approx_group_factor,
+    gdp_scale,
+)
 from pipeline.accounting.gaussian import (
     classical_gaussian_sigma,
     gaussian_delta,
@@ -57,16 +64,21 @@ from pipeline.accounting.ledger import LEDGER_FORMAT, Ledger, default_ledger_pat
 
 __all__ = [
     "LEDGER_FORMAT",
+    "Accountant",
+    "EntityUnit",
     "Ledger",
+    "PrivacyContract",
     "ReleaseCalibration",
     "SketchNoise",
     "SketchRequest",
+    "approx_group_factor",
     "calibrate_release",
     "classical_gaussian_sigma",
     "default_ledger_path",
     "gaussian_delta",
     "gaussian_epsilon",
     "gaussian_noise_multiplier",
+    "gdp_scale",
     "jl_sensitivity_factor",
     "paper_gaussian_sigma",
     "pld_epsilon",

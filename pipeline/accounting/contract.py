@@ -31,6 +31,15 @@ it is read there, or ``None`` where no conversion is proven. The proofs are in
   (column) level. Factor: the row release read under replacement.
 * **row <-> column**: no conversion (an individual of one kind touches every
   individual of the other); refused.
+* **entity** (a stream's individual: one entity id, whatever cells its updates
+  touch; several entities may share a row, a column or a cell) converts to no
+  matrix unit and no matrix unit converts to it; refused. Entity releases
+  compose with each other under the relation rule above.
+
+The ``entry -> row`` factor over-counts a replace-one entry release read under
+add/remove (the true factor is ``sqrt(n_cols) / 2``), and so does ``replace ->
+add/remove`` (``1 / 2`` for a Gaussian of the clipped contributions): both
+conversions err on the side of charging more, never less.
 
 Releases accounted outside the Gaussian family (the private selection's RDP
 bound, recorded as an approximate ``(epsilon, delta)``) convert only by group
@@ -51,10 +60,49 @@ from pipeline.mechanisms.clipping import Neighboring, PrivacyUnit
 
 __all__ = [
     "Accountant",
+    "EntityUnit",
     "PrivacyContract",
+    "Unit",
     "approx_group_factor",
+    "as_unit",
     "gdp_scale",
 ]
+
+
+class EntityUnit(enum.Enum):
+    """The individual of a stream: one entity id, whatever cells it touches.
+
+    Not a :class:`PrivacyUnit`: several entities may share a row, a column or
+    a cell, so a stream's guarantee says nothing about one row (column, cell),
+    and a matrix release says nothing about one entity that spans rows.
+    """
+
+    ENTITY = "entity"
+
+
+#: Who an individual is: a unit of a full matrix, or a stream's entity.
+Unit = PrivacyUnit | EntityUnit
+
+
+def as_unit(value: Any, name: str = "unit") -> Unit:
+    """``value`` as a :data:`Unit` (member or value), else raise.
+
+    Examples
+    --------
+    >>> as_unit("entry"), as_unit("entity")
+    (<PrivacyUnit.ENTRY: 'entry'>, <EntityUnit.ENTITY: 'entity'>)
+    """
+    if isinstance(value, PrivacyUnit | EntityUnit):
+        return value
+    if value == EntityUnit.ENTITY.value:
+        return EntityUnit.ENTITY
+    try:
+        return PrivacyUnit(value)
+    except ValueError:
+        allowed = ", ".join(repr(m.value) for m in (*PrivacyUnit, *EntityUnit))
+        raise InvalidParameterError(
+            f"{name} must be one of {allowed}, got {name}={value!r}."
+        ) from None
 
 
 class Accountant(enum.Enum):
@@ -81,8 +129,8 @@ class PrivacyContract:
 
     Parameters
     ----------
-    unit : PrivacyUnit
-        Who an individual is.
+    unit : PrivacyUnit or EntityUnit
+        Who an individual is (row, column, entry; or a stream's entity).
     neighboring : Neighboring
         Add/remove (one individual's contribution set to zero) or replace-one.
     clip_norm : float
@@ -108,7 +156,7 @@ class PrivacyContract:
     True
     """
 
-    unit: PrivacyUnit
+    unit: Unit
     neighboring: Neighboring
     clip_norm: float
     epsilon: float
@@ -120,7 +168,7 @@ class PrivacyContract:
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
-        set_(self, "unit", check_enum(PrivacyUnit, self.unit, "unit"))
+        set_(self, "unit", as_unit(self.unit))
         set_(
             self, "neighboring", check_enum(Neighboring, self.neighboring, "neighboring")
         )
@@ -186,7 +234,7 @@ def _relation_scale(src: Neighboring, dst: Neighboring) -> float:
 
 
 def gdp_scale(
-    contract: PrivacyContract, unit: PrivacyUnit, neighboring: Neighboring
+    contract: PrivacyContract, unit: Unit, neighboring: Neighboring
 ) -> float | None:
     """Factor by which ``mu`` of a Gaussian release grows at (``unit``, ``neighboring``).
 
@@ -201,10 +249,14 @@ def gdp_scale(
     10.0
     >>> gdp_scale(c, PrivacyUnit.ROW, Neighboring.REPLACE)
     20.0
+    >>> gdp_scale(c, EntityUnit.ENTITY, Neighboring.REPLACE) is None
+    True
     """
     src = contract.unit
     if src is unit:
         return _relation_scale(contract.neighboring, neighboring)
+    if EntityUnit.ENTITY in (src, unit):
+        return None  # a stream's entities and a matrix's units: no relation
     if src is PrivacyUnit.ENTRY:
         # one row (column) is n_cols (n_rows) entries on disjoint coordinates
         count = contract.shape[1] if unit is PrivacyUnit.ROW else contract.shape[0]
@@ -216,17 +268,32 @@ def gdp_scale(
 
 
 def approx_group_factor(
-    contract: PrivacyContract, unit: PrivacyUnit, neighboring: Neighboring
+    contract: PrivacyContract, unit: Unit, neighboring: Neighboring
 ) -> int | None:
     """Group size ``k`` for reading an approximate-DP release at (unit, relation).
 
     ``(epsilon, delta)``-DP gives ``(k epsilon, k e^((k-1) epsilon) delta)``-DP
-    for groups of ``k`` [Vadhan 2017, Lemma 2.2]. Only the conversions with
+    for datasets ``k`` neighbour steps apart: applying the definition along the
+    steps adds ``(1 + e^epsilon + ... + e^((k-1) epsilon)) delta <= k
+    e^((k-1) epsilon) delta`` [Vadhan 2017, Lemma 2.2]. Only the conversions with
     ``k <= 2`` are offered (unit changes through entries would need ``k`` in
     the hundreds and are refused: ``None``).
+
+    Examples
+    --------
+    >>> c = PrivacyContract(unit="row", neighboring="add-remove", clip_norm=1.0,
+    ...                     epsilon=1.0, delta=1e-6, accountant="rdp", shape=(50, 4))
+    >>> approx_group_factor(c, PrivacyUnit.ROW, Neighboring.REPLACE)
+    2
+    >>> approx_group_factor(c, PrivacyUnit.ENTRY, Neighboring.ADD_REMOVE)
+    2
+    >>> approx_group_factor(c, PrivacyUnit.COLUMN, Neighboring.REPLACE) is None
+    True
     """
-    if contract.unit is not unit:
-        if unit is PrivacyUnit.ENTRY and contract.unit is not PrivacyUnit.ENTRY:
-            return int(_relation_scale(contract.neighboring, Neighboring.REPLACE))
-        return None
-    return int(_relation_scale(contract.neighboring, neighboring))
+    src = contract.unit
+    if src is unit:
+        return int(_relation_scale(contract.neighboring, neighboring))
+    if unit is PrivacyUnit.ENTRY and src in (PrivacyUnit.ROW, PrivacyUnit.COLUMN):
+        # entry neighbours are replace-one neighbours of the row (column) unit
+        return int(_relation_scale(contract.neighboring, Neighboring.REPLACE))
+    return None

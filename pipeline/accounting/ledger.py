@@ -31,21 +31,53 @@ for any ``eps_G >= 0``, where ``E_a`` and ``D_a`` sum ``epsilon_approx`` and
 ``delta <= delta_B``, i.e. ``gaussian_delta(z_tot, epsilon_B - E_a) + sum
 delta_JL + D_a <= delta_B``. The ``delta_JL`` terms are added, which is
 conservative when releases reuse the same sketch matrices (then one good
-event covers them all).
+event covers them all). Here ``z_i``, ``epsilon_approx`` and ``delta_approx``
+are those of the releases *read at the ledger's contract* (below).
+
+**Contracts.** A ledger declares, when it is created, who an individual is
+(``unit``: row, column, entry, or a stream's entity) and which datasets are
+neighbours (``neighboring``: add-remove or replace); its budget is a guarantee
+at that unit and relation. Every charge states the release's own
+:class:`~pipeline.accounting.contract.PrivacyContract`, which is recorded with
+it, and every release is composed *as read at the ledger's unit and
+relation*: a Gaussian release's ``mu = 1/z`` is multiplied by
+:func:`~pipeline.accounting.contract.gdp_scale` (``z`` divided by it), an
+approx release is read by group privacy of size
+``k = approx_group_factor(...)`` as ``(k epsilon, k e^((k-1) epsilon)
+delta)`` [Vadhan 2017, Lemma 2.2]. A release with no proven conversion (row
+vs column, a stream's entities vs a matrix unit, an approx release through
+entries) is refused with a :class:`PrivacyConfigError`. The ``delta_JL``
+terms are unchanged by a conversion: the sketch norm bound fails with
+probability ``beta`` for *any* fixed difference of the inputs, whatever its
+norm. The proofs are in ``docs/privacy.md``, "Composing releases of
+different contracts".
 
 File format (JSON, mode 0600)::
 
-    {"format": "dplr-ledger/1", "dataset": str,
+    {"format": "dplr-ledger/2", "dataset": str,
      "budget": {"epsilon": E, "delta": D},
+     "contract": {"unit": U, "neighboring": N},
      "releases": [{"release_id", "time", "algorithm", "epsilon", "delta",
-                   "delta_jl", "noise_multiplier_total", "details"}, ...]}
+                   "delta_jl", "noise_multiplier_total", "details",
+                   "contract"}, ...]}
 
-An approx record also has ``"kind": "approx"``, ``"epsilon_approx"`` and
-``"delta_approx"``, and ``"noise_multiplier_total": null`` (no Gaussian part;
-JSON has no infinity). Records without ``kind`` are Gaussian, so ledgers
-written before approx records existed read unchanged; an older reader
-refuses a ledger holding an approx record (its ``null`` multiplier fails the
-layout check) instead of under-counting it.
+``noise_multiplier_total`` is the release's own ``z`` (at its own contract);
+the conversion is applied when the ledger composes. An approx record also has
+``"kind": "approx"``, ``"epsilon_approx"`` and ``"delta_approx"`` (again its
+own), and ``"noise_multiplier_total": null`` (no Gaussian part; JSON has no
+infinity).
+
+**Ledgers written before contracts** (format ``dplr-ledger/1``: no declared
+contract, no contract per record) open unchanged and are read as unit
+``row``, relation ``replace``, with every old record read as a row
+``add-remove`` release: its ``mu`` counts twice (its approx ``(epsilon,
+delta)`` by group privacy of size 2). That is the worst case among the
+relations, so the old charges are never understated under either relation,
+and a replace-one guarantee implies the add-remove one. An old record's unit
+is not recorded anywhere and is taken as ``row``. The first new charge
+rewrites the file as ``dplr-ledger/2`` with that declared contract (marked
+``"assumed_for": "dplr-ledger/1"``), so an older dplr, which composes without
+contracts, refuses the file instead of under-counting it.
 
 No seed or noise key is ever stored: the API has no argument that carries one,
 and ``details`` keys that name a seed or key (other than a hash) are refused.
@@ -58,6 +90,8 @@ References
    privacy. ICML 2018, arXiv:1805.06530.
 .. [DR14] Dwork, Roth. The algorithmic foundations of differential privacy,
    Thm 3.16 (basic composition).
+.. [Vadhan 2017] Vadhan. The complexity of differential privacy, Lemma 2.2
+   (group privacy).
 """
 
 from __future__ import annotations
@@ -74,19 +108,31 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline._durable import write_private
-from pipeline._validation import check_privacy_pair
+from pipeline._validation import check_enum, check_privacy_pair
 from pipeline.accounting.calibration import ReleaseCalibration
+from pipeline.accounting.contract import (
+    PrivacyContract,
+    Unit,
+    approx_group_factor,
+    as_unit,
+    gdp_scale,
+)
 from pipeline.accounting.gaussian import gaussian_delta, gaussian_epsilon
 from pipeline.accounting.pca import PcaCalibration, SelectionCalibration
 from pipeline.errors import (
     BudgetExceededError,
     InvalidParameterError,
+    PrivacyConfigError,
     StoreLayoutError,
 )
+from pipeline.mechanisms.clipping import Neighboring, PrivacyUnit
 
 __all__ = ["LEDGER_FORMAT", "Ledger", "default_ledger_path"]
 
-LEDGER_FORMAT = "dplr-ledger/1"
+LEDGER_FORMAT = "dplr-ledger/2"
+# Ledgers written before contracts existed: read as (row, replace), see above.
+_LEGACY_FORMAT = "dplr-ledger/1"
+_LEGACY_UNIT, _LEGACY_NEIGHBORING = PrivacyUnit.ROW, Neighboring.REPLACE
 _LEDGER_SUFFIX = ".dplr-ledger.json"
 _FILE_MODE = 0o600
 # Same slack as LEDGER_CHECK (spec section 4.4): rounding in z_tot only.
@@ -149,20 +195,109 @@ Calibration = ReleaseCalibration | PcaCalibration | SelectionCalibration
 
 @dataclass(frozen=True, slots=True)
 class _Charge:
-    """What one release adds: ``z`` (inf: no Gaussian part) and basic terms."""
+    """What one release adds, read at the ledger's contract.
+
+    ``z`` (inf: no Gaussian part) and the basic-composition terms; ``factor``
+    is the conversion applied (``gdp_scale`` or the group size, 1: none).
+    """
 
     z: float
     delta_jl: float
     epsilon_approx: float
     delta_approx: float
+    factor: float = 1.0
+
+
+def _gaussian(z: float, delta_jl: float, scale: float) -> _Charge:
+    """A Gaussian release whose ``mu = 1/z`` grows by ``scale`` [gdp_scale]."""
+    return _Charge(z / scale, delta_jl, 0.0, 0.0, scale)
+
+
+def _approx(eps: float, dlt: float, delta_jl: float, k: int) -> _Charge:
+    """An approx release read by group privacy of size ``k`` [Vadhan, Lemma 2.2]."""
+    if k == 1:
+        return _Charge(math.inf, delta_jl, eps, dlt, 1.0)
+    return _Charge(
+        math.inf, delta_jl, k * eps, k * math.exp((k - 1) * eps) * dlt, float(k)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Declared:
+    """The ledger's own unit and relation; ``assumed``: a pre-contract file."""
+
+    unit: Unit
+    neighboring: Neighboring
+    assumed: bool = False
+
+    def describe(self) -> str:
+        return f"unit '{self.unit.value}' under '{self.neighboring.value}' neighbours"
+
+    def to_dict(self) -> dict[str, str]:
+        out = {"unit": self.unit.value, "neighboring": self.neighboring.value}
+        if self.assumed:  # kept when a pre-contract file is rewritten
+            out["assumed_for"] = _LEGACY_FORMAT
+        return out
+
+
+def _declared(data: Mapping[str, Any]) -> _Declared:
+    if data.get("format") == _LEGACY_FORMAT:
+        return _Declared(_LEGACY_UNIT, _LEGACY_NEIGHBORING, assumed=True)
+    c = data["contract"]
+    return _Declared(
+        as_unit(c["unit"]),
+        check_enum(Neighboring, c["neighboring"], "neighboring"),
+        assumed="assumed_for" in c,
+    )
+
+
+def _contract_factor(contract: PrivacyContract, led: _Declared) -> float | None:
+    """``gdp_scale`` or the group size of ``contract`` at the ledger's contract."""
+    if contract.accountant.gaussian:
+        return gdp_scale(contract, led.unit, led.neighboring)
+    return approx_group_factor(contract, led.unit, led.neighboring)
+
+
+def _refusal(contract: PrivacyContract, led: _Declared) -> PrivacyConfigError:
+    kind = "" if contract.accountant.gaussian else "approximate-DP "
+    return PrivacyConfigError(
+        f"this ledger composes releases at {led.describe()}, but the {kind}release is "
+        f"at unit '{contract.unit.value}' under '{contract.neighboring.value}' "
+        "neighbours and no conversion between the two is proven; charge it to a "
+        "separate ledger for that population (dplr budget init --unit "
+        f"{contract.unit.value} --neighboring {contract.neighboring.value} --ledger "
+        "PATH), or release it at the ledger's unit and relation."
+    )
+
+
+def _check_contract(calibration: Calibration, contract: object) -> PrivacyContract:
+    """The release's contract must be one and must state this calibration's budget."""
+    if not isinstance(contract, PrivacyContract):
+        raise InvalidParameterError(
+            "contract must be a PrivacyContract (the release's unit, relation and "
+            f"budget), got contract={type(contract).__name__}."
+        )
+    approx = isinstance(calibration, SelectionCalibration)
+    if contract.accountant.gaussian == approx:
+        raise PrivacyConfigError(
+            f"contract.accountant={contract.accountant.value!r} does not match a "
+            f"{type(calibration).__name__}: 'rdp' goes with a SelectionCalibration, "
+            "the Gaussian accountants with the other calibrations."
+        )
+    same = math.isclose(
+        contract.epsilon, calibration.epsilon, rel_tol=1e-12
+    ) and math.isclose(contract.delta, calibration.delta, rel_tol=1e-12)
+    if not same:
+        raise PrivacyConfigError(
+            f"the contract states (epsilon={contract.epsilon!r}, delta="
+            f"{contract.delta!r}) but the calibration is for (epsilon="
+            f"{calibration.epsilon!r}, delta={calibration.delta!r}); build the "
+            "contract from the release's own budget."
+        )
+    return contract
 
 
 def _release_multiplier(calibration: ReleaseCalibration | PcaCalibration) -> float:
-    if not isinstance(calibration, ReleaseCalibration | PcaCalibration):
-        raise InvalidParameterError(
-            "calibration must be a ReleaseCalibration or a PcaCalibration, got "
-            f"calibration={type(calibration).__name__}."
-        )
     _check_finite_epsilon(calibration)
     # Bug guard before anything is charged: the recorded sigmas must give the
     # release's own (epsilon, delta) [spec section 4.4, LEDGER_CHECK].
@@ -179,8 +314,8 @@ def _check_finite_epsilon(calibration: Calibration) -> None:
         )
 
 
-def _release_charge(calibration: Calibration) -> _Charge:
-    """Validate and self-check a calibration; return what it adds."""
+def _own_charge(calibration: Calibration) -> _Charge:
+    """Validate and self-check a calibration; what it adds at its own contract."""
     if isinstance(calibration, SelectionCalibration):
         _check_finite_epsilon(calibration)
         # Re-accounts the recorded noise in RDP before anything is charged.
@@ -195,17 +330,57 @@ def _release_charge(calibration: Calibration) -> _Charge:
     return _Charge(z, calibration.delta_jl, 0.0, 0.0)
 
 
-def _record_charge(record: Mapping[str, Any]) -> _Charge:
-    if record.get("kind") == _APPROX_KIND:
-        return _Charge(
+def _converted(own: _Charge, factor: float) -> _Charge:
+    if math.isinf(own.z):
+        return _approx(own.epsilon_approx, own.delta_approx, own.delta_jl, int(factor))
+    return _gaussian(own.z, own.delta_jl, factor)
+
+
+def _at_ledger(own: _Charge, contract: PrivacyContract, led: _Declared) -> _Charge:
+    """A release's own charge read at the ledger's contract; refuses what cannot convert."""
+    factor = _contract_factor(contract, led)
+    if factor is None:
+        raise _refusal(contract, led)
+    return _converted(own, factor)
+
+
+def _release_charge(
+    calibration: Calibration, contract: object, led: _Declared
+) -> _Charge:
+    """What a new release adds at the ledger's contract (validated first)."""
+    own = _own_charge(calibration)
+    return _at_ledger(own, _check_contract(calibration, contract), led)
+
+
+def _record_contract(rec: Mapping[str, Any]) -> PrivacyContract | None:
+    """A record's contract; None for a record written before contracts."""
+    raw = rec.get("contract")
+    return None if raw is None else PrivacyContract.from_dict(raw)
+
+
+def _record_charge(rec: Mapping[str, Any], led: _Declared) -> _Charge:
+    approx = rec.get("kind") == _APPROX_KIND
+    own = (
+        _Charge(
             math.inf,
-            float(record["delta_jl"]),
-            float(record["epsilon_approx"]),
-            float(record["delta_approx"]),
+            float(rec["delta_jl"]),
+            float(rec["epsilon_approx"]),
+            float(rec["delta_approx"]),
         )
-    return _Charge(
-        float(record["noise_multiplier_total"]), float(record["delta_jl"]), 0.0, 0.0
+        if approx
+        else _Charge(float(rec["noise_multiplier_total"]), float(rec["delta_jl"]), 0, 0)
     )
+    contract = _record_contract(rec)
+    if contract is None:
+        # Pre-contract record: unit unknown (taken as the ledger's), relation
+        # taken as add-remove, the worst case: group privacy of size 2 under
+        # replace (module docstring).
+        factor = 2.0 if led.neighboring is Neighboring.REPLACE else 1.0
+    else:
+        found = _contract_factor(contract, led)
+        assert found is not None, "records are checked when the file is read"
+        factor = found
+    return _converted(own, factor)
 
 
 def _composed_delta(charges: Iterable[_Charge], epsilon_b: float) -> float:
@@ -288,10 +463,14 @@ def _read_ledger(path: pathlib.Path) -> dict[str, Any]:
 
 def _check_layout(data: object, path: pathlib.Path) -> None:
     where = f"Privacy ledger at {str(path)!r}"
-    if not isinstance(data, dict) or data.get("format") != LEDGER_FORMAT:
+    if not isinstance(data, dict) or data.get("format") not in (
+        LEDGER_FORMAT,
+        _LEGACY_FORMAT,
+    ):
         found = data.get("format") if isinstance(data, dict) else type(data).__name__
         raise StoreLayoutError(
-            f"{where} must have format {LEDGER_FORMAT!r}, found format={found!r}."
+            f"{where} must have format {LEDGER_FORMAT!r} (or the older "
+            f"{_LEGACY_FORMAT!r}), found format={found!r}."
         )
     budget = data.get("budget")
     if (
@@ -307,21 +486,50 @@ def _check_layout(data: object, path: pathlib.Path) -> None:
         check_privacy_pair(budget.get("epsilon"), budget.get("delta"))
     except InvalidParameterError as exc:
         raise StoreLayoutError(f"{where} has an invalid budget: {exc}") from None
+    led = _check_declared(data, where)
     for i, rec in enumerate(data["releases"]):
-        if not isinstance(rec, dict) or any(k not in rec for k in _RECORD_KEYS):
+        _check_record(rec, led, f"{where}: releases[{i}]")
+
+
+def _check_declared(data: Mapping[str, Any], where: str) -> _Declared:
+    if data["format"] == LEDGER_FORMAT:
+        c = data.get("contract")
+        keys = {"unit", "neighboring"}
+        if not isinstance(c, dict) or not keys <= set(c) <= keys | {"assumed_for"}:
             raise StoreLayoutError(
-                f"{where}: releases[{i}] must have the keys {list(_RECORD_KEYS)}."
+                f"{where} must declare 'contract': {{'unit': ..., 'neighboring': ...}}, "
+                f"got {c!r}."
             )
-        z, djl = rec["noise_multiplier_total"], rec["delta_jl"]
-        kind = rec.get("kind")
-        if kind is not None:
-            _check_approx_record(rec, f"{where}: releases[{i}]")
-            continue
-        if not (_positive(z) and isinstance(djl, int | float) and djl >= 0):
-            raise StoreLayoutError(
-                f"{where}: releases[{i}] has an invalid noise_multiplier_total "
-                f"or delta_jl (got {z!r}, {djl!r})."
-            )
+    try:
+        return _declared(data)
+    except InvalidParameterError as exc:
+        raise StoreLayoutError(f"{where} declares an invalid contract: {exc}") from None
+
+
+def _check_record(rec: object, led: _Declared, where: str) -> None:
+    if not isinstance(rec, dict) or any(k not in rec for k in _RECORD_KEYS):
+        raise StoreLayoutError(f"{where} must have the keys {list(_RECORD_KEYS)}.")
+    z, djl = rec["noise_multiplier_total"], rec["delta_jl"]
+    if rec.get("kind") is not None:
+        _check_approx_record(rec, where)
+    elif not (_positive(z) and isinstance(djl, int | float) and djl >= 0):
+        raise StoreLayoutError(
+            f"{where} has an invalid noise_multiplier_total or delta_jl (got "
+            f"{z!r}, {djl!r})."
+        )
+    try:
+        contract = _record_contract(rec)
+    except (InvalidParameterError, TypeError, KeyError) as exc:
+        raise StoreLayoutError(f"{where} has an invalid contract: {exc}") from None
+    if contract is None:
+        return
+    if contract.accountant.gaussian == (rec.get("kind") == _APPROX_KIND):
+        raise StoreLayoutError(
+            f"{where} has accountant {contract.accountant.value!r}, which does not "
+            f"match its kind {rec.get('kind')!r}."
+        )
+    if _contract_factor(contract, led) is None:
+        raise StoreLayoutError(f"{where} cannot be composed here: {_refusal(contract, led)}")
 
 
 def _check_approx_record(rec: Mapping[str, Any], where: str) -> None:
@@ -362,15 +570,18 @@ class Ledger:
     Use :meth:`create` once per dataset and :meth:`open` afterwards. Reads
     (:meth:`spent`, :meth:`check`, :meth:`remaining_summary`) first reload the
     file, so they see releases charged by other processes; :attr:`releases`
-    and :attr:`budget` are the snapshot of the last reload.
+    and :attr:`budget` are the snapshot of the last reload. Every release is
+    composed as read at the ledger's :attr:`unit` and :attr:`neighboring`
+    (module docstring).
 
     Examples
     --------
     >>> import pathlib, tempfile
     >>> with tempfile.TemporaryDirectory() as d:
     ...     p = pathlib.Path(d) / "d.dplr-ledger.json"
-    ...     Ledger.create(p, dataset="d", epsilon=2.0, delta=1e-5).spent()
-    (0.0, 0.0)
+    ...     led = Ledger.create(p, dataset="d", epsilon=2.0, delta=1e-5)
+    ...     led.spent(), led.unit.value, led.neighboring.value
+    ((0.0, 0.0), 'row', 'add-remove')
     """
 
     __slots__ = ("_data", "_path")
@@ -387,8 +598,10 @@ class Ledger:
         dataset: str,
         epsilon: float,
         delta: float,
+        unit: str | Unit = "row",
+        neighboring: str | Neighboring = "add-remove",
     ) -> Ledger:
-        """Create a new, empty ledger with a lifetime budget.
+        """Create a new, empty ledger with a lifetime budget and its contract.
 
         Parameters
         ----------
@@ -398,6 +611,11 @@ class Ledger:
             Non-empty dataset identifier.
         epsilon, delta : float
             Lifetime budget, ``epsilon > 0``, ``delta`` in ``(0, 1)``.
+        unit : {"row", "column", "entry", "entity"}
+            Who an individual of this dataset is ("entity": a stream's entity
+            ids). The budget is a guarantee for one such individual.
+        neighboring : {"add-remove", "replace"}
+            The relation the budget holds under.
 
         Returns
         -------
@@ -409,8 +627,13 @@ class Ledger:
             If the file already exists (a budget is never reset silently).
         PrivacyConfigError
             If the budget is invalid.
+        InvalidParameterError
+            If the unit or the relation is unknown.
         """
         eps, dlt = check_privacy_pair(epsilon, delta)
+        led = _Declared(
+            as_unit(unit), check_enum(Neighboring, neighboring, "neighboring")
+        )
         if not isinstance(dataset, str) or not dataset:
             raise InvalidParameterError(
                 f"dataset must be a non-empty string, got dataset={dataset!r}."
@@ -421,12 +644,7 @@ class Ledger:
                 f"Privacy ledger directory {str(p.parent)!r} does not exist; "
                 "create the dataset's directory first."
             )
-        data = {
-            "format": LEDGER_FORMAT,
-            "dataset": dataset,
-            "budget": {"epsilon": eps, "delta": dlt},
-            "releases": [],
-        }
+        data = _new_data(dataset, eps, dlt, led)
         with _exclusive_lock(p):
             if p.exists():
                 raise StoreLayoutError(
@@ -438,13 +656,13 @@ class Ledger:
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> Ledger:
-        """Open an existing ledger.
+        """Open an existing ledger (a ``dplr-ledger/1`` one too, read as row/replace).
 
         Raises
         ------
         StoreLayoutError
-            If the file is missing, not valid JSON, or not a
-            ``dplr-ledger/1`` ledger.
+            If the file is missing, not valid JSON, not a dplr ledger, or holds
+            a record that cannot be composed at its declared contract.
         """
         p = pathlib.Path(path)
         return cls(p, _read_ledger(p))
@@ -466,6 +684,16 @@ class Ledger:
         return float(b["epsilon"]), float(b["delta"])
 
     @property
+    def unit(self) -> Unit:
+        """Who an individual is, for this ledger's budget."""
+        return _declared(self._data).unit
+
+    @property
+    def neighboring(self) -> Neighboring:
+        """The neighbouring relation this ledger's budget holds under."""
+        return _declared(self._data).neighboring
+
+    @property
     def releases(self) -> tuple[dict[str, Any], ...]:
         """Copies of the release records, oldest first."""
         return tuple(json.loads(json.dumps(r)) for r in self._data["releases"])
@@ -475,10 +703,11 @@ class Ledger:
         self._data = _read_ledger(self._path)
 
     def _charges(self) -> list[_Charge]:
-        return [_record_charge(r) for r in self._data["releases"]]
+        led = _declared(self._data)
+        return [_record_charge(r, led) for r in self._data["releases"]]
 
     def spent(self) -> tuple[float, float]:
-        """Budget used so far, as ``(epsilon_used, delta_used)``.
+        """Budget used so far, as ``(epsilon_used, delta_used)``, at the ledger's contract.
 
         Returns
         -------
@@ -488,7 +717,9 @@ class Ledger:
             ``z_tot = (sum z_i^-2)^(-1/2)`` over the Gaussian releases and
             ``E_a``, ``D_a`` the sums of ``epsilon_approx``, ``delta_approx``
             over the approx releases (0 without them; 1 if ``E_a`` exceeds
-            ``epsilon_B``). ``epsilon_used`` is the smallest epsilon at which
+            ``epsilon_B``), every release read at the ledger's unit and
+            relation (``z_i`` divided by its ``gdp_scale``; an approx release
+            by group privacy). ``epsilon_used`` is the smallest epsilon at which
             all releases together are ``(epsilon, delta_B)``-DP:
             ``E_a + gaussian_epsilon(z_tot, delta_B - sum delta_JL - D_a)``, or
             ``inf`` when the delta terms alone use up ``delta_B`` (no epsilon
@@ -511,55 +742,81 @@ class Ledger:
         eps_used = eps_a + gaussian_epsilon(z_tot, room) if room > 0.0 else math.inf
         return eps_used, delta_used
 
-    def _check_loaded(
-        self, calibration: Calibration, new: _Charge | None = None
-    ) -> None:
-        new = _release_charge(calibration) if new is None else new
+    def _check_loaded(self, calibration: Calibration, new: _Charge) -> None:
         eps_b, delta_b = self.budget
         charges = [*self._charges(), new]
         composed = _composed_delta(charges, eps_b)
-        if not composed <= delta_b * (1 + _BUDGET_RTOL):
-            eps_a = math.fsum(c.epsilon_approx for c in charges)
-            d_a = math.fsum(c.delta_approx for c in charges)
-            approx = (
-                f"; approximate-DP releases take epsilon={eps_a:.6g} and "
-                f"delta={d_a:.6g} of it by basic composition"
-                if eps_a > 0.0
-                else ""
-            )
-            raise BudgetExceededError(
-                f"Release (epsilon={calibration.epsilon!r}, "
-                f"delta={calibration.delta!r}) would exceed the dataset's lifetime "
-                f"budget (epsilon={eps_b!r}, delta={delta_b!r}): composed delta at "
-                f"epsilon={eps_b!r} would be {composed:.6g} after "
-                f"{len(self._data['releases'])} earlier release(s){approx}."
-            )
+        if composed <= delta_b * (1 + _BUDGET_RTOL):
+            return
+        eps_a = math.fsum(c.epsilon_approx for c in charges)
+        d_a = math.fsum(c.delta_approx for c in charges)
+        approx = (
+            f"; approximate-DP releases take epsilon={eps_a:.6g} and "
+            f"delta={d_a:.6g} of it by basic composition"
+            if eps_a > 0.0
+            else ""
+        )
+        led = _declared(self._data)
+        how = (
+            f"its mu counts {new.factor:g} times"
+            if math.isfinite(new.z)
+            else f"it counts as a group of {new.factor:g}"
+        )
+        read = f" (read at the ledger's {led.describe()}, {how})" if new.factor != 1.0 else ""
+        raise BudgetExceededError(
+            f"Release (epsilon={calibration.epsilon!r}, "
+            f"delta={calibration.delta!r}){read} would exceed the dataset's lifetime "
+            f"budget (epsilon={eps_b!r}, delta={delta_b!r}): composed delta at "
+            f"epsilon={eps_b!r} would be {composed:.6g} after "
+            f"{len(self._data['releases'])} earlier release(s){approx}."
+        )
 
     @staticmethod
     def check_against_budget(
-        calibration: Calibration, *, epsilon: float, delta: float
+        calibration: Calibration,
+        *,
+        contract: PrivacyContract,
+        epsilon: float,
+        delta: float,
+        unit: str | Unit | None = None,
+        neighboring: str | Neighboring | None = None,
     ) -> None:
         """Check a first release against a budget that no file records yet.
 
         Lets a caller refuse an over-budget plan before creating the ledger, so
-        that a job failing on bad input leaves no file behind.
+        that a job failing on bad input leaves no file behind. ``unit`` and
+        ``neighboring`` are those the ledger will declare (default: the
+        release's own).
 
         Raises
         ------
         BudgetExceededError
             If the release alone exceeds ``(epsilon, delta)``.
+        PrivacyConfigError
+            If the release cannot be read at ``unit``/``neighboring``.
         """
         eps, dlt = check_privacy_pair(epsilon, delta)
-        data = {
-            "format": LEDGER_FORMAT,
-            "dataset": "-",
-            "releases": [],
-            "budget": {"epsilon": eps, "delta": dlt},
-        }
-        Ledger(pathlib.Path(os.devnull), data)._check_loaded(calibration)
+        _check_contract(calibration, contract)
+        led = _Declared(
+            as_unit(contract.unit if unit is None else unit),
+            check_enum(
+                Neighboring,
+                contract.neighboring if neighboring is None else neighboring,
+                "neighboring",
+            ),
+        )
+        data = _new_data("-", eps, dlt, led)
+        book = Ledger(pathlib.Path(os.devnull), data)
+        book._check_loaded(calibration, _release_charge(calibration, contract, led))
 
-    def check(self, calibration: Calibration) -> None:
+    def check(self, calibration: Calibration, *, contract: PrivacyContract) -> None:
         """Raise if charging ``calibration`` would exceed the lifetime budget.
+
+        Parameters
+        ----------
+        calibration : ReleaseCalibration, PcaCalibration or SelectionCalibration
+        contract : PrivacyContract
+            The release's own contract; the release is read at the ledger's.
 
         Raises
         ------
@@ -567,18 +824,23 @@ class Ledger:
             If the composed delta at ``epsilon_B`` with the new release would
             exceed ``delta_B (1 + 1e-9)`` (approx releases first take their
             epsilon from ``epsilon_B`` and their delta from ``delta_B``).
+        PrivacyConfigError
+            If no conversion from the release's unit and relation to the
+            ledger's is proven, if the contract does not state the
+            calibration's budget, or if the calibration fails its own
+            LEDGER_CHECK (a bug).
         InvalidParameterError
             If ``calibration.epsilon`` is infinite (non-private).
-        PrivacyConfigError
-            If the calibration fails its own LEDGER_CHECK (a bug).
         """
         self.reload()
-        self._check_loaded(calibration)
+        new = _release_charge(calibration, contract, _declared(self._data))
+        self._check_loaded(calibration, new)
 
     def charge(
         self,
         calibration: Calibration,
         *,
+        contract: PrivacyContract,
         release_id: str,
         algorithm: str,
         details: Mapping[str, Any],
@@ -592,6 +854,9 @@ class Ledger:
             its ``1/Delta_eff`` (``1/mu`` for PCA) and ``delta_jl``; a
             selection is charged as an approx record, its ``(epsilon,
             delta)`` composed with the rest by basic composition.
+        contract : PrivacyContract
+            The release's own contract, recorded with it; the release is
+            composed as read at the ledger's unit and relation.
         release_id : str
             Unique within this ledger.
         algorithm : str
@@ -610,6 +875,8 @@ class Ledger:
         ------
         BudgetExceededError
             If the release does not fit; nothing is written.
+        PrivacyConfigError
+            As in :meth:`check`; nothing is written.
         InvalidParameterError
             For a duplicate ``release_id``, non-serialisable ``details`` or
             an infinite epsilon.
@@ -626,7 +893,9 @@ class Ledger:
             raise InvalidParameterError(
                 f"details must be JSON-serialisable with finite floats: {exc}."
             ) from None
-        new = _release_charge(calibration)
+        own = _own_charge(calibration)
+        checked = _check_contract(calibration, contract)
+        _at_ledger(own, checked, _declared(self._data))  # refused before the lock
         with _exclusive_lock(self._path):
             # Re-read under the lock: another process may have charged meanwhile.
             self.reload()
@@ -635,51 +904,44 @@ class Ledger:
                     f"release_id must be unique in the ledger, got "
                     f"release_id={release_id!r} (already charged)."
                 )
-            self._check_loaded(calibration, new)
-            approx = math.isinf(new.z)
-            record: dict[str, Any] = {
-                "release_id": release_id,
-                "time": datetime.datetime.now(datetime.UTC).isoformat(),
-                "algorithm": algorithm,
-                "epsilon": calibration.epsilon,
-                "delta": calibration.delta,
-                "delta_jl": new.delta_jl,
-                # JSON has no infinity: null marks "no Gaussian part".
-                "noise_multiplier_total": None if approx else new.z,
-                "details": details_copy,
-            }
-            if approx:
-                record |= {
-                    "kind": _APPROX_KIND,
-                    "epsilon_approx": new.epsilon_approx,
-                    "delta_approx": new.delta_approx,
-                }
-            new_data = dict(self._data)
+            led = _declared(self._data)
+            self._check_loaded(calibration, _at_ledger(own, checked, led))
+            record = _record(calibration, checked, own, release_id, algorithm)
+            record["details"] = details_copy
+            new_data = {**self._data, "format": LEDGER_FORMAT, "contract": led.to_dict()}
             new_data["releases"] = [*self._data["releases"], record]
             _write_atomic(self._path, new_data)
             self._data = new_data
         return json.loads(json.dumps(record))  # type: ignore[no-any-return]
 
     def remaining_summary(self) -> dict[str, Any]:
-        """Display summary: budget, spent, release count, composed multiplier.
+        """Display summary: contract, budget, spent, release count, composed multiplier.
 
         Returns
         -------
         dict
-            Keys ``dataset``, ``budget_epsilon``, ``budget_delta``,
-            ``n_releases``, ``epsilon_used``, ``delta_used``,
-            ``delta_remaining_at_budget_epsilon`` (``delta_B - delta_used``,
-            floored at 0), ``noise_multiplier_total`` (``z_tot`` of the
-            Gaussian releases, ``inf`` when there are none) and
+            Keys ``dataset``, ``unit``, ``neighboring`` (the ledger's declared
+            contract), ``contract_assumed`` (True for a ledger written before
+            contracts, read as row/replace), ``budget_epsilon``,
+            ``budget_delta``, ``n_releases``, ``epsilon_used``,
+            ``delta_used``, ``delta_remaining_at_budget_epsilon``
+            (``delta_B - delta_used``, floored at 0),
+            ``noise_multiplier_total`` (``z_tot`` of the Gaussian releases
+            read at the ledger's contract, ``inf`` when there are none) and
             ``epsilon_approx_total``, ``delta_approx_total`` (sums over the
-            approx releases, 0 when there are none).
+            approx releases read at the ledger's contract, 0 when there are
+            none).
         """
         eps_used, delta_used = self.spent()
         eps_b, delta_b = self.budget
         recs = self._data["releases"]
         charges = self._charges()
+        led = _declared(self._data)
         return {
             "dataset": self.dataset,
+            "unit": led.unit.value,
+            "neighboring": led.neighboring.value,
+            "contract_assumed": led.assumed,
             "budget_epsilon": eps_b,
             "budget_delta": delta_b,
             "n_releases": len(recs),
@@ -692,10 +954,52 @@ class Ledger:
         }
 
     def __repr__(self) -> str:
-        """Path, dataset, budget and release count (no record contents)."""
+        """Path, dataset, contract, budget and release count (no record contents)."""
         eps_b, delta_b = self.budget
+        led = _declared(self._data)
         return (
             f"Ledger(path={str(self._path)!r}, dataset={self.dataset!r}, "
+            f"unit={led.unit.value!r}, neighboring={led.neighboring.value!r}, "
             f"budget=(epsilon={eps_b!r}, delta={delta_b!r}), "
             f"n_releases={len(self._data['releases'])})"
         )
+
+
+def _new_data(dataset: str, eps: float, dlt: float, led: _Declared) -> dict[str, Any]:
+    return {
+        "format": LEDGER_FORMAT,
+        "dataset": dataset,
+        "budget": {"epsilon": eps, "delta": dlt},
+        "contract": led.to_dict(),
+        "releases": [],
+    }
+
+
+def _record(
+    calibration: Calibration,
+    contract: PrivacyContract,
+    own: _Charge,
+    release_id: str,
+    algorithm: str,
+) -> dict[str, Any]:
+    """A release record at the release's own contract (converted when composed)."""
+    approx = math.isinf(own.z)
+    record: dict[str, Any] = {
+        "release_id": release_id,
+        "time": datetime.datetime.now(datetime.UTC).isoformat(),
+        "algorithm": algorithm,
+        "epsilon": calibration.epsilon,
+        "delta": calibration.delta,
+        "delta_jl": own.delta_jl,
+        # JSON has no infinity: null marks "no Gaussian part".
+        "noise_multiplier_total": None if approx else own.z,
+        "details": {},
+        "contract": contract.to_dict(),
+    }
+    if approx:
+        record |= {
+            "kind": _APPROX_KIND,
+            "epsilon_approx": own.epsilon_approx,
+            "delta_approx": own.delta_approx,
+        }
+    return record

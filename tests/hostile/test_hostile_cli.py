@@ -122,8 +122,10 @@ def _records(ledger: Path) -> list[dict[str, Any]]:
     return list(json.loads(ledger.read_text())["releases"])
 
 
-def _new_ledger(path: Path) -> Path:
-    Ledger.create(path, dataset="hostile", epsilon=100.0, delta=1e-3)
+def _new_ledger(path: Path, unit: str = "row") -> Path:
+    """A ledger whose individuals are the releases' ``unit`` (a column release is
+    refused on a row ledger: no conversion between the two)."""
+    Ledger.create(path, dataset="hostile", epsilon=100.0, delta=1e-3, unit=unit)
     return path
 
 
@@ -192,7 +194,7 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def test_hostile_values_release(
     stores: dict[str, Path], tmp_path: Path, store: str, args: tuple[str, ...]
 ) -> None:
-    ledger = _new_ledger(tmp_path / "ledger.json")
+    ledger = _new_ledger(tmp_path / "ledger.json", unit=args[1])
     out = tmp_path / "out.zarr"
     proc = dplr(
         "factorize",
@@ -307,7 +309,7 @@ def test_non_finite_chunk_is_refused_on_low_space(
     stores: dict[str, Path], tmp_path: Path
 ) -> None:
     """(Spectral is covered by tests/cli/test_cli_bad_input.py.)"""
-    ledger = _new_ledger(tmp_path / "ledger.json")
+    ledger = _new_ledger(tmp_path / "ledger.json", unit="column")
     before = file_state(ledger)
     out = tmp_path / "out.zarr"
     proc = dplr(

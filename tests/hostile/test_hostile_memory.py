@@ -83,9 +83,13 @@ def _records(ledger: Path) -> list[dict[str, Any]]:
 
 
 @pytest.fixture
-def ledger(tmp_path: Path) -> Path:
+def ledger(tmp_path: Path, request: pytest.FixtureRequest) -> Path:
+    """A ledger whose individuals are the test's ``unit`` (row when it has none):
+    a column release is refused on a row ledger (no conversion between the two)."""
     path = tmp_path / "ledger.json"
-    Ledger.create(path, dataset="hostile", epsilon=100.0, delta=1e-3)
+    params = getattr(request.node, "callspec", None)
+    unit = params.params.get("unit", "row") if params is not None else "row"
+    Ledger.create(path, dataset="hostile", epsilon=100.0, delta=1e-3, unit=unit)
     return path
 
 

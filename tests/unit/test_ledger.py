@@ -18,6 +18,7 @@ from pipeline.accounting.calibration import (
     SketchRequest,
     calibrate_release,
 )
+from pipeline.accounting.contract import PrivacyContract
 from pipeline.accounting.ledger import LEDGER_FORMAT, Ledger, default_ledger_path
 from pipeline.errors import (
     BudgetExceededError,
@@ -35,6 +36,7 @@ RECORD_KEYS = {
     "delta_jl",
     "noise_multiplier_total",
     "details",
+    "contract",
 }
 
 
@@ -49,6 +51,14 @@ def _calibration(epsilon: float = 1.0, delta: float = 1e-6) -> ReleaseCalibratio
         frobenius_bound=1.0,
         n_sketch_matrices=2,
     )
+
+
+def _contract(cal: ReleaseCalibration) -> PrivacyContract:
+    """A row, add/remove release (Delta_F = C = 1) with ``cal``'s budget."""
+    return PrivacyContract(
+        unit="row", neighboring="add-remove", clip_norm=1.0, epsilon=cal.epsilon,
+        delta=cal.delta, accountant="analytic-gaussian", shape=(100, 80),
+    )  # fmt: skip
 
 
 def _oracle_delta(z: float, eps: float) -> float:
@@ -77,6 +87,7 @@ def test_create_open_round_trip(ledger_path: pathlib.Path) -> None:
         "format": LEDGER_FORMAT,
         "dataset": "sample",
         "budget": {"epsilon": 4.0, "delta": 1e-5},
+        "contract": {"unit": "row", "neighboring": "add-remove"},
         "releases": [],
     }
 
@@ -92,7 +103,13 @@ def test_create_refuses_existing(ledger_path: pathlib.Path) -> None:
 def test_file_mode_is_0600(ledger_path: pathlib.Path) -> None:
     led = Ledger.create(ledger_path, dataset="sample", epsilon=4.0, delta=1e-5)
     assert stat.S_IMODE(os.stat(ledger_path).st_mode) == 0o600
-    led.charge(_calibration(), release_id="r1", algorithm="spectral", details={})
+    led.charge(
+        _calibration(),
+        contract=_contract(_calibration()),
+        release_id="r1",
+        algorithm="spectral",
+        details={},
+    )
     # os.replace swaps in a new inode: the mode must survive rewrites.
     assert stat.S_IMODE(os.stat(ledger_path).st_mode) == 0o600
 
@@ -101,8 +118,20 @@ def test_two_releases_compose_exactly(ledger_path: pathlib.Path) -> None:
     eps_b, delta_b = 3.0, 1e-5
     led = Ledger.create(ledger_path, dataset="sample", epsilon=eps_b, delta=delta_b)
     cal1, cal2 = _calibration(1.0, 1e-6), _calibration(0.5, 2e-6)
-    rec1 = led.charge(cal1, release_id="r1", algorithm="spectral", details={"k": 5})
-    rec2 = led.charge(cal2, release_id="r2", algorithm="low_space", details={"k": 7})
+    rec1 = led.charge(
+        cal1,
+        contract=_contract(cal1),
+        release_id="r1",
+        algorithm="spectral",
+        details={"k": 5},
+    )
+    rec2 = led.charge(
+        cal2,
+        contract=_contract(cal2),
+        release_id="r2",
+        algorithm="low_space",
+        details={"k": 7},
+    )
     assert set(rec1) == set(rec2) == RECORD_KEYS
     assert rec1["noise_multiplier_total"] == 1.0 / cal1.effective_sensitivity
 
@@ -126,16 +155,28 @@ def test_two_releases_compose_exactly(ledger_path: pathlib.Path) -> None:
 
 def test_over_budget_leaves_file_identical(ledger_path: pathlib.Path) -> None:
     led = Ledger.create(ledger_path, dataset="sample", epsilon=1.0, delta=1.5e-6)
-    led.charge(_calibration(), release_id="r1", algorithm="spectral", details={})
+    led.charge(
+        _calibration(),
+        contract=_contract(_calibration()),
+        release_id="r1",
+        algorithm="spectral",
+        details={},
+    )
     before = ledger_path.read_bytes()
     with pytest.raises(
         BudgetExceededError, match="would exceed the dataset's lifetime budget"
     ):
-        led.check(_calibration())
+        led.check(_calibration(), contract=_contract(_calibration()))
     with pytest.raises(
         BudgetExceededError, match=r"composed delta at epsilon=1\.0 would be"
     ):
-        led.charge(_calibration(), release_id="r2", algorithm="spectral", details={})
+        led.charge(
+            _calibration(),
+            contract=_contract(_calibration()),
+            release_id="r2",
+            algorithm="spectral",
+            details={},
+        )
     assert ledger_path.read_bytes() == before
     assert len(Ledger.open(ledger_path).releases) == 1
 
@@ -143,10 +184,10 @@ def test_over_budget_leaves_file_identical(ledger_path: pathlib.Path) -> None:
 def test_single_release_fits_its_own_budget(ledger_path: pathlib.Path) -> None:
     # A release calibrated to exactly the budget fits: LEDGER_CHECK slack only.
     led = Ledger.create(ledger_path, dataset="sample", epsilon=1.0, delta=1e-6)
-    led.check(_calibration(1.0, 1e-6))
+    led.check(_calibration(1.0, 1e-6), contract=_contract(_calibration(1.0, 1e-6)))
     # Negative control: a release at a larger epsilon than the budget does not.
     with pytest.raises(BudgetExceededError):
-        led.check(_calibration(1.5, 1e-6))
+        led.check(_calibration(1.5, 1e-6), contract=_contract(_calibration(1.5, 1e-6)))
 
 
 def test_refuses_infinite_epsilon(ledger_path: pathlib.Path) -> None:
@@ -157,29 +198,59 @@ def test_refuses_infinite_epsilon(ledger_path: pathlib.Path) -> None:
     with pytest.raises(
         InvalidParameterError, match=r"calibration\.epsilon must be finite"
     ):
-        led.charge(cal, release_id="r", algorithm="spectral", details={})
+        led.charge(
+            cal,
+            contract=_contract(_calibration()),
+            release_id="r",
+            algorithm="spectral",
+            details={},
+        )
 
 
 def test_duplicate_release_id(ledger_path: pathlib.Path) -> None:
     led = Ledger.create(ledger_path, dataset="sample", epsilon=10.0, delta=1e-3)
-    led.charge(_calibration(), release_id="r1", algorithm="spectral", details={})
+    led.charge(
+        _calibration(),
+        contract=_contract(_calibration()),
+        release_id="r1",
+        algorithm="spectral",
+        details={},
+    )
     with pytest.raises(InvalidParameterError, match="release_id must be unique"):
-        led.charge(_calibration(), release_id="r1", algorithm="spectral", details={})
+        led.charge(
+            _calibration(),
+            contract=_contract(_calibration()),
+            release_id="r1",
+            algorithm="spectral",
+            details={},
+        )
 
 
 def test_no_secrets_in_records(ledger_path: pathlib.Path) -> None:
     led = Ledger.create(ledger_path, dataset="sample", epsilon=10.0, delta=1e-3)
     cal = _calibration()
     details = {"k": 5, "calibration": cal.to_dict(), "sketch_seed_hash": "ab12"}
-    led.charge(cal, release_id="r1", algorithm="spectral", details=details)
+    led.charge(
+        cal,
+        contract=_contract(cal),
+        release_id="r1",
+        algorithm="spectral",
+        details=details,
+    )
     data = json.loads(ledger_path.read_text())
-    assert set(data) == {"format", "dataset", "budget", "releases"}
+    assert set(data) == {"format", "dataset", "budget", "contract", "releases"}
     (record,) = data["releases"]
     assert set(record) == RECORD_KEYS
     # Negative control: the API refuses details that would carry a seed or key.
     for bad in ({"sketch_seed": 1}, {"noise_key": "00ff"}, {"nested": {"seed": 3}}):
         with pytest.raises(InvalidParameterError, match="must not carry seeds or keys"):
-            led.charge(cal, release_id="r2", algorithm="spectral", details=bad)
+            led.charge(
+                cal,
+                contract=_contract(cal),
+                release_id="r2",
+                algorithm="spectral",
+                details=bad,
+            )
     assert len(Ledger.open(ledger_path).releases) == 1
 
 
@@ -187,7 +258,7 @@ def test_no_secrets_in_records(ledger_path: pathlib.Path) -> None:
     ("content", "match"),
     [
         ("{not json", "is not valid JSON"),
-        ('{"format": "other/9", "releases": []}', "must have format 'dplr-ledger/1'"),
+        ('{"format": "other/9", "releases": []}', "must have format 'dplr-ledger/2'"),
         ("[]", "must have format"),
         (
             (
@@ -231,7 +302,13 @@ def _charge_worker(
     led = Ledger.open(path)
     barrier.wait()  # type: ignore[attr-defined]  # both attempt at once
     try:
-        led.charge(cal, release_id=release_id, algorithm="spectral", details={})
+        led.charge(
+            cal,
+            contract=_contract(cal),
+            release_id=release_id,
+            algorithm="spectral",
+            details={},
+        )
     except BudgetExceededError:
         results.put((release_id, "refused"))  # type: ignore[attr-defined]
     else:

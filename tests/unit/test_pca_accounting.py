@@ -17,6 +17,7 @@ import pytest
 from scipy import optimize, stats
 
 from pipeline.accounting.calibration import SketchRequest, calibrate_release
+from pipeline.accounting.contract import PrivacyContract
 from pipeline.accounting.ledger import Ledger
 from pipeline.accounting.pca import (
     ACCOUNTINGS,
@@ -48,6 +49,7 @@ RECORD_KEYS = {
     "delta_jl",
     "noise_multiplier_total",
     "details",
+    "contract",
 }
 
 
@@ -551,6 +553,20 @@ def _lrf(epsilon: float = 1.0, delta: float = 1e-6):  # type: ignore[no-untyped-
     )
 
 
+def _con(cal: object) -> PrivacyContract:
+    """The contract of ``cal``: PCA and selection replace one row, a factorization adds/removes one."""
+    pca = isinstance(cal, PcaCalibration | SelectionCalibration)
+    accountant = (
+        "rdp"
+        if isinstance(cal, SelectionCalibration)
+        else getattr(cal, "accounting", "analytic-gaussian")
+    )
+    return PrivacyContract(
+        unit="row", neighboring="replace" if pca else "add-remove", clip_norm=1.0,
+        epsilon=cal.epsilon, delta=cal.delta, accountant=accountant, shape=(4096, D),  # type: ignore[attr-defined]
+    )  # fmt: skip
+
+
 @pytest.fixture
 def ledger_path(tmp_path: pathlib.Path) -> pathlib.Path:
     return tmp_path / "sample.zarr.dplr-ledger.json"
@@ -562,6 +578,7 @@ def test_ledger_charges_pca_and_composes_with_lrf(ledger_path: pathlib.Path) -> 
     pca, lrf = _power(), _lrf(0.5, 2e-6)
     rec = led.charge(
         pca,
+        contract=_con(pca),
         release_id="pca",
         algorithm="power-pca",
         details={"k": K, "privacy": pca.to_dict()},
@@ -569,7 +586,9 @@ def test_ledger_charges_pca_and_composes_with_lrf(ledger_path: pathlib.Path) -> 
     assert set(rec) == RECORD_KEYS
     assert rec["noise_multiplier_total"] == 1.0 / pca.mu
     assert rec["delta_jl"] == 0.0
-    led.charge(lrf, release_id="lrf", algorithm="spectral", details={})
+    led.charge(
+        lrf, contract=_con(lrf), release_id="lrf", algorithm="spectral", details={}
+    )
     z_tot = (pca.mu**2 + lrf.effective_sensitivity**2) ** -0.5
     eps_used, delta_used = Ledger.open(ledger_path).spent()
     # Exact Gaussian composition [DRS22]: textbook profile by scipy.stats, ~1e-9 relative.
@@ -583,14 +602,23 @@ def test_ledger_charges_pca_and_composes_with_lrf(ledger_path: pathlib.Path) -> 
 
 def test_ledger_refuses_pca_over_budget(ledger_path: pathlib.Path) -> None:
     led = Ledger.create(ledger_path, dataset="d", epsilon=1.0, delta=1e-6)
-    led.check(_power())  # exactly the budget fits (LEDGER_CHECK slack only)
-    led.charge(_power(), release_id="a", algorithm="power-pca", details={})
+    led.check(
+        _power(), contract=_con(_power())
+    )  # exactly the budget fits (LEDGER_CHECK slack only)
+    led.charge(
+        _power(),
+        contract=_con(_power()),
+        release_id="a",
+        algorithm="power-pca",
+        details={},
+    )
     before = ledger_path.read_bytes()
     with pytest.raises(
         BudgetExceededError, match=r"composed delta at epsilon=1\.0 would be"
     ):
         led.charge(
             _power(method="analyze-gauss", iterations=None),
+            contract=_con(_power(method="analyze-gauss", iterations=None)),
             release_id="b",
             algorithm="ag",
             details={},
@@ -604,7 +632,9 @@ def test_ledger_refuses_under_noised_pca(ledger_path: pathlib.Path) -> None:
     bad = _replace_mechanism(cal, "M", sigma=cal.noise_init / 2)
     before = ledger_path.read_bytes()
     with pytest.raises(PrivacyConfigError, match="LEDGER_CHECK failed"):
-        led.charge(bad, release_id="x", algorithm="power-pca", details={})
+        led.charge(
+            bad, contract=_con(bad), release_id="x", algorithm="power-pca", details={}
+        )
     assert ledger_path.read_bytes() == before
 
 
@@ -830,6 +860,7 @@ def test_ledger_selection_record_and_composition(
     led = Ledger.create(ledger_path, dataset="d", epsilon=eps_b, delta=delta_b)
     rec = led.charge(
         small_selection,
+        contract=_con(small_selection),
         release_id="sel",
         algorithm="pca-select",
         details=small_selection.to_dict(),
@@ -842,7 +873,9 @@ def test_ledger_selection_record_and_composition(
     assert (eps_used, delta_used) == (1.0, 1e-6)
 
     pca = _power(epsilon=0.5)
-    led.charge(pca, release_id="pca", algorithm="power-pca", details={})
+    led.charge(
+        pca, contract=_con(pca), release_id="pca", algorithm="power-pca", details={}
+    )
     again = Ledger.open(ledger_path)
     eps_used, delta_used = again.spent()
     # Basic composition: the Gaussian part gets epsilon_B - 1 and delta_B - 1e-6.
@@ -864,20 +897,34 @@ def test_ledger_refuses_what_does_not_fit_after_selection(
     ledger_path: pathlib.Path, small_selection: SelectionCalibration
 ) -> None:
     led = Ledger.create(ledger_path, dataset="d", epsilon=1.5, delta=1e-5)
-    led.charge(small_selection, release_id="sel", algorithm="pca-select", details={})
+    led.charge(
+        small_selection,
+        contract=_con(small_selection),
+        release_id="sel",
+        algorithm="pca-select",
+        details={},
+    )
     before = ledger_path.read_bytes()
     # A Gaussian (1, 1e-6) release alone fits (1.5, 1e-5), but only 0.5 is left.
-    Ledger.check_against_budget(_power(), epsilon=1.5, delta=1e-5)
+    Ledger.check_against_budget(
+        _power(), contract=_con(_power()), epsilon=1.5, delta=1e-5
+    )
     with pytest.raises(
         BudgetExceededError, match=r"approximate-DP releases take epsilon=1"
     ):
-        led.charge(_power(), release_id="pca", algorithm="power-pca", details={})
+        led.charge(
+            _power(),
+            contract=_con(_power()),
+            release_id="pca",
+            algorithm="power-pca",
+            details={},
+        )
     # A second selection exceeds epsilon even with no Gaussian part at all.
     with pytest.raises(BudgetExceededError, match="would exceed"):
-        led.check(small_selection)
+        led.check(small_selection, contract=_con(small_selection))
     assert ledger_path.read_bytes() == before
     # Negative control: a small Gaussian release still fits in what is left.
-    led.check(_power(epsilon=0.25))
+    led.check(_power(epsilon=0.25), contract=_con(_power(epsilon=0.25)))
 
 
 def test_ledger_refuses_tampered_selection(
@@ -888,7 +935,9 @@ def test_ledger_refuses_tampered_selection(
         small_selection, noise_init=small_selection.noise_init / 3
     )
     with pytest.raises(PrivacyConfigError, match="LEDGER_CHECK failed"):
-        led.charge(bad, release_id="x", algorithm="pca-select", details={})
+        led.charge(
+            bad, contract=_con(bad), release_id="x", algorithm="pca-select", details={}
+        )
     assert Ledger.open(ledger_path).releases == ()
 
 
@@ -906,8 +955,10 @@ def test_old_ledgers_stay_readable_and_bad_approx_records_are_refused(
     }  # fmt: skip
     ledger_path.write_text(json.dumps(old))
     _, delta_used = Ledger.open(ledger_path).spent()
+    # A dplr-ledger/1 file is read at (row, replace) and its records as row
+    # add/remove releases: mu = 1/4.5 counts twice (group privacy of size 2).
     np.testing.assert_allclose(
-        delta_used, _gdp_profile(1 / 4.5, 4.0) + 5e-7, rtol=1e-8, atol=0
+        delta_used, _gdp_profile(2 / 4.5, 4.0) + 5e-7, rtol=1e-8, atol=0
     )
     approx = {"release_id": "s", "time": "t", "algorithm": "sel", "epsilon": 1.0, "delta": 1e-6, "delta_jl": 0.0,
               "noise_multiplier_total": None, "details": {}, "kind": "approx", "epsilon_approx": 1.0,
