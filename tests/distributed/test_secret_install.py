@@ -12,6 +12,7 @@ registration of before fails under the same fault.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,7 @@ def install_kill(client: Client, tmp_path: Path) -> Any:
     """Arms one worker to SIGKILL itself when it next installs a secret; yields
     (its pid, the record its hook writes); afterwards the cluster has two live
     workers again, the armed one replaced (or disarmed if the hook never fired)."""
-    addr = min(client.scheduler_info()["workers"])
+    addr = min(client.run(os.getpid))  # a worker that answers, not one the scheduler still lists
     record = tmp_path / "kill.json"
     pid = client.run(arm_self_kill, "pipeline._sealed", "install", str(record), "install", workers=[addr])[addr]
     yield pid, record
