@@ -85,7 +85,7 @@ def _register(client: Client, plugin: _SecretPlugin, name: str) -> None:
         try:
             client.register_plugin(plugin, name=name)
             return
-        except OSError as exc:  # CommClosedError, connect timeouts: never holds the secret
+        except OSError as exc:  # CommClosedError, connect timeouts; they name addresses only
             if attempt == REGISTER_ATTEMPTS or client.status != "running":
                 remove_secret(client, name)
                 raise RuntimeError(
