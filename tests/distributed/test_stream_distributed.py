@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
-import signal
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
+from dist_util import (
+    arm_self_kill,
+    disarm_self_kill,
+    process_is_dead,
+    wait_for_replacement,
+)
 from distributed import Client
 
 from pipeline.algorithms.continual import (
@@ -97,19 +102,34 @@ def test_closing_an_epoch_on_the_cluster_equals_closing_it_in_process(client: Cl
 
 
 def test_a_worker_killed_during_an_ingest_changes_nothing(client: Client, tmp_path: Path):
-    """Parts lost with their worker are scattered and run again on a live worker."""
+    """Parts lost with their worker are scattered and run again on a live worker.
+
+    One worker SIGKILLs itself when it starts sketching a part (a hook in place
+    of the kernel, on that worker only), after the seed was installed and the
+    cells scattered: the kill lands in the sketch phase, which the record proves.
+    """
     plan = plan_stream(LrfParams(algorithm=Algorithm.SPECTRAL, rank=3, epsilon=1.0, delta=1e-6), SHAPE, 8)
-    r, c, v = _cells(400000, 3)
+    r, c, v = _cells(20000, 3)
     parts = partition_cells(r, c, v, 4, plan.lrf.params.tile_size)
+    assert len(parts) >= 2  # scattered round-robin: each of the 2 workers holds a part
     local = sum_deltas(plan, [sketch_cells(plan, operators(plan, SEED), *p) for p in parts])
-    pids = list(client.run(os.getpid).values())
-    timer = threading.Timer(0.3, os.kill, args=(pids[0], signal.SIGKILL))
-    timer.start()
+    addr = min(client.run(os.getpid))  # a worker that answers
+    record = tmp_path / "kill.json"
+    hook = ("pipeline.execution.stream", "sketch_cells")
+    pid = client.run(arm_self_kill, *hook, str(record), "sketch", workers=[addr])[addr]
     try:
         remote = sum_deltas(plan, sketch_partitions(plan, SEED, parts, client))
     finally:
-        timer.cancel()
-    client.wait_for_workers(2, timeout=60)
+        if not record.exists():
+            client.run(disarm_self_kill, *hook, workers=[addr])
+    # the kill happened, in the sketch of a part, with the seed installed
+    assert record.exists(), "no worker was killed while it sketched a part"
+    landed = json.loads(record.read_text())
+    assert landed["phase"] == "sketch"
+    assert landed["pid"] == pid
+    assert landed["secrets_held"] >= 1
+    assert process_is_dead(pid)
+    wait_for_replacement(client, pid, 2)
     for name in local:
         scale = np.abs(local[name]).max()
         np.testing.assert_allclose(remote[name], local[name], rtol=0, atol=SUM_ORDER_RTOL * scale)
