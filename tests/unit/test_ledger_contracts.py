@@ -550,7 +550,7 @@ def test_a_ledger_created_by_a_release_declares_the_release_contract(
     tmp_path: pathlib.Path,
 ) -> None:
     """A ledger written at the first charge (``budget=``) declares that release's unit
-    and relation; a stream's default ledger declares its entities."""
+    and relation; a stream's population ledger, created by it, declares its entities."""
     from pipeline.api import factorize, pca
     from pipeline.stream import stream_init
 
@@ -561,15 +561,16 @@ def test_a_ledger_created_by_a_release_declares_the_release_contract(
     factorize(A, 2, epsilon=1.0, delta=1e-6, unit="column", insecure_noise_seed=1,
               ledger=tmp_path / "f.json", budget=budget)  # fmt: skip
     stream_init(tmp_path / "s.stream", n_rows=40, n_cols=10, rank=2, horizon=4, epsilon=1.0,
-                delta=1e-6, neighboring="replace")  # fmt: skip
+                delta=1e-6, neighboring="replace", ledger=tmp_path / "s.json",
+                budget=budget)  # fmt: skip
     declared = {
         name: json.loads((tmp_path / name).read_text())["contract"]
-        for name in ("p.json", "f.json", "s.stream.dplr-ledger.json")
+        for name in ("p.json", "f.json", "s.json")
     }
     assert declared == {
         "p.json": {"unit": "row", "neighboring": "replace"},
         "f.json": {"unit": "column", "neighboring": "add-remove"},
-        "s.stream.dplr-ledger.json": {"unit": "entity", "neighboring": "replace"},
+        "s.json": {"unit": "entity", "neighboring": "replace"},
     }
 
 

@@ -30,7 +30,6 @@ from pipeline.errors import (
     HorizonExceededError,
     InvalidParameterError,
     PrivacyConfigError,
-    StoreLayoutError,
 )
 from pipeline.io.batches import write_batch
 from pipeline.nightly import run_nightly
@@ -94,8 +93,9 @@ def test_two_streams_on_one_population_ledger_compose(tmp_path: Path) -> None:
 
     # the state names its ledger; the charge states the stream's contract
     assert info.ledger == str(ledger)
-    assert rec["details"]["contract"] == {
-        "unit": "row", "neighboring": "add-remove", "clip_norm": 1.0, "epsilon": 0.8, "delta": 1e-7,
+    contract = rec["contract"]  # the individual is an entity, whatever its unit binds
+    assert {k: contract[k] for k in ("unit", "neighboring", "clip_norm", "epsilon", "delta")} == {
+        "unit": "entity", "neighboring": "add-remove", "clip_norm": 1.0, "epsilon": 0.8, "delta": 1e-7,
     }  # fmt: skip
     assert Ledger.open(ledger).dataset == "ratings"
 
@@ -194,7 +194,7 @@ def test_a_private_stream_without_a_ledger_is_refused_and_writes_nothing(tmp_pat
         ("a new ledger without a budget", {}, PrivacyConfigError, "no privacy ledger at"),
         ("a new ledger the stream alone exceeds", {"budget": (0.5, 1e-6)}, BudgetExceededError, "0 earlier"),
         ("a budget that is not a pair", {"budget": (1.0,)}, InvalidParameterError, "pair"),
-        ("a ledger in a missing directory", {"budget": BUDGET, "at": "no/such/dir/l.json"}, StoreLayoutError, "directory"),
+        ("a ledger in a missing directory", {"budget": BUDGET, "at": "no/such/dir/l.json"}, PrivacyConfigError, "directory"),
     ],
 )
 def test_a_new_ledger_is_created_only_with_a_stream_that_fits(tmp_path: Path, case, kw, error, text) -> None:
