@@ -212,6 +212,8 @@ def build_report(
             "privacy_unit": p.clip.unit.value,
             "neighboring": p.neighboring.value,
             "clip_norm": p.clip.clip_norm,
+            "public_sketch_seed": plan.public_sketch_seed,
+            "sensitivity": cal.sensitivity,
             "calibration": cal.to_dict(),
             "sketches": [
                 {
@@ -294,7 +296,9 @@ def factorize(
         times cheaper [spec 5.3].
     seed : int or None
         Sketch seed (data-independent; None draws a fresh secret one). Never
-        seeds the noise.
+        seeds the noise. A given seed is public: a private release is then
+        calibrated with the worst-case sensitivity of its operators
+        (``report["sensitivity"] == "worst-case"``), which costs more noise.
     out : path or None
         Zarr v3 group to publish to (atomically); None returns arrays only.
     overwrite : bool
@@ -402,7 +406,7 @@ def factorize(
     array, info = open_input(
         source, unit=params.clip.unit.value if params.private else None
     )
-    plan = plan_lrf(params, info.shape)
+    plan = plan_lrf(params, info.shape, public_seed=seed)
     jpath = (
         os.fspath(journal)
         if journal is not None

@@ -136,7 +136,13 @@ def _lrf_params(p: dict[str, Any]) -> LrfParams:
 
 def _plan_of(manifest: dict[str, Any]) -> StreamPlan:
     p = manifest["params"]
-    plan = plan_stream(_lrf_params(p), (p["n_rows"], p["n_cols"]), p["horizon"])
+    if manifest.get("public_sketch_seed") and p["private"] and "public_seed" not in p:
+        raise StoreLayoutError(
+            "the stream was created with a public sketch seed by a dplr version that "
+            "calibrated its noise for a secret one, so its releases would claim more "
+            "privacy than they have; create a new stream."
+        )
+    plan = plan_stream(_lrf_params(p), (p["n_rows"], p["n_cols"]), p["horizon"], public_seed=p.get("public_seed"))
     want = manifest["plan"]
     if (plan.lrf.t, plan.lrf.v, plan.lrf.transpose, plan.levels) != (
         want["sketch_size"], want["core_size"], want["transposed"], want["levels"]
@@ -259,7 +265,9 @@ def stream_init(
     budget : (epsilon, delta) or None
         Lifetime budget of a ledger created here (default: the stream's own).
     seed : int or None
-        Public sketch seed, for tests only (default: 128 secret bits).
+        Public sketch seed (default: 128 secret bits). The noise is then
+        calibrated with the worst-case sensitivity of its operators
+        (spec private-lrf-2 section 3), which is larger.
     insecure_noise_seed : int or None
         Reproducible noise, for tests only: releases say NOT PRIVATE.
 
@@ -298,22 +306,23 @@ def stream_init(
         eps = dlt = None
     c = check_float_in_interval(clip_norm, "clip_norm", 0.0, math.inf, privacy=True)
     m, n = check_int_in_range(n_rows, "n_rows", 1), check_int_in_range(n_cols, "n_cols", 1)
+    if seed is not None:
+        seed = check_int_in_range(seed, "seed", 0, 2**128 - 1)
     params = {
         "n_rows": m, "n_cols": n, "rank": rank, "horizon": horizon,
         "algorithm": alg.value, "private": bool(private), "epsilon": eps, "delta": dlt,
         "clip_norm": c, "unit": unit_e.value, "neighboring": neigh.value,
         "sketch_size": sketch_size, "core_size": core_size, "delta_jl_fraction": 0.5,
         "operator": default_operator(private=bool(private)).value,
+        "public_seed": seed,  # a user-given seed is public: the noise covers its operators
     }
-    plan = plan_stream(_lrf_params(params), (m, n), horizon)  # validates sizes and calibrates
+    plan = plan_stream(_lrf_params(params), (m, n), horizon, public_seed=seed)  # validates and calibrates
     state = os.path.abspath(os.fspath(state))
     if os.path.lexists(state):
         raise StoreLayoutError(
             f"stream state {state!r} already exists; a stream is created once (its "
             "budget cannot be reset). Choose another path."
         )
-    if seed is not None:
-        seed = check_int_in_range(seed, "seed", 0, 2**128 - 1)
     sketch_seed = seed if seed is not None else secrets.randbits(128)
     key = None
     if private:
