@@ -170,6 +170,10 @@ def test_issue_example_old_calibration_is_2_7_dp_new_is_1_dp() -> None:
     assert cal is not None
     assert (cal.public_sketch_seed, cal.sensitivity, cal.delta_jl) == (True, "worst-case", 0.0)
     assert cal.delta_mechanism == DELTA
+    # docs/algorithms.md's example: sigma_Y 10.68 -> 35.44, sigma_Z 8.30 -> 7.33
+    assert (old.sigma("Y"), old.sigma("Z")) == pytest.approx((10.68, 8.297), abs=0.005)
+    assert (new.sigma("Y"), new.sigma("Z")) == pytest.approx((35.44, 7.333), abs=0.005)
+    assert cal.sketches[1].jl_factor == pytest.approx(1.227, abs=5e-4)
     assert new.public_sketch_seed
     assert not old.public_sketch_seed
     assert old.calibration.sensitivity == "jl-fixed-neighbour"
