@@ -569,13 +569,7 @@ def run_lrf(
 
     Passes over A: 1, or 0 when ``exact`` is given.
     """
-    if plan.calibration is not None and noise_key is None:
-        raise InvalidParameterError("a private release needs a noise key.")
-    if plan.public_sketch_seed and seed_fingerprint(sketch_seed) != plan.public_seed_fingerprint:
-        raise InvalidParameterError(
-            "the plan is calibrated for the operators of another public sketch seed; "
-            "plan with public_seed set to the seed the release runs with."
-        )
+    _check_keys(plan, sketch_seed, noise_key)
     # tasks carry a sealed reference to the seed, never the seed [spec 4.6, item 3]
     seal = getattr(source, "seal", None) or (lambda value: value)
     root = seal(sketch_seed)
@@ -595,6 +589,16 @@ def run_lrf(
         Ux, s, Vx = _low_space_post(source, plan, exact, ops, noise_key)
     U, V = (Vx, Ux) if plan.transpose else (Ux, Vx)
     return Factorization(U=U, S=s, V=V)
+
+
+def _check_keys(plan: LrfPlan, sketch_seed: int, noise_key: NoiseKey | None) -> None:
+    if plan.calibration is not None and noise_key is None:
+        raise InvalidParameterError("a private release needs a noise key.")
+    if plan.public_sketch_seed and seed_fingerprint(sketch_seed) != plan.public_seed_fingerprint:
+        raise InvalidParameterError(
+            "the plan is calibrated for the operators of another public sketch seed; "
+            "plan with public_seed set to the seed the release runs with."
+        )
 
 
 def _noise(plan: LrfPlan, key: NoiseKey | None, name: str, code: NoiseCode, length: int, dim: int) -> GaussianNoise | None:
