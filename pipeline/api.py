@@ -141,7 +141,7 @@ def build_report(
         "input": _input_report(info),
         "cluster": cluster,
         "sketch_seed_fingerprint": seed_fingerprint(job.sketch_seed),
-        "public_sketch_seed": job.spec.sketch_seed is not None,
+        "public_sketch_seed": plan.public_sketch_seed,
     }
     if cal is None:
         return report | _NON_PRIVATE
@@ -154,6 +154,8 @@ def build_report(
         "privacy_unit": p.clip.unit.value,
         "neighboring": p.neighboring.value,
         "clip_norm": p.clip.clip_norm,
+        # a user-given seed is public: the calibration used its operators' worst case
+        "sensitivity": cal.sensitivity,
         "calibration": cal.to_dict(),
         "sketches": [
             {
@@ -248,7 +250,9 @@ def factorize(
         times cheaper [spec 5.3].
     seed : int or None
         Sketch seed (data-independent; None draws a fresh secret one). Never
-        seeds the noise.
+        seeds the noise. A given seed is public: a private release is then
+        calibrated with the worst-case sensitivity of its operators
+        (``report["sensitivity"] == "worst-case"``), which costs more noise.
     out : path or None
         Zarr v3 group to publish to (atomically); None returns arrays only.
     overwrite : bool
@@ -357,7 +361,7 @@ def _lrf_release(
     array, info = open_input(
         source, unit=params.clip.unit.value if params.private else None
     )
-    plan = plan_lrf(params, info.shape)
+    plan = plan_lrf(params, info.shape, public_seed=seed)
     contract = None
     if plan.calibration is not None:
         contract = PrivacyContract(

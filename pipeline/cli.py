@@ -185,7 +185,8 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument(
         "--seed",
         type=int,
-        help="sketch seed (data-independent; default: fresh secret). Never seeds noise.",
+        help="sketch seed (data-independent; default: fresh secret). Never seeds noise. "
+        "A given seed is public: private noise then covers its operators' worst case.",
     )
     f.add_argument(
         "--journal",

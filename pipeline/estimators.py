@@ -974,8 +974,9 @@ class DPLowRank(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         Dask scheduler address for dask and Zarr inputs.
     random_state : int or None, default=None
         Seeds the sketch matrices (data-independent randomness, passed as
-        ``seed``); None draws a fresh secret seed. It never seeds the noise,
-        except with ``insecure_noise=True``.
+        ``seed``); None draws a fresh secret seed. A given seed is public, so a
+        private fit is calibrated with the worst-case sensitivity of its
+        operators. It never seeds the noise, except with ``insecure_noise=True``.
     insecure_noise : bool, default=False
         Test-only: noise drawn from a key derived from ``random_state``;
         reproducible and NOT PRIVATE (the report says so).

@@ -131,7 +131,13 @@ def _lrf_params(p: dict[str, Any]) -> LrfParams:
 
 def _plan_of(manifest: dict[str, Any]) -> StreamPlan:
     p = manifest["params"]
-    plan = plan_stream(_lrf_params(p), (p["n_rows"], p["n_cols"]), p["horizon"])
+    if manifest.get("public_sketch_seed") and p["private"] and "public_seed" not in p:
+        raise StoreLayoutError(
+            "the stream was created with a public sketch seed by a dplr version that "
+            "calibrated its noise for a secret one, so its releases would claim more "
+            "privacy than they have; create a new stream."
+        )
+    plan = plan_stream(_lrf_params(p), (p["n_rows"], p["n_cols"]), p["horizon"], public_seed=p.get("public_seed"))
     want = manifest["plan"]
     if (plan.lrf.t, plan.lrf.v, plan.lrf.transpose, plan.levels) != (
         want["sketch_size"], want["core_size"], want["transposed"], want["levels"]
@@ -262,7 +268,9 @@ def stream_init(
         exist yet (it is then created with this stream's charge). For an
         existing ledger, None or its declared budget.
     seed : int or None
-        Public sketch seed, for tests only (default: 128 secret bits).
+        Public sketch seed (default: 128 secret bits). The noise is then
+        calibrated with the worst-case sensitivity of its operators
+        (spec private-lrf-2 section 3), which is larger.
     insecure_noise_seed : int or None
         Reproducible noise, for tests only: releases say NOT PRIVATE.
 
@@ -290,24 +298,26 @@ def stream_init(
     """
     from pipeline.io.stream_state import StreamStore
 
+    if seed is not None:
+        seed = check_int_in_range(seed, "seed", 0, 2**128 - 1)
     params = _init_params(
         n_rows=n_rows, n_cols=n_cols, rank=rank, horizon=horizon, epsilon=epsilon,
         delta=delta, algorithm=algorithm, private=private, clip_norm=clip_norm, unit=unit,
         neighboring=neighboring, sketch_size=sketch_size, core_size=core_size,
     )
+    params["public_seed"] = seed  # a user-given seed is public: the noise covers its operators
     if not private and (ledger is not None or budget is not None):
         raise InvalidParameterError(
             "a non-private stream is charged to no ledger; drop ledger and budget."
         )
-    plan = plan_stream(_lrf_params(params), (params["n_rows"], params["n_cols"]), params["horizon"])
+    shape = (params["n_rows"], params["n_cols"])
+    plan = plan_stream(_lrf_params(params), shape, params["horizon"], public_seed=seed)
     state = os.path.abspath(os.fspath(state))
     if os.path.lexists(state):
         raise StoreLayoutError(
             f"stream state {state!r} already exists; a stream is created once (its "
             "budget cannot be reset). Choose another path."
         )
-    if seed is not None:
-        seed = check_int_in_range(seed, "seed", 0, 2**128 - 1)
     job = ReleaseJob(_init_spec(params, plan, state, ledger, budget, seed, insecure_noise_seed))
     job.prepare()  # refused here (contract vs ledger, budget): nothing exists yet
     manifest = _new_manifest(params, plan, job, public_seed=seed is not None)

@@ -22,6 +22,13 @@ levels ``sigma_i`` such that the whole release is ``(epsilon, delta)``-DP
 This replaces the paper's per-sketch calibration, whose basic composition
 gives (2 epsilon, 4 delta) or (3 epsilon, 6 delta) [Upa18, Lemma 16, Lemma 26].
 
+Public operators (spec private-lrf-2 section 3). The ``Delta_JL`` tail bound is
+for a pair of neighbours fixed before the operators are drawn. When the sketch
+seed is public an adversary picks the pair after seeing them, so the caller
+passes the exact worst-case factors of the actual operators
+(``public_operator_factors``, e.g. ``||Phi||_2``); they hold for every pair,
+so ``delta_JL = 0`` and the whole delta goes to the mechanism.
+
 References
 ----------
 .. [BW18] Balle, Wang. Improving the Gaussian mechanism for differential
@@ -35,7 +42,7 @@ References
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -107,7 +114,8 @@ class SketchNoise:
         ``Delta_F * Delta_i``, L2 sensitivity of the noise-free sketch on the
         good event (spec section 4.2).
     jl_factor : float
-        ``Delta_i``, product of ``Delta_JL(d, beta)`` over ``jl_dims``.
+        ``Delta_i``, product of ``Delta_JL(d, beta)`` over ``jl_dims``; for
+        public operators the exact worst-case factor of the actual operators.
     weight : float
         Budget weight ``w_i``.
     sigma : float
@@ -147,6 +155,10 @@ class ReleaseCalibration:
         ``L`` (1 for one-shot).
     sketches : tuple of SketchNoise
         One entry per released sketch.
+    public_sketch_seed : bool
+        True when the operators come from a public seed: then the factors are
+        the worst case over all neighbours of the actual operators and
+        ``delta_JL = 0`` (spec private-lrf-2 section 3).
     """
 
     epsilon: float
@@ -159,6 +171,20 @@ class ReleaseCalibration:
     noise_multiplier: float
     tree_levels: int
     sketches: tuple[SketchNoise, ...]
+    public_sketch_seed: bool = False
+
+    @property
+    def sensitivity(self) -> str:
+        """Which sensitivity the noise is calibrated to.
+
+        ``"worst-case"``: every neighbour of the actual (public) operators;
+        ``"jl-fixed-neighbour"``: the Laurent-Massart tail for a pair fixed
+        before secret operators are drawn, ``delta_JL`` charged; ``"exact"``:
+        no sketch operator at all (a plain Gaussian release).
+        """
+        if self.public_sketch_seed:
+            return "worst-case"
+        return "jl-fixed-neighbour" if self.n_sketch_matrices > 0 else "exact"
 
     @property
     def effective_sensitivity(self) -> float:
@@ -187,6 +213,13 @@ class ReleaseCalibration:
             ``delta (1 + 1e-9)``, or a recorded sensitivity is smaller than
             ``Delta_F * Delta_i``. Either means the noise is too small.
         """
+        if self.public_sketch_seed and self.delta_jl != 0.0:
+            # a tail bound for fixed neighbours does not hold for public operators
+            raise PrivacyConfigError(
+                "LEDGER_CHECK failed: public sketch operators are calibrated with a "
+                f"fixed-neighbour tail bound (delta_jl={self.delta_jl!r}); they need "
+                "their worst-case sensitivity."
+            )
         for sk in self.sketches:
             if sk.sensitivity < self.frobenius_bound * sk.jl_factor * (1 - _CHECK_RTOL):
                 raise PrivacyConfigError(
@@ -215,6 +248,8 @@ class ReleaseCalibration:
             "frobenius_bound": self.frobenius_bound,
             "noise_multiplier": self.noise_multiplier,
             "tree_levels": self.tree_levels,
+            "public_sketch_seed": self.public_sketch_seed,
+            "sensitivity": self.sensitivity,
             "effective_sensitivity": self.effective_sensitivity,
             "sketches": [
                 {
@@ -293,6 +328,7 @@ def calibrate_release(
     n_sketch_matrices: int,
     tree_levels: int = 1,
     delta_jl_fraction: float = 0.5,
+    public_operator_factors: Mapping[str, float] | None = None,
 ) -> ReleaseCalibration:
     """Calibrate the noise of all sketches of one release jointly.
 
@@ -313,6 +349,13 @@ def calibrate_release(
         ``L = floor(log2 T) + 1`` for continual release, 1 for one-shot.
     delta_jl_fraction : float, optional
         ``f`` in ``(0, 1)``: ``delta_JL = f delta``, ``delta_M = (1 - f) delta``.
+        Not used with ``public_operator_factors``.
+    public_operator_factors : mapping of str to float, optional
+        For operators drawn from a public seed: sketch name -> the exact
+        worst-case factor of the actual operators (``Delta_i`` with
+        ``||f_i(A) - f_i(A')||_F <= Delta_F Delta_i`` for EVERY neighbouring
+        pair), one per request. Then ``delta_JL = 0`` and ``jl_dims`` are not
+        used (spec private-lrf-2 section 3).
 
     Returns
     -------
@@ -353,15 +396,20 @@ def calibrate_release(
     n_mat = check_int_in_range(n_sketch_matrices, "n_sketch_matrices", 1)
     levels = check_int_in_range(tree_levels, "tree_levels", 1)
     reqs = _check_requests(requests, n_mat)
+    public = public_operator_factors is not None
+    factors = _check_factors(public_operator_factors, reqs) if public else {}
 
-    # spec section 2.2: delta = delta_M + delta_JL, beta_j = delta_JL / J.
-    delta_jl = frac * dlt
+    # spec section 2.2: delta = delta_M + delta_JL, beta_j = delta_JL / J; a worst
+    # case over all neighbours never fails, so public operators spend no delta_JL
+    delta_jl = 0.0 if public else frac * dlt
     delta_m = dlt - delta_jl
     beta = delta_jl / n_mat
     s = gaussian_noise_multiplier(eps, delta_m)
     sketches = []
     for r in reqs:
-        jl = math.prod(jl_sensitivity_factor(d, beta) for d in r.jl_dims)
+        jl = factors[r.name] if public else math.prod(
+            jl_sensitivity_factor(d, beta) for d in r.jl_dims
+        )
         sketches.append(
             SketchNoise(
                 name=r.name,
@@ -384,7 +432,25 @@ def calibrate_release(
         noise_multiplier=s,
         tree_levels=levels,
         sketches=tuple(sketches),
+        public_sketch_seed=public,
     )
+
+
+def _check_factors(
+    factors: Mapping[str, float] | None, reqs: tuple[SketchRequest, ...]
+) -> dict[str, float]:
+    names = sorted(r.name for r in reqs)
+    if not isinstance(factors, Mapping) or sorted(factors) != names:
+        got = sorted(factors) if isinstance(factors, Mapping) else type(factors).__name__
+        raise InvalidParameterError(
+            f"public_operator_factors must name each sketch once ({names}), got {got}."
+        )
+    return {
+        name: check_float_in_interval(
+            value, f"public_operator_factors[{name!r}]", 0.0, math.inf
+        )
+        for name, value in factors.items()
+    }
 
 
 def to_dp_event(calibration: ReleaseCalibration) -> dp_accounting.GaussianDpEvent:

@@ -42,7 +42,6 @@ References
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 from collections.abc import Iterable, Mapping
@@ -53,16 +52,16 @@ import scipy.sparse as sp
 
 from pipeline._types import FloatArray, IntArray
 from pipeline._validation import check_int_in_range
-from pipeline.accounting.calibration import calibrate_release
 from pipeline.algorithms.base import ArraySource, Factorization
 from pipeline.algorithms.lrf import (
     Algorithm,
     LrfParams,
     LrfPlan,
+    Reach,
     _low_space_post,
     _operators,
-    _requests,
     _spectral_post,
+    calibrate_plan,
     plan_lrf,
 )
 from pipeline.errors import EpochError, HorizonExceededError, InvalidParameterError
@@ -191,7 +190,9 @@ class StreamPlan:
         return int(epoch)
 
 
-def plan_stream(params: LrfParams, shape: tuple[int, int], horizon: int) -> StreamPlan:
+def plan_stream(
+    params: LrfParams, shape: tuple[int, int], horizon: int, *, public_seed: int | None = None
+) -> StreamPlan:
     """Validate a stream's public parameters and calibrate its tree.
 
     Parameters
@@ -203,6 +204,10 @@ def plan_stream(params: LrfParams, shape: tuple[int, int], horizon: int) -> Stre
         Public shape of the matrix.
     horizon : int
         ``T >= 1``, the number of epochs the budget covers.
+    public_seed : int or None
+        The sketch seed when it is public: the tree is calibrated with the
+        worst-case sensitivity of its operators for a difference anywhere in
+        the matrix (``Reach.ANY``: a stream's entity may touch any cells).
 
     Returns
     -------
@@ -216,7 +221,9 @@ def plan_stream(params: LrfParams, shape: tuple[int, int], horizon: int) -> Stre
     Notes
     -----
     Privacy. One Gaussian mechanism over every node of the tree:
-    ``sigma_i = Delta_F Delta_i s sqrt(L / w_i)`` [spec 4.5].
+    ``sigma_i = Delta_F Delta_i s sqrt(L / w_i)`` [spec 4.5]. A tree node sums
+    the differences of its epochs, of total Frobenius norm at most ``Delta_F``
+    (spec 1.4), so the worst-case factors of public operators hold per node.
 
     Examples
     --------
@@ -231,21 +238,12 @@ def plan_stream(params: LrfParams, shape: tuple[int, int], horizon: int) -> Stre
             "would cancel between them (spec sketch-lrf 3.4); use the unpadded mode."
         )
     levels = tree_levels(horizon)
-    one = plan_lrf(params, shape)
+    one = plan_lrf(params, shape, public_seed=public_seed, reach=Reach.ANY)
     if one.calibration is None:
         return StreamPlan(lrf=one, horizon=int(horizon), levels=levels)
-    M, N = one.oriented_shape
-    cal = calibrate_release(
-        _requests(params.algorithm, M, N, one.t, one.v),
-        epsilon=one.calibration.epsilon,
-        delta=one.calibration.delta,
-        frobenius_bound=one.calibration.frobenius_bound,
-        n_sketch_matrices=one.calibration.n_sketch_matrices,
-        tree_levels=levels,
-        delta_jl_fraction=params.delta_jl_fraction,
-    )
-    cal.check()
-    return StreamPlan(lrf=dataclasses.replace(one, calibration=cal), horizon=int(horizon), levels=levels)
+    # the operators' worst-case factors do not depend on the tree: reuse them
+    factors = {sk.name: sk.jl_factor for sk in one.calibration.sketches} if one.public_sketch_seed else None
+    return StreamPlan(lrf=calibrate_plan(one, factors, tree_levels=levels), horizon=int(horizon), levels=levels)
 
 
 def operators(plan: StreamPlan, sketch_seed: int) -> dict[str, SketchOperator]:

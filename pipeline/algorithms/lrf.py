@@ -19,7 +19,12 @@ Privacy [spec 4.4]: all noisy sketches of a release form ONE Gaussian mechanism,
 calibrated with the analytic Gaussian mechanism [BW18]; sketch sensitivities are
 ``Delta_F * Delta_JL(d, beta)`` from the actual sizes [spec 4.2], with the JL
 failure probabilities charged to delta. (epsilon, delta)-DP for neighbours with
-``||A - A'||_F <= Delta_F`` (Priv1, hence Priv2).
+``||A - A'||_F <= Delta_F`` (Priv1, hence Priv2). That tail bound is for a pair
+fixed before the operators are drawn, so it needs a secret sketch seed. With a
+public seed (``plan_lrf(..., public_seed=seed)``) the sensitivities are the
+exact worst case of the actual operators instead (``Delta_F ||Phi||_2`` and
+``Delta_F max_i ||S[:, i]||`` for a row unit, spec private-lrf-2 section 3;
+:func:`worst_case_factors`), and no delta is spent on the JL events.
 
 Passes over A: 1 (plus one norm pass when clipping rows of a column-split store).
 
@@ -36,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hashlib
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +62,7 @@ from pipeline.mechanisms.clipping import ClipSpec, Neighboring, PrivacyUnit
 from pipeline.mechanisms.noise import GaussianNoise, NoiseCode, NoiseKey
 from pipeline.sketches.apply import PassRequest
 from pipeline.sketches.gaussian import DEFAULT_TILE_SIZE, OperatorCode
+from pipeline.sketches.norms import operator_norms
 from pipeline.sketches.operators import OperatorKind, SketchOperator, make_operator
 
 
@@ -64,6 +71,36 @@ class Algorithm(enum.Enum):
 
     SPECTRAL = "spectral"
     LOW_SPACE = "low-space"
+
+
+class Reach(enum.Enum):
+    """What one individual's difference may touch in the sketched matrix ``X``.
+
+    Decides the worst-case sensitivity of public operators (:func:`worst_case_factors`).
+    """
+
+    ROW = "row"  # one row of X
+    COLUMN = "column"  # one column of X
+    ANY = "any"  # any cells: only ||D||_F <= Delta_F is known
+
+
+def reach_of(unit: PrivacyUnit, transpose: bool) -> Reach:
+    """The reach of a privacy unit of ``A`` in ``X`` (``A`` or ``A.T``).
+
+    The entry unit gets ``ANY``: a ledger reads an entry-unit release at row or
+    column level through ``||dA||_F <= sqrt(n) Delta_F``
+    (:mod:`pipeline.accounting.contract`), which needs a bound linear in
+    ``||dA||_F`` for every ``dA``.
+
+    Examples
+    --------
+    >>> reach_of(PrivacyUnit.ROW, transpose=True).value
+    'column'
+    """
+    if unit is PrivacyUnit.ENTRY:
+        return Reach.ANY
+    along_rows = (unit is PrivacyUnit.ROW) != transpose
+    return Reach.ROW if along_rows else Reach.COLUMN
 
 
 def default_sketch_sizes(rank: int, *, private: bool) -> tuple[int, int]:
@@ -161,7 +198,12 @@ def default_operator(*, private: bool) -> OperatorKind:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class LrfPlan:
-    """A validated release plan: orientation, sizes and calibration. No data."""
+    """A validated release plan: orientation, sizes and calibration. No data.
+
+    ``public_seed_fingerprint`` is set when the calibration is the worst case of
+    the operators of a public sketch seed (this seed's fingerprint), and
+    ``reach`` says which worst case.
+    """
 
     params: LrfParams
     shape: Shape2D
@@ -170,6 +212,13 @@ class LrfPlan:
     v: int
     calibration: ReleaseCalibration | None
     operator: OperatorKind = OperatorKind.GAUSSIAN
+    public_seed_fingerprint: str | None = None
+    reach: Reach | None = None
+
+    @property
+    def public_sketch_seed(self) -> bool:
+        """True when the calibration covers the operators of a public seed."""
+        return self.public_seed_fingerprint is not None
 
     @property
     def oriented_shape(self) -> Shape2D:
@@ -213,7 +262,13 @@ def _resolve_sizes(p: LrfParams, M: int, N: int) -> tuple[int, int]:
     return t, v
 
 
-def plan_lrf(params: LrfParams, shape: Shape2D) -> LrfPlan:
+def plan_lrf(
+    params: LrfParams,
+    shape: Shape2D,
+    *,
+    public_seed: int | None = None,
+    reach: Reach | None = None,
+) -> LrfPlan:
     """Validate ``params`` for a matrix of ``shape`` and calibrate the noise.
 
     Reads no data: everything here is public (plan-then-execute, style B.3.1).
@@ -222,6 +277,13 @@ def plan_lrf(params: LrfParams, shape: Shape2D) -> LrfPlan:
     ----------
     params : LrfParams
     shape : tuple (n_rows, n_cols)
+    public_seed : int or None
+        The sketch seed when it is public (given by the user): the calibration
+        then uses the worst-case sensitivity of the operators it generates, and
+        the plan may only run with this seed. None: the seed is secret.
+    reach : Reach or None
+        For a public seed, what one individual's difference may touch in ``X``;
+        None derives it from ``params.clip.unit`` (:func:`reach_of`).
 
     Returns
     -------
@@ -238,7 +300,10 @@ def plan_lrf(params: LrfParams, shape: Shape2D) -> LrfPlan:
     Spectral-LRF ``Y`` (M x t, ``Delta_JL(t, beta)``) and ``Z`` (v x N,
     ``Delta_JL(v, beta)``), ``beta = delta_JL / 2`` [spec 3.2, S3]; for
     Low-Space-LRF ``Y_c``, ``Y_r`` and ``Z`` (``Delta_JL(v, beta)^2``),
-    ``beta = delta_JL / 4`` [spec 3.3, S3].
+    ``beta = delta_JL / 4`` [spec 3.3, S3]. With ``public_seed`` the factors
+    are :func:`worst_case_factors` and ``delta_JL = 0`` [private-lrf-2, 3].
+    Costs ``O((M + N) d^2)`` flops for a public seed (the operators are
+    generated once, tile by tile), nothing otherwise.
 
     Examples
     --------
@@ -257,28 +322,122 @@ def plan_lrf(params: LrfParams, shape: Shape2D) -> LrfPlan:
             "private release is calibrated for Gaussian operators (spec sketch-lrf 5.3); "
             "use operator='gaussian' or drop it."
         )
+    if public_seed is not None:
+        public_seed = check_int_in_range(public_seed, "seed", 0, 2**128 - 1)
     # Spectral and unpadded Low-Space put the t-sized sketch on the longer side
     # (memory m t + v n, spec 3.2); padded mode follows the paper's m <= n [spec 3.3]
     transpose = (m > n) if params.padded else (m < n)
     M, N = (n, m) if transpose else (m, n)
     t, v = _resolve_sizes(params, M, N)
-    calibration = None
-    if params.private:
-        if params.epsilon is None or params.delta is None:
-            raise InvalidParameterError("a private release needs epsilon and delta.")
-        calibration = calibrate_release(
-            _requests(params.algorithm, M, N, t, v),
-            epsilon=params.epsilon,
-            delta=params.delta,
-            frobenius_bound=params.neighboring.frobenius_bound(params.clip.clip_norm),
-            n_sketch_matrices=2 if params.algorithm is Algorithm.SPECTRAL else 4,
-            delta_jl_fraction=params.delta_jl_fraction,
-        )
-        calibration.check()
-    return LrfPlan(
+    plan = LrfPlan(
         params=params, shape=(m, n), transpose=transpose, t=t, v=v,
-        calibration=calibration, operator=operator,
+        calibration=None, operator=operator,
     )
+    if not params.private:
+        return plan
+    if public_seed is None:
+        return calibrate_plan(plan)
+    reach = reach or reach_of(params.clip.unit, transpose)
+    plan = dataclasses.replace(
+        plan, public_seed_fingerprint=seed_fingerprint(public_seed), reach=reach
+    )
+    return calibrate_plan(plan, worst_case_factors(plan, public_seed, reach))
+
+
+def calibrate_plan(
+    plan: LrfPlan, factors: dict[str, float] | None = None, *, tree_levels: int = 1
+) -> LrfPlan:
+    """``plan`` with the joint calibration of its sketches over ``tree_levels`` levels.
+
+    ``factors``: the public operators' worst-case factors (None: ``Delta_JL``).
+    """
+    p = plan.params
+    if p.epsilon is None or p.delta is None:
+        raise InvalidParameterError("a private release needs epsilon and delta.")
+    M, N = plan.oriented_shape
+    calibration = calibrate_release(
+        _requests(p.algorithm, M, N, plan.t, plan.v),
+        epsilon=p.epsilon,
+        delta=p.delta,
+        frobenius_bound=p.neighboring.frobenius_bound(p.clip.clip_norm),
+        n_sketch_matrices=2 if p.algorithm is Algorithm.SPECTRAL else 4,
+        tree_levels=tree_levels,
+        delta_jl_fraction=p.delta_jl_fraction,
+        public_operator_factors=factors,
+    )
+    calibration.check()
+    return dataclasses.replace(plan, calibration=calibration)
+
+
+#: Per released sketch: the operator applied along the rows of X (``G^T X``) and
+#: the one applied along its columns (``X G``); None where there is none.
+_SIDES = {
+    Algorithm.SPECTRAL: {"Y": (None, "Phi"), "Z": ("S", None)},
+    Algorithm.LOW_SPACE: {"Yc": (None, "PhiC"), "Yr": ("Psi", None), "Z": ("S", "T")},
+}
+
+
+def worst_case_factors(plan: LrfPlan, seed: int, reach: Reach) -> dict[str, float]:
+    """Exact worst-case sensitivity factor of each sketch for public operators.
+
+    Parameters
+    ----------
+    plan : LrfPlan
+        Sizes, orientation and operator kind (its calibration is not used).
+    seed : int
+        The public sketch seed; the operators are generated from it exactly as
+        the pass generates them.
+    reach : Reach
+        What one individual's difference ``D`` may touch in ``X``.
+
+    Returns
+    -------
+    dict
+        Sketch name -> ``Delta_i`` with ``||f_i(X + D) - f_i(X)||_F <= Delta_i
+        ||D||_F`` for EVERY such ``D``, attained by some ``D``.
+
+    Notes
+    -----
+    A row operator ``G`` (``G^T X``) contributes ``max_i ||G[i, :]||`` when
+    ``D`` is one row of ``X`` (``G^T e_i d^T``) and ``||G||_2`` otherwise; a
+    column operator (``X G``) contributes ``max_j ||G[j, :]||`` when ``D`` is one
+    column and ``||G||_2`` otherwise (``d^T G``). A two-sided sketch
+    ``G_S^T D G_T`` multiplies its two factors: for ``D = e_i d^T`` it is
+    ``||G_S[i, :]|| ||G_T^T d||``, and ``||A D B||_F <= ||A||_2 ||D||_F ||B||_2``
+    for any ``D``. Each bound is attained (the maximising row and the top
+    singular vector), so it is the exact worst case [private-lrf-2, 3]. Sparse
+    sign operators have rows of norm exactly 1. The norms are computed tile by
+    tile (:func:`pipeline.sketches.norms.operator_norms`).
+
+    Examples
+    --------
+    >>> plan = plan_lrf(LrfParams(algorithm=Algorithm.SPECTRAL, rank=2, epsilon=1.0,
+    ...                           delta=1e-6), (500, 300))
+    >>> f = worst_case_factors(plan, 7, Reach.ROW)
+    >>> bool(f["Y"] > 2.0), bool(1.0 < f["Z"] < 2.0)
+    (True, True)
+    """
+    ops = _operators(plan, seed)
+    sides = _SIDES[plan.params.algorithm]
+    # True: the operator's largest row norm is its factor (D's index along the
+    # operator's axis is fixed); False: its spectral norm. Each operator acts on
+    # one side only.
+    by_row: dict[str, bool] = {}
+    for left, right in sides.values():
+        if left is not None:
+            by_row[left] = reach is Reach.ROW
+        if right is not None:
+            by_row[right] = reach is Reach.COLUMN
+    factor = {}
+    for name, use_rows in by_row.items():
+        nm = operator_norms(ops[name], spectral=not use_rows, max_row=use_rows)
+        value = nm.max_row if use_rows else nm.spectral
+        assert value is not None
+        factor[name] = value
+    return {
+        sketch: math.prod(factor[op] for op in (left, right) if op is not None)
+        for sketch, (left, right) in sides.items()
+    }
 
 
 def _requests(alg: Algorithm, M: int, N: int, t: int, v: int) -> list[SketchRequest]:
@@ -373,7 +532,8 @@ def run_lrf(
     plan : LrfPlan
         From :func:`plan_lrf` for this shape.
     sketch_seed : int
-        Root of the sketch operators (data-independent, confidential).
+        Root of the sketch operators (data-independent, confidential unless
+        the plan was made with this ``public_seed``).
     noise_key : NoiseKey or None
         Secret key of this release (required when private).
     before_noise : callable or None
@@ -409,8 +569,7 @@ def run_lrf(
 
     Passes over A: 1, or 0 when ``exact`` is given.
     """
-    if plan.calibration is not None and noise_key is None:
-        raise InvalidParameterError("a private release needs a noise key.")
+    _check_keys(plan, sketch_seed, noise_key)
     # tasks carry a sealed reference to the seed, never the seed [spec 4.6, item 3]
     seal = getattr(source, "seal", None) or (lambda value: value)
     root = seal(sketch_seed)
@@ -430,6 +589,16 @@ def run_lrf(
         Ux, s, Vx = _low_space_post(source, plan, exact, ops, noise_key)
     U, V = (Vx, Ux) if plan.transpose else (Ux, Vx)
     return Factorization(U=U, S=s, V=V)
+
+
+def _check_keys(plan: LrfPlan, sketch_seed: int, noise_key: NoiseKey | None) -> None:
+    if plan.calibration is not None and noise_key is None:
+        raise InvalidParameterError("a private release needs a noise key.")
+    if plan.public_sketch_seed and seed_fingerprint(sketch_seed) != plan.public_seed_fingerprint:
+        raise InvalidParameterError(
+            "the plan is calibrated for the operators of another public sketch seed; "
+            "plan with public_seed set to the seed the release runs with."
+        )
 
 
 def _noise(plan: LrfPlan, key: NoiseKey | None, name: str, code: NoiseCode, length: int, dim: int) -> GaussianNoise | None:

@@ -21,6 +21,8 @@ Choices shared by all cases (public, fixed before any data is built):
 * The sketch seed is a constant drawn once, and the neighbouring rows are
   fixed directions that do not look at it: the per-pair sensitivity bound
   (spec sketch-lrf 4.2) is for a pair chosen independently of the sketch.
+  The public-seed cases are the exception: there the seed is public and the pair
+  is chosen from the operators (:func:`lrf_public_neighbours`).
 * The audited row has raw norm ``ROW_SCALE = 10`` times the clip norm, so the
   correct mechanisms are audited through their clipping, and the control that
   clips after the sum sees a row far above the clip norm.
@@ -338,6 +340,55 @@ def lrf_key(
     name = "spectral" if algorithm is Algorithm.SPECTRAL else "low"
     tail = "" if delta == DELTA else f"-delta{delta:g}"
     return f"{name}{'-wide' if wide else ''}-{variant}-eps{epsilon:g}{tail}"
+
+
+#: Square, so that Phi (512 x 64) has ||Phi||_2 = 3.8 against Delta_JL(64) = 1.41:
+#: the broken control's exact epsilon is far above the declared one.
+PUBLIC_SEED_SHAPE = (512, 512)
+
+
+def lrf_public_neighbours(plan: LrfPlan) -> tuple[np.ndarray, np.ndarray]:
+    """Replace-one neighbours chosen AFTER seeing the operators of a public seed.
+
+    Spec private-lrf-2 section 3: with ``SKETCH_SEED`` public, the adversary
+    puts the individual at the row ``r`` whose column of ``S`` is the longest,
+    along the top left-singular vector ``u`` of ``Phi``: ``D`` holds ``+10 C u``
+    there and ``D'`` ``-10 C u`` (clipped to ``+-C u``), so ``Y`` moves by
+    ``2C ||Phi||_2`` and ``Z`` by ``2C max_i ||S[:, i]||``, the worst case of both.
+    Spectral-LRF, not transposed (X = A).
+    """
+    assert plan.params.algorithm is Algorithm.SPECTRAL
+    assert not plan.transpose
+    req = pass_request(plan, SKETCH_SEED)
+    (_, phi), (_, s_op) = req.right[0], req.left[0]
+    r = int(np.argmax(np.linalg.norm(s_op.dense(), axis=1)))
+    u = np.linalg.svd(phi.dense(), full_matrices=False)[0][:, 0]
+    base = _bounded_rows(*plan.shape, seed=0)
+    A, A2 = base.copy(), base.copy()
+    A[r], A2[r] = ROW_SCALE * CLIP * u, -ROW_SCALE * CLIP * u
+    return A, A2
+
+
+def _public_seed_case(epsilon: float, variant: str) -> Case:
+    """Spectral-LRF with a public sketch seed, audited on its worst-case pair."""
+    plan = lrf_plan(Algorithm.SPECTRAL, epsilon, shape=PUBLIC_SEED_SHAPE)
+    if variant == "correct":
+        plan = plan_lrf(plan.params, plan.shape, public_seed=SKETCH_SEED)
+    A, A2 = lrf_public_neighbours(plan)
+    blocks = lrf_blocks(plan, lrf_exact(A, plan), lrf_exact(A2, plan))
+    names = {
+        "correct": "correct",
+        "jl-bound": "BROKEN: fixed-neighbour Delta_JL calibration for a public seed",
+    }
+    return Case(
+        key=f"spectral-public-seed-{variant}-eps{epsilon:g}",
+        mechanism="Spectral-LRF, public sketch seed (worst-case sensitivity)",
+        releases=", ".join(b.name for b in blocks),
+        variant=names[variant],
+        epsilon=epsilon,
+        delta=DELTA,
+        blocks=tuple(blocks),
+    )
 
 
 # --------------------------------------------------------------------------
@@ -681,6 +732,10 @@ def _registry() -> tuple[dict[str, Callable[[], Case]], dict[str, Callable[[], C
     for eps, variant in ((1.0, "correct"), (2.0, "correct"), (1.0, "no-tree-factor")):
         cases[f"continual-{variant}-eps{eps:g}"] = lambda eps=eps, variant=variant: _continual_case(eps, variant)
     pca(cases, "M", 1.0, "correct", method="analyze-gauss", sensitivity="paper")
+    for eps, variant in ((1.0, "correct"), (1.0, "jl-bound")):
+        cases[f"spectral-public-seed-{variant}-eps{eps:g}"] = (
+            lambda eps=eps, variant=variant: _public_seed_case(eps, variant)
+        )
     lrf(cases, S, 1.0, "per-chunk")
     lrf(cases, L, 1.0, "per-chunk")
     lrf(cases, S, 2.0, "paper")

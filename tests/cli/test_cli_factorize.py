@@ -146,7 +146,12 @@ def test_generate_then_factorize_publishes_a_private_release(
     seed_keys = [
         k for k in _keys(rep) if re.search("seed|key|secret|entropy", k, re.IGNORECASE)
     ]
-    assert sorted(seed_keys) == ["insecure_noise_seed", "sketch_seed_fingerprint"]
+    # (the public-seed flags are booleans: --seed makes the operators public)
+    assert sorted(seed_keys) == [
+        "insecure_noise_seed", "public_sketch_seed", "public_sketch_seed", "sketch_seed_fingerprint"
+    ]
+    assert rep["public_sketch_seed"] is True
+    assert rep["sensitivity"] == "worst-case"
     for text in (json.dumps(rep), ledger.read_text(), proc.stdout, proc.stderr):
         _assert_no_secret_or_data(text, store)
 

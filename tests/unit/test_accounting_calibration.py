@@ -187,7 +187,10 @@ def test_to_dict_is_json() -> None:
     assert d["n_sketch_matrices"] == 4
     assert [s["name"] for s in d["sketches"]] == ["Yc", "Yr", "Z"]
     assert d["sketches"][2]["shape"] == [V, V]
-    assert not any("seed" in k or "key" in k for k in d)
+    # no seed or key value: the only such field is the public-seed flag
+    assert not any(("seed" in k or "key" in k) and not isinstance(v, bool) for k, v in d.items())
+    assert d["public_sketch_seed"] is False
+    assert d["sensitivity"] == "jl-fixed-neighbour"
 
 
 def _req(name: str = "Y", weight: float = 1.0, **kw: object) -> SketchRequest:
