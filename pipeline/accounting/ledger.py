@@ -412,7 +412,9 @@ def _check_details(details: object, where: str = "details") -> None:
                 f"{where} keys must be strings, got key={key!r}."
             )
         low = key.lower()
-        if any(f in low for f in _SECRET_FRAGMENTS) and "hash" not in low:
+        # a yes/no flag ("public_sketch_seed": true) carries no secret
+        flag = isinstance(value, bool) or value is None
+        if any(f in low for f in _SECRET_FRAGMENTS) and "hash" not in low and not flag:
             raise InvalidParameterError(
                 f"{where} must not carry seeds or keys, got key {key!r}; "
                 "record a hash (e.g. 'sketch_seed_hash') instead."

@@ -309,7 +309,8 @@ def test_stream_init_with_a_seed_records_the_worst_case(tmp_path: Path) -> None:
     from pipeline.stream import _plan_of, open_stream, stream_init
 
     stream_init(tmp_path / "s.stream", n_rows=300, n_cols=200, rank=3, horizon=4,
-                epsilon=EPSILON, delta=DELTA, unit="row", seed=11)
+                epsilon=EPSILON, delta=DELTA, unit="row", seed=11,
+                ledger=tmp_path / "l.json", budget=(10.0, 1e-3))
     m = open_stream(tmp_path / "s.stream").manifest
     assert m["public_sketch_seed"] is True
     assert m["plan"]["calibration"]["public_sketch_seed"] is True
