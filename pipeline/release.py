@@ -45,7 +45,12 @@ from typing import Any, Protocol, TextIO
 
 from pipeline._validation import check_privacy_pair
 from pipeline.accounting.contract import PrivacyContract
-from pipeline.accounting.ledger import Ledger, default_ledger_path
+from pipeline.accounting.ledger import (
+    InProcessLedger,
+    Ledger,
+    default_ledger_path,
+    in_process_ledger,
+)
 from pipeline.errors import (
     InvalidParameterError,
     PipelineError,
@@ -536,11 +541,14 @@ def _ledger_summary(ledger: Any) -> dict[str, Any] | None:
     """The ledger's state after the charge, for a report (None without a ledger)."""
     if ledger is None:
         return None
-    return {"path": str(ledger.path), **ledger.remaining_summary()}
+    if isinstance(ledger, InProcessLedger):
+        return {"path": None, **ledger.remaining_summary()}
+    return {"path": str(ledger.path), "kind": "file", **ledger.remaining_summary()}
 
 
 def _resolve_ledger(spec: ReleaseSpec) -> Ledger | _NewLedger | None:
-    """The dataset's ledger, or the declaration of a new one (created at charge time)."""
+    """The dataset's ledger, the declaration of a new one (created at charge time),
+    or, with neither a ledger nor a store path, this process's accountant."""
     if not spec.private:
         return None  # non-private runs are not accounted (and say NOT PRIVATE)
     if isinstance(spec.ledger, Ledger):
@@ -548,7 +556,9 @@ def _resolve_ledger(spec: ReleaseSpec) -> Ledger | _NewLedger | None:
         return spec.ledger
     where, budget = spec.ledger_path(), spec.budget
     if where is None:
-        return None
+        # no persistent ledger: this process's accountant of the dataset records it
+        key = spec.input.fingerprint or f"dask array {spec.input.shape} {spec.input.dtype}"
+        return in_process_ledger(key, spec.contract)
     if os.path.exists(where):
         book = Ledger.open(where)
         if budget is not None and tuple(map(float, budget)) != tuple(book.budget):

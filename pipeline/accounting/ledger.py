@@ -127,7 +127,13 @@ from pipeline.errors import (
 )
 from pipeline.mechanisms.clipping import Neighboring, PrivacyUnit
 
-__all__ = ["LEDGER_FORMAT", "Ledger", "default_ledger_path"]
+__all__ = [
+    "LEDGER_FORMAT",
+    "InProcessLedger",
+    "Ledger",
+    "default_ledger_path",
+    "in_process_ledger",
+]
 
 LEDGER_FORMAT = "dplr-ledger/2"
 # Ledgers written before contracts existed: read as (row, replace), see above.
@@ -898,7 +904,7 @@ class Ledger:
         own = _own_charge(calibration)
         checked = _check_contract(calibration, contract)
         _at_ledger(own, checked, _declared(self._data))  # refused before the lock
-        with _exclusive_lock(self._path):
+        with self._locked():
             # Re-read under the lock: another process may have charged meanwhile.
             self.reload()
             if any(r["release_id"] == release_id for r in self._data["releases"]):
@@ -912,9 +918,16 @@ class Ledger:
             record["details"] = details_copy
             new_data = {**self._data, "format": LEDGER_FORMAT, "contract": led.to_dict()}
             new_data["releases"] = [*self._data["releases"], record]
-            _write_atomic(self._path, new_data)
+            self._persist(new_data)
             self._data = new_data
         return json.loads(json.dumps(record))  # type: ignore[no-any-return]
+
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
+        """Exclusive access to the file while a charge is checked and written."""
+        return _exclusive_lock(self._path)
+
+    def _persist(self, data: Mapping[str, Any]) -> None:
+        _write_atomic(self._path, data)
 
     def remaining_summary(self) -> dict[str, Any]:
         """Display summary: contract, budget, spent, release count, composed multiplier.
@@ -965,6 +978,75 @@ class Ledger:
             f"budget=(epsilon={eps_b!r}, delta={delta_b!r}), "
             f"n_releases={len(self._data['releases'])})"
         )
+
+
+class InProcessLedger(Ledger):
+    """The accountant of the releases that no persistent ledger takes.
+
+    In-memory and dask inputs and the estimators charge one of these by default
+    (as diffprivlib's default ``BudgetAccountant`` does), one per dataset and
+    process: every release is recorded with its contract and composed exactly
+    at the unit and relation of the first, as a :class:`Ledger` does. It has no
+    budget to refuse against (pass a persistent ledger for that), writes
+    nothing, and ends with the process. :func:`in_process_ledger` finds it.
+    """
+
+    __slots__ = ()
+
+    def __init__(self, dataset: str, contract: PrivacyContract) -> None:
+        led = _Declared(contract.unit, contract.neighboring)
+        # no budget: composed delta at epsilon = inf is 0, so nothing is refused
+        super().__init__(pathlib.Path(f"<in-process:{dataset}>"), {
+            **_new_data(dataset, math.inf, 1.0, led), "contract": led.to_dict(),
+        })  # fmt: skip
+
+    def reload(self) -> None:
+        """Nothing to re-read: the records live in this process only."""
+
+    def _check_loaded(self, calibration: Calibration, new: _Charge) -> None:
+        """No budget to exceed (the conversion to its contract is still checked)."""
+
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def _persist(self, data: Mapping[str, Any]) -> None:
+        pass
+
+    def spent(self) -> tuple[float, float]:
+        """``(epsilon, delta)`` of all releases together at ``delta`` = the sum of theirs."""
+        charges = self._charges()
+        if not charges:
+            return 0.0, 0.0
+        delta = math.fsum(float(r["delta"]) for r in self._data["releases"])
+        fixed = math.fsum([c.delta_jl for c in charges] + [c.delta_approx for c in charges])
+        z_tot = _compose_multipliers([c.z for c in charges])
+        eps_a = math.fsum(c.epsilon_approx for c in charges)
+        gauss = 0.0 if math.isinf(z_tot) else gaussian_epsilon(z_tot, delta - fixed)
+        return eps_a + gauss, delta
+
+    def remaining_summary(self) -> dict[str, Any]:
+        """Kind, dataset, contract, release count and what they spent together."""
+        eps_used, delta_used = self.spent()
+        led = _declared(self._data)
+        return {
+            "kind": "in-process",
+            "dataset": self.dataset,
+            "unit": led.unit.value,
+            "neighboring": led.neighboring.value,
+            "n_releases": len(self._data["releases"]),
+            "epsilon_used": eps_used,
+            "delta_used": delta_used,
+        }
+
+
+_IN_PROCESS: dict[str, InProcessLedger] = {}
+
+
+def in_process_ledger(dataset: str, contract: PrivacyContract) -> InProcessLedger:
+    """This process's accountant of ``dataset`` (created with ``contract``'s unit)."""
+    if dataset not in _IN_PROCESS:
+        _IN_PROCESS[dataset] = InProcessLedger(dataset, contract)
+    return _IN_PROCESS[dataset]
 
 
 def _new_data(dataset: str, eps: float, dlt: float, led: _Declared) -> dict[str, Any]:

@@ -201,3 +201,42 @@ def test_a_refused_job_leaves_nothing(data: np.ndarray, tmp_path: Path) -> None:
         api.pca(data, K, **PCA, out=tmp_path / "r.zarr", ledger=book)
     left = sorted(p.name for p in tmp_path.iterdir() if p.suffix != ".lock")
     assert left == ["d.dplr-ledger.json"]
+
+
+# ---------------------------------------------------------------------------
+# Finding 7: every private release is recorded somewhere
+# ---------------------------------------------------------------------------
+def test_in_memory_and_estimator_releases_charge_the_process_accountant(
+    data: np.ndarray,
+) -> None:
+    """Old code: numpy inputs and the estimators got no ledger unless one was
+    passed (``report["ledger"] is None``): the releases were charged nowhere."""
+    from pipeline.accounting.ledger import in_process_ledger
+
+    A = data[:1500].copy()
+    A[0, 0] += 1e-9  # a dataset no other test charged in this process
+    first = api.pca(A, K, **PCA)
+    where = first.report["ledger"]
+    assert where is not None
+    assert where["kind"] == "in-process"
+    assert where["path"] is None
+    assert where["n_releases"] == 1
+    est = DPPCA(K, method="analyze-gauss", epsilon=1.0, delta=1e-6).fit(A)
+    assert est.privacy_report_["ledger"]["n_releases"] == 2
+    book = in_process_ledger(where["dataset"], None)  # type: ignore[arg-type]
+    ids = [r["release_id"] for r in book.releases]
+    assert ids == [first.report["release_id"], est.privacy_report_["release_id"]]
+    # two releases at (1, 1e-6) each compose to more than either, less than the sum
+    eps, delta = book.spent()
+    assert 1.0 < eps < 2.0
+    assert delta == pytest.approx(2e-6, rel=1e-12)
+
+
+def test_a_persistent_ledger_takes_the_charge_instead(
+    data: np.ndarray, tmp_path: Path
+) -> None:
+    book = _ledger(tmp_path)
+    rel = api.pca(data, K, **PCA, ledger=book)
+    assert rel.report["ledger"]["kind"] == "file"
+    assert rel.report["ledger"]["path"] == str(book.path)
+    assert len(book.releases) == 1
