@@ -23,10 +23,7 @@ import numpy as np
 
 from pipeline import _scratch
 from pipeline._validation import (
-    check_enum,
-    check_float_in_interval,
     check_int_in_range,
-    check_privacy_pair,
 )
 from pipeline.accounting.contract import Accountant, PrivacyContract
 from pipeline.accounting.ledger import Ledger
@@ -42,9 +39,8 @@ from pipeline.algorithms.lrf import (
 from pipeline.algorithms.power_pca import PcaRelease
 from pipeline.errors import (
     InvalidParameterError,
-    PrivacyConfigError,
 )
-from pipeline.mechanisms.clipping import ClipSpec, Neighboring, PrivacyUnit
+from pipeline.mechanisms.clipping import Neighboring, PrivacyUnit
 from pipeline.release import (
     InputRef,
     ReleaseJob,
@@ -77,39 +73,11 @@ def make_params(
     operator: str | OperatorKind | None = None,
 ) -> LrfParams:
     """Validate user-facing parameters into :class:`LrfParams` (no data needed)."""
-    alg = check_enum(Algorithm, algorithm, "algorithm")
-    rank = check_int_in_range(rank, "rank", 1)
-    if sketch_size is not None:
-        check_int_in_range(sketch_size, "sketch_size", 2)
-    if core_size is not None:
-        check_int_in_range(core_size, "core_size", 3)
-    if private:
-        eps, dlt = check_privacy_pair(epsilon, delta)
-    else:
-        if epsilon is not None or delta is not None:
-            raise PrivacyConfigError(
-                "a non-private run takes no epsilon or delta; drop them or drop non-private."
-            )
-        eps = dlt = None
-    clip = ClipSpec(
-        unit=check_enum(PrivacyUnit, unit, "unit"),
-        clip_norm=check_float_in_interval(
-            clip_norm, "clip_norm", 0.0, math.inf, privacy=True
-        ),
-    )
-    return LrfParams(
-        algorithm=alg,
-        rank=rank,
-        sketch_size=sketch_size,
-        core_size=core_size,
-        private=bool(private),
-        epsilon=eps,
-        delta=dlt,
-        clip=clip,
-        neighboring=check_enum(Neighboring, neighboring, "neighboring"),
-        padded=bool(padded),
-        operator=None if operator in (None, "auto") else check_enum(OperatorKind, operator, "operator"),
-    )
+    return LrfParams.of(
+        rank, epsilon=epsilon, delta=delta, algorithm=algorithm, private=private,
+        sketch_size=sketch_size, core_size=core_size, clip_norm=clip_norm, unit=unit,
+        neighboring=neighboring, padded=padded, operator=operator,
+    )  # fmt: skip
 
 
 def build_report(

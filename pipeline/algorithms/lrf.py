@@ -49,14 +49,19 @@ from typing import Any
 import numpy as np
 
 from pipeline._types import FloatArray, Shape2D
-from pipeline._validation import check_int_in_range
+from pipeline._validation import (
+    check_enum,
+    check_float_in_interval,
+    check_int_in_range,
+    check_privacy_pair,
+)
 from pipeline.accounting.calibration import (
     ReleaseCalibration,
     SketchRequest,
     calibrate_release,
 )
 from pipeline.algorithms.base import Factorization, MatrixSource
-from pipeline.errors import InvalidParameterError
+from pipeline.errors import InvalidParameterError, PrivacyConfigError
 from pipeline.linalg.core import core_one_sided, core_two_sided, orth, sign_convention
 from pipeline.mechanisms.clipping import ClipSpec, Neighboring, PrivacyUnit
 from pipeline.mechanisms.noise import GaussianNoise, NoiseCode, NoiseKey
@@ -176,6 +181,62 @@ class LrfParams:
     delta_jl_fraction: float = 0.5
     tile_size: int = DEFAULT_TILE_SIZE
     operator: OperatorKind | None = None
+
+    def __post_init__(self) -> None:
+        """Validate every field and turn names into enums (no data needed)."""
+        set_ = object.__setattr__
+        set_(self, "algorithm", check_enum(Algorithm, self.algorithm, "algorithm"))
+        set_(self, "rank", check_int_in_range(self.rank, "rank", 1))
+        if self.sketch_size is not None:
+            check_int_in_range(self.sketch_size, "sketch_size", 2)
+        if self.core_size is not None:
+            check_int_in_range(self.core_size, "core_size", 3)
+        for name in ("private", "padded"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidParameterError(
+                    f"{name} must be True or False, got {name}={getattr(self, name)!r}."
+                )
+        if self.private:
+            if self.epsilon is None or self.delta is None:
+                raise InvalidParameterError(
+                    "a private release needs epsilon and delta, got "
+                    f"epsilon={self.epsilon!r}, delta={self.delta!r}; pass both, or "
+                    "private=False for the non-private variant."
+                )
+            eps, dlt = check_privacy_pair(self.epsilon, self.delta)
+            set_(self, "epsilon", eps)
+            set_(self, "delta", dlt)
+        elif self.epsilon is not None or self.delta is not None:
+            raise PrivacyConfigError(
+                "a non-private run takes no epsilon or delta; drop them or drop non-private."
+            )
+        set_(self, "neighboring", check_enum(Neighboring, self.neighboring, "neighboring"))
+        if self.operator is not None:
+            set_(self, "operator", check_enum(OperatorKind, self.operator, "operator"))
+
+    @classmethod
+    def of(
+        cls, rank: int, *, clip_norm: float = 1.0, unit: str | PrivacyUnit = "row",
+        operator: str | OperatorKind | None = None, **kw: Any,
+    ) -> LrfParams:
+        """From user-facing names: ``clip_norm`` and ``unit`` make the ClipSpec,
+        ``operator="auto"`` means None.
+
+        Examples
+        --------
+        >>> p = LrfParams.of(5, epsilon=1.0, delta=1e-6, algorithm="low-space")
+        >>> p.algorithm.value, p.clip.unit.value, p.neighboring.value
+        ('low-space', 'row', 'add-remove')
+        """
+        clip = ClipSpec(
+            unit=check_enum(PrivacyUnit, unit, "unit"),
+            clip_norm=check_float_in_interval(
+                clip_norm, "clip_norm", 0.0, math.inf, privacy=True
+            ),
+        )
+        kw.setdefault("algorithm", "spectral")
+        op = None if operator in (None, "auto") else operator
+        return cls(rank=rank, clip=clip, operator=op, **kw)  # type: ignore[arg-type]
 
 
 def default_operator(*, private: bool) -> OperatorKind:
