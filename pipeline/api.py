@@ -44,6 +44,7 @@ from pipeline.mechanisms.clipping import Neighboring, PrivacyUnit
 from pipeline.release import (
     InputRef,
     ReleaseJob,
+    ReleaseOptions,
     ReleaseSpec,
     Runtime,
     package_versions,
@@ -51,7 +52,17 @@ from pipeline.release import (
 )
 from pipeline.sketches.operators import OperatorKind
 
-__all__ = ["build_pca_report", "build_report", "factorize", "make_params", "package_versions", "pca"]
+__all__ = [
+    "Selection",
+    "build_pca_report",
+    "build_report",
+    "factorize",
+    "make_params",
+    "package_versions",
+    "pca",
+    "release_factorization",
+    "release_pca",
+]
 
 if TYPE_CHECKING:
     from pipeline.execution.clusters import ClusterConfig
@@ -300,32 +311,48 @@ def factorize(
         sketch_size=sketch_size, core_size=core_size, clip_norm=clip_norm, unit=unit,
         neighboring=neighboring, padded=padded, operator=operator,
     )  # fmt: skip
-    if seed is not None:
-        seed = check_int_in_range(seed, "seed", 0, 2**128 - 1)
-    spec, job = _lrf_release(
-        params, source, seed=seed, out=out, overwrite=overwrite, ledger=ledger,
-        budget=budget, journal=journal, scratch=scratch,
-        insecure_noise_seed=insecure_noise_seed,
+    options = ReleaseOptions(
+        out=out, overwrite=overwrite, ledger=ledger, budget=budget, journal=journal,
+        scratch=scratch, insecure_noise_seed=insecure_noise_seed,
     )  # fmt: skip
     runtime = Runtime(scheduler=scheduler, cluster_config=cluster_config, progress=progress)
-    return run_release(spec, job, runtime)  # type: ignore[no-any-return]
+    return release_factorization(source, params, options, runtime, seed=seed)
 
 
-def _insecure_seed(value: int | None) -> int | None:
-    if value is None:
-        return None
-    return check_int_in_range(value, "insecure_noise_seed", 0)
+def release_factorization(
+    source: Any,
+    params: LrfParams,
+    options: ReleaseOptions | None = None,
+    runtime: Runtime | None = None,
+    *,
+    seed: int | None = None,
+) -> Factorization:
+    """:func:`factorize` with its parameters as value objects.
+
+    ``params`` says what is released, ``options`` where it is published and
+    charged, ``runtime`` where it runs; ``seed`` is a public sketch seed (None:
+    a fresh secret one). The CLI and the estimators call this.
+
+    Examples
+    --------
+    >>> A = np.random.default_rng(0).normal(size=(60, 40)) / 10
+    >>> f = release_factorization(A, LrfParams.of(3, private=False), seed=1)
+    >>> f.S.shape
+    (3,)
+    """
+    if seed is not None:
+        seed = check_int_in_range(seed, "seed", 0, 2**128 - 1)
+    spec, job = _lrf_release(params, source, seed, options or ReleaseOptions())
+    return run_release(spec, job, runtime or Runtime())  # type: ignore[no-any-return]
 
 
 def _lrf_release(
-    params: LrfParams, source: Any, *, seed: int | None, **kw: Any
+    params: LrfParams, source: Any, seed: int | None, options: ReleaseOptions
 ) -> tuple[ReleaseSpec, _LrfJob]:
     """The release spec and the algorithm hooks of one factorization."""
     from pipeline.io import open_input
 
-    insecure = _insecure_seed(kw.pop("insecure_noise_seed"))
-    scratch = kw.pop("scratch")
-    _scratch.remove_dead(scratch, kw["out"])  # what a killed job left at this location
+    _scratch.remove_dead(options.scratch, options.out)  # what a killed job left here
     array, info = open_input(
         source, unit=params.clip.unit.value if params.private else None
     )
@@ -336,16 +363,15 @@ def _lrf_release(
             unit=params.clip.unit, neighboring=params.neighboring,
             clip_norm=params.clip.clip_norm, epsilon=plan.calibration.epsilon,
             delta=plan.calibration.delta, accountant=Accountant.ANALYTIC_GAUSSIAN,
-            shape=info.shape, secret_noise=insecure is None,
+            shape=info.shape, secret_noise=options.insecure_noise_seed is None,
             public_operators=seed is not None,
         )  # fmt: skip
     spec = ReleaseSpec(
         kind="factorize", contract=contract, calibration=plan.calibration,
         parameters=_lrf_parameters(plan), input=InputRef.of(info, array),
-        out=None if kw["out"] is None else os.fspath(kw["out"]),
-        insecure_noise_seed=insecure, sketch_seed=seed, uses_sketch_seed=True,
-        **{k: v for k, v in kw.items() if k != "out"},
+        sketch_seed=seed, uses_sketch_seed=True, **options.spec_fields(),
     )  # fmt: skip
+    scratch = options.scratch
     if scratch is not None:
         scratch = _scratch.check_scratch(scratch)
     return spec, _LrfJob(plan=plan, array=array, info=info, scratch=scratch)
@@ -609,47 +635,87 @@ def pca(
         gamma_scale=gamma_scale, row_norm_bound=row_norm_bound, route=route,
         private=private,
     )  # fmt: skip
-    selection = _check_selection(
+    selection = Selection.of(
         params, select, radius_grid, iterations_grid, expected_trials
     )
-    spec, job = _pca_release(
-        params, source, selection, out=out, overwrite=overwrite, ledger=ledger,
-        budget=budget, journal=journal,
-        insecure_noise_seed=_insecure_seed(insecure_noise_seed),
+    options = ReleaseOptions(
+        out=out, overwrite=overwrite, ledger=ledger, budget=budget, journal=journal,
+        insecure_noise_seed=insecure_noise_seed,
     )  # fmt: skip
     runtime = Runtime(scheduler=scheduler, cluster_config=cluster_config, progress=progress)
-    return run_release(spec, job, runtime)  # type: ignore[no-any-return]
+    return release_pca(source, params, options, runtime, selection=selection)
 
 
-def _check_selection(
-    params: Any,
-    select: bool,
-    radius_grid: Sequence[float] | None,
-    iterations_grid: Sequence[int] | None,
-    expected_trials: float | None,
-) -> dict[str, Any] | None:
-    """The selection's public grids (None: a fixed run); refuses a bad mix."""
-    if not isinstance(select, bool):
-        raise InvalidParameterError(
-            f"select must be True or False, got select={select!r}."
-        )
-    fixed = params.iterations is not None or params.clip_radius is not None
-    if select and (fixed or not params.private or params.method != "power"):
-        raise InvalidParameterError(
-            "select=True chooses the clip radius and the number of iterations privately; "
-            "do not pass iterations or clip_radius, and use method='power' with private=True."
-        )
-    grids = (radius_grid, iterations_grid, expected_trials)
-    if not select:
-        if any(g is not None for g in grids):
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Selection:
+    """The public grids of a private selection of ``(R, T)`` (None: the defaults)."""
+
+    radii: tuple[float, ...] | None = None
+    iterations: tuple[int, ...] | None = None
+    expected_trials: float | None = None
+
+    @staticmethod
+    def of(
+        params: Any,
+        select: bool,
+        radius_grid: Sequence[float] | None,
+        iterations_grid: Sequence[int] | None,
+        expected_trials: float | None,
+    ) -> Selection | None:
+        """The selection's public grids (None: a fixed run); refuses a bad mix."""
+        if not isinstance(select, bool):
             raise InvalidParameterError(
-                "radius_grid, iterations_grid and expected_trials apply to select=True only."
+                f"select must be True or False, got select={select!r}."
             )
-        return None
-    return {"radii": radius_grid, "iterations": iterations_grid, "expected": expected_trials}
+        fixed = params.iterations is not None or params.clip_radius is not None
+        if select and (fixed or not params.private or params.method != "power"):
+            raise InvalidParameterError(
+                "select=True chooses the clip radius and the number of iterations privately; "
+                "do not pass iterations or clip_radius, and use method='power' with private=True."
+            )
+        grids = (radius_grid, iterations_grid, expected_trials)
+        if not select:
+            if any(g is not None for g in grids):
+                raise InvalidParameterError(
+                    "radius_grid, iterations_grid and expected_trials apply to select=True only."
+                )
+            return None
+        return Selection(
+            radii=None if radius_grid is None else tuple(radius_grid),
+            iterations=None if iterations_grid is None else tuple(iterations_grid),
+            expected_trials=expected_trials,
+        )
 
 
-def _pca_plan(params: Any, shape: tuple[int, int], selection: dict[str, Any] | None) -> Any:
+def release_pca(
+    source: Any,
+    params: Any,
+    options: ReleaseOptions | None = None,
+    runtime: Runtime | None = None,
+    *,
+    selection: Selection | None = None,
+) -> PcaRelease:
+    """:func:`pca` with its parameters as value objects (a ``PcaParams``).
+
+    ``selection`` (a :class:`Selection`) chooses ``(R, T)`` privately; then
+    ``params`` has no ``iterations`` or ``clip_radius``.
+
+    Examples
+    --------
+    >>> from pipeline.algorithms.power_pca import PcaParams
+    >>> A = np.random.default_rng(0).normal(size=(500, 6)) / 6
+    >>> r = release_pca(A, PcaParams(rank=2, iterations=2, private=False))
+    >>> r.components.shape
+    (6, 2)
+    """
+    if selection is not None:
+        Selection.of(params, True, selection.radii, selection.iterations,
+                     selection.expected_trials)  # fmt: skip
+    spec, job = _pca_release(params, source, selection, options or ReleaseOptions())
+    return run_release(spec, job, runtime or Runtime())  # type: ignore[no-any-return]
+
+
+def _pca_plan(params: Any, shape: tuple[int, int], selection: Selection | None) -> Any:
     """The plan of a fixed run, or of a selection with its RDP calibration."""
     from pipeline.accounting.pca import calibrate_selection
     from pipeline.algorithms.power_pca import default_selection_grids, plan_pca
@@ -659,9 +725,9 @@ def _pca_plan(params: Any, shape: tuple[int, int], selection: dict[str, Any] | N
     # validated as a fixed run first (rank, budget, route, bounds), then calibrated
     plan = plan_pca(dataclasses.replace(params, iterations=1, clip_radius=1.0), shape)
     radii, grid = default_selection_grids(shape[0], params.rank)
-    radii = tuple(selection["radii"]) if selection["radii"] is not None else radii
-    grid = tuple(selection["iterations"]) if selection["iterations"] is not None else grid
-    expected = selection["expected"]
+    radii = selection.radii if selection.radii is not None else radii
+    grid = selection.iterations if selection.iterations is not None else grid
+    expected = selection.expected_trials
     cal = calibrate_selection(
         epsilon=params.epsilon, delta=params.delta, rank=params.rank,
         n_rows=shape[0], n_features=shape[1], radii=radii, iteration_grid=grid,
@@ -673,7 +739,7 @@ def _pca_plan(params: Any, shape: tuple[int, int], selection: dict[str, Any] | N
 
 
 def _pca_release(
-    params: Any, source: Any, selection: dict[str, Any] | None, **kw: Any
+    params: Any, source: Any, selection: Selection | None, options: ReleaseOptions
 ) -> tuple[ReleaseSpec, _PcaJob]:
     """The release spec and the algorithm hooks of one PCA."""
     from pipeline.io import open_input
@@ -687,7 +753,7 @@ def _pca_release(
             unit=PrivacyUnit.ROW, neighboring=Neighboring.REPLACE,
             clip_norm=params.row_norm_bound, epsilon=cal.epsilon, delta=cal.delta,
             accountant=Accountant.RDP if select else Accountant(params.accounting),
-            shape=info.shape, secret_noise=kw["insecure_noise_seed"] is None,
+            shape=info.shape, secret_noise=options.insecure_noise_seed is None,
         )  # fmt: skip
     parameters = dataclasses.asdict(params)
     if select:
@@ -698,8 +764,7 @@ def _pca_release(
         }
     spec = ReleaseSpec(
         kind="pca-select" if select else "pca", contract=contract, calibration=cal,
-        parameters=parameters, input=InputRef.of(info, array),
-        **{**kw, "out": None if kw["out"] is None else os.fspath(kw["out"])},
+        parameters=parameters, input=InputRef.of(info, array), **options.spec_fields(),
     )  # fmt: skip
     return spec, _PcaJob(plan=plan, array=array, info=info, select=select)
 

@@ -468,36 +468,47 @@ def _summary(report: dict[str, Any], out: str) -> str:
     return "\n".join(lines)
 
 
-def _factorize(args: argparse.Namespace) -> int:
-    from pipeline.api import factorize
+def _options_of(args: argparse.Namespace) -> Any:
+    """Where a release of ``dplr factorize`` or ``dplr pca`` goes and is charged."""
+    from pipeline.release import ReleaseOptions
 
-    private = not args.non_private
-    result = factorize(
-        args.input,
-        args.rank,
-        epsilon=args.epsilon,
-        delta=args.delta,  # with --non-private, refused by factorize
-        algorithm=args.algorithm,
-        private=private,
-        sketch_size=args.sketch_size,
-        core_size=args.core_size,
-        clip_norm=args.clip_norm,
-        unit=args.unit,
-        neighboring=args.neighboring,
-        padded=args.padded,
-        operator=args.operator,
-        seed=args.seed,
-        out=args.out,
-        overwrite=args.overwrite,
-        ledger=args.ledger,
-        budget=_budget_of(args),
-        scheduler=args.scheduler,
-        cluster_config=_cluster_of(args),
-        journal=args.journal,
-        scratch=args.scratch,
+    return ReleaseOptions(
+        out=args.out, overwrite=args.overwrite, ledger=args.ledger,
+        budget=_budget_of(args), journal=args.journal,
+        scratch=getattr(args, "scratch", None),
         insecure_noise_seed=args.insecure_noise_seed,
+    )  # fmt: skip
+
+
+def _runtime_of(args: argparse.Namespace) -> Any:
+    from pipeline.release import Runtime
+
+    return Runtime(
+        scheduler=args.scheduler, cluster_config=_cluster_of(args),
         progress=None if args.quiet else sys.stderr,
-    )
+    )  # fmt: skip
+
+
+def _lrf_params_of(args: argparse.Namespace) -> Any:
+    """The parameters of ``dplr factorize`` (what is released), validated."""
+    from pipeline.algorithms.lrf import LrfParams
+
+    return LrfParams.of(
+        args.rank, epsilon=args.epsilon, delta=args.delta,  # refused with --non-private
+        algorithm=args.algorithm, private=not args.non_private,
+        sketch_size=args.sketch_size, core_size=args.core_size, clip_norm=args.clip_norm,
+        unit=args.unit, neighboring=args.neighboring, padded=args.padded,
+        operator=args.operator,
+    )  # fmt: skip
+
+
+def _factorize(args: argparse.Namespace) -> int:
+    from pipeline.api import release_factorization
+
+    result = release_factorization(
+        args.input, _lrf_params_of(args), _options_of(args), _runtime_of(args),
+        seed=args.seed,
+    )  # fmt: skip
     print(
         json.dumps(result.report, indent=2)
         if args.json
@@ -546,35 +557,29 @@ def _pca_summary(report: dict[str, Any], out: str) -> str:
     return "\n".join(lines)
 
 
-def _pca(args: argparse.Namespace) -> int:
-    from pipeline.api import pca
+def _pca_params_of(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The parameters of ``dplr pca`` (what is released), validated; and its selection."""
+    from pipeline.algorithms.power_pca import PcaParams
+    from pipeline.api import Selection
 
-    result = pca(
-        args.input,
-        args.rank,
-        epsilon=args.epsilon,
-        delta=args.delta,
-        method=args.method,
-        iterations=args.iterations,
-        clip_radius=args.clip_radius,
-        accounting=args.accounting,
-        sensitivity=args.sensitivity,
-        row_norm_bound=args.row_norm_bound,
-        route=args.route,
+    params = PcaParams(
+        rank=args.rank, epsilon=args.epsilon, delta=args.delta, method=args.method,
+        iterations=args.iterations, clip_radius=args.clip_radius,
+        accounting=args.accounting, sensitivity=args.sensitivity,
+        row_norm_bound=args.row_norm_bound, route=args.route,
         private=not args.non_private,
-        select=args.select,
-        radius_grid=args.radius_grid,
-        iterations_grid=args.iterations_grid,
-        expected_trials=args.expected_trials,
-        out=args.out,
-        overwrite=args.overwrite,
-        ledger=args.ledger,
-        budget=_budget_of(args),
-        scheduler=args.scheduler,
-        cluster_config=_cluster_of(args),
-        journal=args.journal,
-        insecure_noise_seed=args.insecure_noise_seed,
-        progress=None if args.quiet else sys.stderr,
+    )  # fmt: skip
+    selection = Selection.of(params, args.select, args.radius_grid,
+                             args.iterations_grid, args.expected_trials)  # fmt: skip
+    return params, selection
+
+
+def _pca(args: argparse.Namespace) -> int:
+    from pipeline.api import release_pca
+
+    params, selection = _pca_params_of(args)
+    result = release_pca(
+        args.input, params, _options_of(args), _runtime_of(args), selection=selection
     )
     print(json.dumps(result.report, indent=2) if args.json else _pca_summary(result.report, args.out))
     return EXIT_OK

@@ -62,6 +62,7 @@ from pipeline.accounting.gaussian import (
     gaussian_epsilon,
     gaussian_noise_multiplier,
 )
+from pipeline.algorithms.lrf import LrfParams
 from pipeline.algorithms.power_pca import (
     PcaParams,
     Secret,
@@ -73,12 +74,18 @@ from pipeline.api import (
     PCA_BAND_BYTES,
     _JobJournal,
     _PcaJob,
-    factorize,
-    make_params,
     pca,
+    release_factorization,
 )
 from pipeline.errors import InvalidParameterError, PrivacyConfigError
-from pipeline.release import InputRef, ReleaseJob, ReleaseSpec, Runtime, run_release
+from pipeline.release import (
+    InputRef,
+    ReleaseJob,
+    ReleaseOptions,
+    ReleaseSpec,
+    Runtime,
+    run_release,
+)
 
 __all__ = ["DPPCA", "DPLowRank"]
 
@@ -1065,48 +1072,26 @@ class DPLowRank(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         tags.non_deterministic = not reproducible
         return tags
 
-    def _factorize_kwargs(self) -> dict[str, Any]:
-        """Validate every parameter (no data) into keyword arguments of :func:`factorize`."""
+    def _release_values(self) -> tuple[LrfParams, ReleaseOptions, Runtime, int | None]:
+        """Validate every parameter (no data) into the release's value objects."""
         check_int_in_range(self.n_components, "n_components", 1)
         private = _check_bool(self.private, "private")
         insecure = _check_bool(self.insecure_noise, "insecure_noise")
         seed = _check_random_state(self.random_state, high=2**128 - 1)
-        make_params(
+        params = LrfParams.of(
             int(self.n_components),
             epsilon=self.epsilon if private else None,
             delta=self.delta if private else None,
-            algorithm=self.algorithm,
-            private=private,
-            sketch_size=self.sketch_size,
-            core_size=self.core_size,
-            clip_norm=self.clip_norm,
-            unit=self.unit,
-            neighboring=self.neighboring,
-            padded=_check_bool(self.padded, "padded"),
+            algorithm=self.algorithm, private=private, sketch_size=self.sketch_size,
+            core_size=self.core_size, clip_norm=self.clip_norm, unit=self.unit,
+            neighboring=self.neighboring, padded=_check_bool(self.padded, "padded"),
             operator=self.operator,
-        )
-        kw: dict[str, Any] = {
-            "algorithm": self.algorithm,
-            "private": private,
-            "sketch_size": self.sketch_size,
-            "core_size": self.core_size,
-            "clip_norm": self.clip_norm,
-            "unit": self.unit,
-            "neighboring": self.neighboring,
-            "padded": _check_bool(self.padded, "padded"),
-            "operator": self.operator,
-            "seed": seed,
-            "ledger": self.ledger,
-            "budget": self.budget,
-            "scheduler": self.scheduler,
-            "epsilon": None,
-            "delta": None,
-            "insecure_noise_seed": None,
-        }
-        if private:
-            kw["epsilon"], kw["delta"] = check_privacy_pair(self.epsilon, self.delta)
-            kw["insecure_noise_seed"] = _insecure_seed(insecure, seed)
-        return kw
+        )  # fmt: skip
+        options = ReleaseOptions(
+            ledger=self.ledger, budget=self.budget,
+            insecure_noise_seed=_insecure_seed(insecure, seed) if private else None,
+        )  # fmt: skip
+        return params, options, Runtime(scheduler=self.scheduler), seed
 
     def fit(self, X: Any, y: Any = None) -> DPLowRank:
         """Release a private rank-k factorization of ``X``.
@@ -1132,9 +1117,9 @@ class DPLowRank(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         -----
         Privacy. One (epsilon, delta)-DP release, as :func:`factorize`.
         """
-        kw = self._factorize_kwargs()
+        params, options, runtime, seed = self._release_values()
         X = _validate_fit_input(self, X, allow_nan=False, min_samples=2)
-        f = factorize(X, int(self.n_components), **kw)
+        f = release_factorization(X, params, options, runtime, seed=seed)
         self.U_ = np.asarray(f.U)
         self.S_ = np.asarray(f.S)
         self.V_ = np.asarray(f.V)

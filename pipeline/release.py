@@ -43,7 +43,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TextIO
 
-from pipeline._validation import check_privacy_pair
+from pipeline._validation import check_int_in_range, check_privacy_pair
 from pipeline.accounting.contract import PrivacyContract
 from pipeline.accounting.ledger import (
     InProcessLedger,
@@ -64,6 +64,7 @@ __all__ = [
     "InputRef",
     "ReleaseAlgorithm",
     "ReleaseJob",
+    "ReleaseOptions",
     "ReleaseSpec",
     "Runtime",
     "crash_point",
@@ -258,6 +259,66 @@ class ReleaseSpec:
         }
         # as the journal will read it back: tuples become lists, keys strings
         return json.loads(json.dumps(header, allow_nan=False))  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ReleaseOptions:
+    """Where a release is published and charged (never what is released).
+
+    Attributes
+    ----------
+    out : path or None
+        Zarr v3 group to publish to (atomically); None returns arrays only.
+    overwrite : bool
+        Replace an existing ``out``.
+    ledger : path, Ledger or None
+        The dataset's privacy ledger (default: beside a Zarr input; this
+        process's accountant for in-memory and dask inputs).
+    budget : (epsilon, delta) or None
+        Lifetime budget declared when the ledger does not exist yet.
+    journal : path or None
+        The crash-recovery journal (default beside ``out``, else beside the ledger).
+    scratch : path or None
+        Where a factorization's tall intermediates wait between steps.
+    insecure_noise_seed : int or None
+        Test only: reproducible noise; the release says NOT PRIVATE.
+    """
+
+    out: str | None = None
+    overwrite: bool = False
+    ledger: Any = None
+    budget: tuple[float, float] | None = None
+    journal: str | None = None
+    scratch: str | None = None
+    insecure_noise_seed: int | None = None
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        for name in ("out", "journal", "scratch"):
+            value = getattr(self, name)
+            if value is not None:
+                set_(self, name, os.fspath(value))
+        if not isinstance(self.overwrite, bool):
+            raise InvalidParameterError(
+                f"overwrite must be True or False, got overwrite={self.overwrite!r}."
+            )
+        if self.budget is not None:
+            if not isinstance(self.budget, tuple | list) or len(self.budget) != 2:
+                raise InvalidParameterError(
+                    f"budget must be a pair (epsilon, delta), got budget={self.budget!r}."
+                )
+            set_(self, "budget", check_privacy_pair(*self.budget))
+        if self.insecure_noise_seed is not None:
+            set_(self, "insecure_noise_seed", check_int_in_range(
+                self.insecure_noise_seed, "insecure_noise_seed", 0))  # fmt: skip
+
+    def spec_fields(self) -> dict[str, Any]:
+        """The fields a :class:`ReleaseSpec` takes from these options."""
+        return {
+            "out": self.out, "overwrite": self.overwrite, "ledger": self.ledger,
+            "budget": self.budget, "journal": self.journal,
+            "insecure_noise_seed": self.insecure_noise_seed,
+        }  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

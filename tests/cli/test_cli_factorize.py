@@ -146,10 +146,13 @@ def test_generate_then_factorize_publishes_a_private_release(
     seed_keys = [
         k for k in _keys(rep) if re.search("seed|key|secret|entropy", k, re.IGNORECASE)
     ]
-    # (the public-seed flags are booleans: --seed makes the operators public)
+    # (the public-seed flags are booleans: --seed makes the operators public; the
+    # contract's secret_noise says whether the noise key is secret, not the key)
     assert sorted(seed_keys) == [
-        "insecure_noise_seed", "public_sketch_seed", "public_sketch_seed", "sketch_seed_fingerprint"
+        "insecure_noise_seed", "public_sketch_seed", "public_sketch_seed", "secret_noise",
+        "sketch_seed_fingerprint",
     ]
+    assert rep["contract"]["secret_noise"] is True
     assert rep["public_sketch_seed"] is True
     assert rep["sensitivity"] == "worst-case"
     for text in (json.dumps(rep), ledger.read_text(), proc.stdout, proc.stderr):
