@@ -3,8 +3,9 @@
 A stream is a matrix of public shape that changes by batches of updates
 ``(entity, i, j, s)`` over epochs ``1..T`` (the horizon). Its state
 (:class:`pipeline.io.stream_state.StreamStore`) holds the exact sketches of the
-binary tree, the clipped cells of the batches of epochs not yet closed, and each
-entity's spent clipping budget. Every step is one atomic commit of the state:
+binary tree, the clipped cells of the batches of epochs not yet closed, each
+entity's spent clipping budget, and the table that gives each string entity id
+its own key (:mod:`pipeline.io.entity_ids`). Every step is one atomic commit of the state:
 
 * :func:`stream_init` plans the stream, charges its whole (epsilon, delta) to
   the ledger **once**, before any data exists, and creates the state with a fresh
@@ -514,6 +515,8 @@ def stream_ingest(
         The epoch is beyond the horizon (exit code 3).
     DuplicateBatchError
         The same content was already ingested.
+    StoreLayoutError
+        String ids for a state of format 1, whose hashed keys two ids can share.
     PrivacyUnitError
         An entity contradicts the stream's unit.
     StateLockedError

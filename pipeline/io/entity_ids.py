@@ -105,8 +105,9 @@ class EntityIds:
 
         Notes
         -----
-        Cost: one hash lookup of the distinct values in the table (a hash set
-        of the whole table is built), one sort of the rows holding new ids.
+        Cost: a hash set of the whole table is built and the distinct values
+        are looked up in it; a few vectorised passes over the rows; a sort of
+        the new ids only.
         """
         indices = np.asarray(indices, dtype=np.int64)
         values = distinct.cast(pa.large_binary())
@@ -116,12 +117,14 @@ class EntityIds:
         indices = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)[indices]
         found = pc.index_in(values, value_set=self.ids)
         codes = found.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-        new_rows = indices[codes[indices] < 0]
+        new_rows = np.flatnonzero(codes[indices] < 0)
         if new_rows.size == 0:
             return codes[indices], self
-        # new ids in the order of the first row holding each
-        new_values, first_row = np.unique(new_rows, return_index=True)
-        new_values = new_values[np.argsort(first_row, kind="stable")]
+        # new ids in the order of the first row holding each (ids no row holds stay out)
+        first_row = np.full(len(values), indices.size, dtype=np.int64)
+        np.minimum.at(first_row, indices[new_rows], new_rows)
+        new_values = np.flatnonzero(first_row < indices.size)
+        new_values = new_values[np.argsort(first_row[new_values], kind="stable")]
         codes[new_values] = len(self) + np.arange(new_values.size, dtype=np.int64)
         table = pa.concat_arrays([self.ids, values.take(pa.array(new_values))])
         return codes[indices], EntityIds(table)
