@@ -205,9 +205,14 @@ def dir_bytes(path: str) -> int:
 
 def ingest_pieces(state: str, path: str, epoch: int) -> dict[str, float]:
     """One batch through the public pieces, each timed; the same commit as stream_ingest."""
-    from pipeline.io.batches import read_batch
     from pipeline.mechanisms.entities import StreamUnit, clip_updates
-    from pipeline.stream import _entity_key, _load_entities, _plan_of, open_stream
+    from pipeline.stream import (
+        _entity_id_arrays,
+        _load_entities,
+        _plan_of,
+        _read_stream_batch,
+        open_stream,
+    )
 
     out: dict[str, float] = {}
     st = open_stream(state)
@@ -217,9 +222,7 @@ def ingest_pieces(state: str, path: str, epoch: int) -> dict[str, float]:
         p = m["params"]
         t0 = now()
         plan.check_epoch(epoch)
-        b = read_batch(
-            path, shape=(p["n_rows"], p["n_cols"]), entity_key=_entity_key(m)
-        )
+        b, known = _read_stream_batch(st, m, path)
         fp = b.fingerprint()
         dup = any(rec["fingerprint"] == fp for rec in m["batches"]) if len(b) else False
         assert not dup
@@ -239,7 +242,7 @@ def ingest_pieces(state: str, path: str, epoch: int) -> dict[str, float]:
         t3 = now()
         number = int(m["next_batch"])
         prefix = f"pending/{epoch}/{number:06d}/"
-        arrays: dict[str, Any] = {
+        arrays: dict[str, Any] = _entity_id_arrays(b, known) | {
             "entities/keys": c.table.keys,
             "entities/spent": c.table.spent,
             "entities/anchor": c.table.anchor,
@@ -329,15 +332,14 @@ def sketch_detail(state: str, path: str) -> dict[str, float]:
     import scipy.sparse as sp
 
     from pipeline.algorithms.continual import _compact, operators
-    from pipeline.io.batches import read_batch
     from pipeline.mechanisms.entities import EntityTable, StreamUnit, clip_updates
-    from pipeline.stream import _entity_key, _plan_of, open_stream
+    from pipeline.stream import _plan_of, _read_stream_batch, open_stream
 
     st = open_stream(state)
     m = st.manifest
     plan = _plan_of(m)
     p = m["params"]
-    b = read_batch(path, shape=(p["n_rows"], p["n_cols"]), entity_key=_entity_key(m))
+    b, _ = _read_stream_batch(st, m, path)
     c = clip_updates(
         b.entity,
         b.i,

@@ -3,8 +3,9 @@
 A stream is a matrix of public shape that changes by batches of updates
 ``(entity, i, j, s)`` over epochs ``1..T`` (the horizon). Its state
 (:class:`pipeline.io.stream_state.StreamStore`) holds the exact sketches of the
-binary tree, the clipped cells of the batches of epochs not yet closed, and each
-entity's spent clipping budget. Every step is one atomic commit of the state:
+binary tree, the clipped cells of the batches of epochs not yet closed, each
+entity's spent clipping budget, and the table that gives each string entity id
+its own key (:mod:`pipeline.io.entity_ids`). Every step is one atomic commit of the state:
 
 * :func:`stream_init` plans the stream, charges its whole (epsilon, delta)
   **once**, before any data exists, to the ledger of the stream's population
@@ -45,7 +46,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -86,6 +87,10 @@ from pipeline.mechanisms.entities import EntityTable, StreamUnit, clip_updates, 
 from pipeline.release import InputRef, ReleaseJob, ReleaseSpec
 from pipeline.release import crash_point as _crash_point
 from pipeline.sketches.operators import OperatorKind
+
+if TYPE_CHECKING:
+    from pipeline.io.batches import UpdateBatch
+    from pipeline.io.entity_ids import EntityIds
 
 __all__ = [
     "DuplicateBatchError",
@@ -493,10 +498,16 @@ def _locked(state: Any, store: Any = None) -> Iterator[Any]:
         yield st
 
 
-def _entity_key(manifest: dict[str, Any]) -> bytes:
-    # keyed so that ids cannot be chosen to collide on purpose; a collision would
-    # only merge two entities' budgets (more clipping, never less privacy)
+def _legacy_entity_key(manifest: dict[str, Any]) -> bytes:
+    """The hash key with which format-1 states keyed string ids (derived from the public stream id)."""
     return hashlib.sha256(f"dplr-entity-ids:{manifest['stream_id']}".encode()).digest()[:16]
+
+
+def _hashes_string_ids(manifest: dict[str, Any]) -> bool:
+    """Whether the state's string ids were hashed (format 1), so that two ids may share a key."""
+    from pipeline.io.stream_state import LEGACY_FORMAT
+
+    return manifest["format"] == LEGACY_FORMAT and manifest["entity_kind"] == "str"
 
 
 def _load_entities(store: Any) -> EntityTable:
@@ -505,6 +516,58 @@ def _load_entities(store: Any) -> EntityTable:
     return EntityTable(
         keys=store.read("entities/keys"), spent=store.read("entities/spent"), anchor=store.read("entities/anchor")
     )
+
+
+def _load_entity_ids(store: Any) -> EntityIds:
+    """The stream's table of string entity ids (their keys are their positions)."""
+    from pipeline.io.entity_ids import EntityIds
+
+    if not store.has("entities/ids_data"):
+        return EntityIds.empty()
+    return EntityIds.from_arrays(store.read("entities/ids_data"), store.read("entities/ids_offsets"))
+
+
+def _read_stream_batch(store: Any, manifest: dict[str, Any], batch: Any) -> tuple[UpdateBatch, int]:
+    """Read a batch with the stream's id mapping; also the number of ids the stream knew.
+
+    The mapping is the stream's id table, or for a format-1 state holding string
+    ids the hash it used (only to recognise the batches it already holds).
+    """
+    from pipeline.io.batches import read_batch
+
+    p = manifest["params"]
+    shape = (p["n_rows"], p["n_cols"])
+    if _hashes_string_ids(manifest):
+        return read_batch(batch, shape=shape, entity_key=_legacy_entity_key(manifest)), 0
+    ids = _load_entity_ids(store)
+    return read_batch(batch, shape=shape, entity_ids=ids), len(ids)
+
+
+def _entity_id_arrays(b: UpdateBatch, known: int) -> dict[str, np.ndarray | None]:
+    """The id table's arrays to commit with the batch: only when it brings new ids."""
+    if b.id_table is None or len(b.id_table) == known:
+        return {}
+    data, offsets = b.id_table.to_arrays()
+    return {"entities/ids_data": data, "entities/ids_offsets": offsets}
+
+
+def _check_entity_kind(manifest: dict[str, Any], b: UpdateBatch) -> None:
+    from pipeline.io.stream_state import LEGACY_FORMAT
+
+    if not len(b):
+        return
+    if manifest["entity_kind"] not in (None, b.entity_kind):
+        raise InvalidParameterError(
+            f"this stream's entity ids are of kind {manifest['entity_kind']!r}, the batch's "
+            f"are {b.entity_kind!r}; one stream keeps one kind of id."
+        )
+    if b.entity_kind == "str" and b.id_table is None:
+        raise StoreLayoutError(
+            f"this stream was created by a dplr version that hashed string entity ids to keys "
+            f"that two ids can share (state format {LEGACY_FORMAT!r}), so it cannot take more "
+            "string ids safely; create a new stream with this version and ingest there. "
+            "Nothing was applied."
+        )
 
 
 def stream_ingest(
@@ -549,12 +612,14 @@ def stream_ingest(
         The epoch is beyond the horizon (exit code 3).
     DuplicateBatchError
         The same content was already ingested.
+    StoreLayoutError
+        String ids for a state of format 1, whose hashed keys two ids can share.
     PrivacyUnitError
         An entity contradicts the stream's unit.
     StateLockedError
         Another process is writing the stream.
     """
-    from pipeline.io.batches import read_batch
+    from pipeline.io.stream_state import STATE_FORMAT
 
     t0 = time.perf_counter()
     with _locked(state, store) as st:
@@ -568,7 +633,7 @@ def stream_ingest(
                 f"{m['last_closed']}); a batch for it would rewrite a published release. "
                 f"Ingest it into epoch {m['last_closed'] + 1} or later."
             )
-        b = read_batch(batch, shape=(p["n_rows"], p["n_cols"]), entity_key=_entity_key(m))
+        b, known = _read_stream_batch(st, m, batch)
         fp = b.fingerprint()
         rec = next((r for r in m["batches"] if r["fingerprint"] == fp), None)
         if rec is not None and skip_known:
@@ -582,12 +647,10 @@ def stream_ingest(
                 f"(as {rec['file']!r}); replaying it would count its updates twice. "
                 "Nothing was applied."
             )
-        if len(b) and m["entity_kind"] not in (None, b.entity_kind):
-            raise InvalidParameterError(
-                f"this stream's entity ids are of kind {m['entity_kind']!r}, the batch's "
-                f"are {b.entity_kind!r}; one stream keeps one kind of id."
-            )
-        arrays: dict[str, np.ndarray | None] = {}
+        _check_entity_kind(m, b)
+        # the new ids and the budgets they index change in one commit, so a rerun of
+        # an ingest that did not commit assigns the same keys again
+        arrays = _entity_id_arrays(b, known)
         if plan.lrf.calibration is not None:
             clipped = clip_updates(
                 b.entity, b.i, b.j, b.s, table=_load_entities(st), unit=StreamUnit(p["unit"]),
@@ -617,6 +680,8 @@ def stream_ingest(
                 "next_batch": number + 1,
                 "batches": [*m["batches"], record],
                 "entity_kind": m["entity_kind"] or (b.entity_kind if len(b) else None),
+                # a format-1 state that takes its first string ids now keys them by table
+                "format": STATE_FORMAT if len(b) and b.entity_kind == "str" else m["format"],
             },
         )
         _crash_point("after-ingest")

@@ -20,19 +20,27 @@ The columns are named exactly ``entity``, ``i``, ``j`` and ``s``; other columns
 are ignored.
 
 Entity ids. An integer column is used as the int64 key directly. A string or
-binary column is mapped to int64 keys by a keyed BLAKE2b hash with an 8-byte
-digest of each distinct value (strings are hashed as their UTF-8 bytes; the
-digest is read as a little-endian signed integer). A collision of two ids can
-only merge two entities' clipping budgets into one, which is more conservative
-and never less private. The converse is not harmless: one entity under two keys
-gets two budgets. Hence a stream keeps one entity kind (the string ``"17"`` and
-the integer 17 get different keys), and the hash key, once chosen, stays fixed
-for the stream. Without a key the hash is public, so anyone can recompute an
-entity's key; pass ``entity_key`` in production. CSV carries no types: an entity
-column is read as integers when every value is an integer literal, and as
-strings otherwise, so a CSV stream with string ids should use ids that do not
-all look like integers, and ingest must compare :attr:`UpdateBatch.entity_kind`
-with the kind its stream started with.
+binary column (strings are taken as their UTF-8 bytes) is mapped to int64 keys
+in one of two ways:
+
+* through a stream's id table (``entity_ids``, :class:`EntityIds`): each
+  distinct id has its own key, its position in the table, and new ids are
+  appended in order of first appearance. Distinct ids never share a key, which
+  per-entity clipping needs: two entities under one key would share one clip,
+  and under add/remove removing one of them could then move the clipped output
+  by 2 C instead of C. Streams use this;
+* by a keyed BLAKE2b hash with an 8-byte digest (``entity_key``; the digest is
+  read as a little-endian signed integer). Two ids can collide, rarely by
+  chance and on purpose by anyone who knows the key, so these keys must not be
+  used where distinct entities need distinct keys.
+
+One entity under two keys would get two budgets. Hence a stream keeps one
+entity kind (the string ``"17"`` and the integer 17 get different keys), and
+its id table only grows. CSV carries no types: an entity column is read as
+integers when every value is an integer literal, and as strings otherwise, so a
+CSV stream with string ids should use ids that do not all look like integers,
+and ingest must compare :attr:`UpdateBatch.entity_kind` with the kind its
+stream started with.
 
 Errors. Every problem raises :class:`BatchError` naming the file, the column and
 the constraint; messages never contain data values, counts of offending rows or
@@ -63,12 +71,15 @@ import zarr
 
 from pipeline._validation import check_int_in_range
 from pipeline.errors import InvalidParameterError, StoreLayoutError
+from pipeline.io.entity_ids import EntityIds
 
 __all__ = [
     "COLUMNS",
     "SUFFIXES",
     "BatchError",
+    "EntityIds",
     "UpdateBatch",
+    "entity_indices",
     "entity_keys",
     "read_batch",
     "write_batch",
@@ -125,8 +136,9 @@ class UpdateBatch:
     Parameters
     ----------
     entity : ndarray of int64, shape (n,)
-        Entity keys (the privacy unit): the ids themselves for integer ids, keyed
-        hashes for string ids (see :func:`entity_keys`).
+        Entity keys (the privacy unit): the ids themselves for integer ids; for
+        string ids their positions in a stream's id table (see
+        :func:`entity_indices`) or keyed hashes (see :func:`entity_keys`).
     i : ndarray of int64, shape (n,)
         Row indices in ``[0, n_rows)``.
     j : ndarray of int64, shape (n,)
@@ -135,6 +147,11 @@ class UpdateBatch:
         Finite update values; negative values are deletions.
     entity_kind : {"int", "str"}
         What the file's entity column held.
+    id_table : EntityIds or None
+        When the batch was read with an id table: that table with this batch's
+        new string ids appended (the table itself for integer ids). None when
+        no table was given. Not part of the batch's content (equality and
+        :meth:`fingerprint` ignore it).
 
     Notes
     -----
@@ -155,12 +172,18 @@ class UpdateBatch:
     j: IntArray
     s: npt.NDArray[np.float64]
     entity_kind: Literal["int", "str"]
+    id_table: EntityIds | None = None
 
     def __post_init__(self) -> None:
         if self.entity_kind not in ("int", "str"):
             raise InvalidParameterError(
                 f"entity_kind must be 'int' or 'str', got "
                 f"entity_kind={self.entity_kind!r}."
+            )
+        if self.id_table is not None and not isinstance(self.id_table, EntityIds):
+            raise InvalidParameterError(
+                f"id_table must be an EntityIds or None, got "
+                f"{type(self.id_table).__name__}."
             )
         for name, dtype in (
             ("entity", "int64"),
@@ -204,7 +227,9 @@ class UpdateBatch:
         (little-endian int64) and ``s`` (little-endian float64), in that order,
         so the same updates read from any file format give the same fingerprint.
         String entities enter through their keys, so the fingerprint depends on
-        ``entity_key``.
+        ``entity_key``, or on the id table the batch was read with. Within one
+        stream the latter identifies content: an id keeps its position for
+        good, and ids new to the table get positions no earlier batch used.
 
         Returns
         -------
@@ -239,6 +264,7 @@ def read_batch(
     *,
     shape: tuple[int, int],
     entity_key: bytes | None = None,
+    entity_ids: EntityIds | None = None,
 ) -> UpdateBatch:
     """Read and fully validate one batch of turnstile updates.
 
@@ -252,7 +278,12 @@ def read_batch(
         must not be derived from the data (spec section 1.1).
     entity_key : bytes or None
         Key (1 to 64 bytes) of the BLAKE2b hash that maps string entity ids to
-        keys; ``None`` hashes without a key. Ignored for integer ids.
+        keys; ``None`` hashes without a key. Ignored for integer ids. Hashed
+        keys can collide; streams pass ``entity_ids`` instead.
+    entity_ids : EntityIds or None
+        A stream's id table: string ids map to their positions in it, new ids
+        to positions after it (see :func:`entity_indices`); the extended table
+        is returned as ``id_table``. Excludes ``entity_key``.
 
     Returns
     -------
@@ -263,7 +294,8 @@ def read_batch(
     Raises
     ------
     InvalidParameterError
-        If ``shape`` or ``entity_key`` is invalid (checked before reading).
+        If ``shape``, ``entity_key`` or ``entity_ids`` is invalid, or both of
+        the last two are given (checked before reading).
     BatchError
         If the file is missing, has an unknown suffix or cannot be read; a column
         is missing, duplicated, of another length, not 1-D, or of the wrong type;
@@ -276,7 +308,8 @@ def read_batch(
     clipping of the net contribution happens at ingest (spec section 1.3,
     rules 2-3). Error messages name the file, the column and the constraint,
     with the public shape for index ranges, and never a value, a count of
-    offending rows or a position. Each distinct string id is hashed once.
+    offending rows or a position. Each distinct string id is hashed, or
+    looked up in the table, once.
 
     Cost: one read of the four columns and a few vectorised passes over them;
     nothing in the file is modified.
@@ -293,12 +326,12 @@ def read_batch(
     (2, 'str', dtype('int64'), (2,))
     """
     n_rows, n_cols = _check_shape(shape)
-    key = _check_entity_key(entity_key)
+    keyer = _keyer(entity_key, entity_ids)
     where = os.fspath(path)
     suffix = _suffix(where)
     columns = _READERS[suffix](where)
     try:
-        entity, kind = _entity_keys(columns["entity"], key)
+        entity, kind = _entity_keys(columns["entity"], keyer)
         i = _index_column(columns["i"], "i", n_rows, "n_rows")
         j = _index_column(columns["j"], "j", n_cols, "n_cols")
         s = _value_column(columns["s"])
@@ -306,7 +339,8 @@ def read_batch(
         raise BatchError(f"batch {where!r}: column {p.column!r} {p.text}.") from None
     for arr in (entity, i, j, s):
         arr.flags.writeable = False
-    return UpdateBatch(entity=entity, i=i, j=j, s=s, entity_kind=kind)
+    table = keyer.table if isinstance(keyer, _TableKeyer) else None
+    return UpdateBatch(entity=entity, i=i, j=j, s=s, entity_kind=kind, id_table=table)
 
 
 def entity_keys(
@@ -340,10 +374,13 @@ def entity_keys(
 
     Notes
     -----
-    Privacy. Two ids whose hashes collide share one clipping budget, which is
-    more conservative, never less private. One entity under two keys would get
-    two budgets, so a stream must keep one kind and one ``key``. Each distinct
-    string is hashed once.
+    Privacy. Two ids whose hashes collide share one key. Where keys stand for
+    privacy units that is not safe: two entities under one key share one
+    clip, and under add/remove removing one of them can move the clipped sum by
+    twice the clip norm. Anyone who knows
+    ``key`` can construct such a pair. Streams therefore map string ids through
+    an id table (:func:`entity_indices`), never through this hash. Each
+    distinct string is hashed once.
 
     Examples
     --------
@@ -353,14 +390,65 @@ def entity_keys(
     >>> entity_keys(np.array([5, 9], dtype=np.uint8), key=None)[0].tolist()
     [5, 9]
     """
-    checked = _check_entity_key(key)
+    keyer = _keyer(key, None)
     if not isinstance(values, np.ndarray | pa.Array | pa.ChunkedArray):
         values = np.asarray(values)
     try:
-        keys, kind = _entity_keys(values, checked)
+        keys, kind = _entity_keys(values, keyer)
     except _Problem as p:
         raise InvalidParameterError(f"entity values {p.text}.") from None
     return keys, kind
+
+
+def entity_indices(
+    values: Any, *, ids: EntityIds
+) -> tuple[IntArray, Literal["int", "str"], EntityIds]:
+    """Map a column of entity ids to int64 keys through an id table.
+
+    Parameters
+    ----------
+    values : array-like of shape (n,)
+        Integer ids, or string or binary ids (as for :func:`entity_keys`).
+    ids : EntityIds
+        The table of string ids seen so far (not modified).
+
+    Returns
+    -------
+    keys : ndarray of int64, shape (n,)
+        The ids themselves for integer ids; for string ids the position of each
+        value's bytes in the table, ids not in it being appended in the order
+        of the first row that holds each.
+    kind : {"int", "str"}
+    table : EntityIds
+        ``ids`` with the new string ids appended (``ids`` for integer ids).
+
+    Raises
+    ------
+    InvalidParameterError
+        As :func:`entity_keys`, or if ``ids`` is not an :class:`EntityIds`.
+
+    Notes
+    -----
+    Privacy. Distinct string ids get distinct keys, and an id keeps its key as
+    long as the table is kept, so each entity has exactly one clipping budget.
+
+    Examples
+    --------
+    >>> keys, kind, table = entity_indices(["bo", "ann", "bo"], ids=EntityIds.empty())
+    >>> keys.tolist(), kind, len(table)
+    ([0, 1, 0], 'str', 2)
+    >>> entity_indices(["cy", "ann"], ids=table)[0].tolist()
+    [2, 1]
+    """
+    keyer = _keyer(None, ids)
+    if not isinstance(values, np.ndarray | pa.Array | pa.ChunkedArray):
+        values = np.asarray(values)
+    try:
+        keys, kind = _entity_keys(values, keyer)
+    except _Problem as p:
+        raise InvalidParameterError(f"entity values {p.text}.") from None
+    assert isinstance(keyer, _TableKeyer)
+    return keys, kind, keyer.table
 
 
 def write_batch(
@@ -436,6 +524,21 @@ def _check_shape(shape: Any) -> tuple[int, int]:
         check_int_in_range(shape[0], "n_rows", 1),
         check_int_in_range(shape[1], "n_cols", 1),
     )
+
+
+def _keyer(key: Any, ids: Any) -> _Keyer:
+    """How string ids become keys: by the hash, or through the id table."""
+    if ids is None:
+        return _HashKeyer(_check_entity_key(key))
+    if key is not None:
+        raise InvalidParameterError(
+            "entity_key and entity_ids exclude each other; pass one of them."
+        )
+    if not isinstance(ids, EntityIds):
+        raise InvalidParameterError(
+            f"entity_ids must be an EntityIds or None, got {type(ids).__name__}."
+        )
+    return _TableKeyer(ids)
 
 
 def _check_entity_key(key: Any) -> bytes:
@@ -707,26 +810,50 @@ def _value_column(col: Column) -> npt.NDArray[np.float64]:
     return out
 
 
-def _entity_keys(col: Column, key: bytes) -> tuple[IntArray, Literal["int", "str"]]:
+class _HashKeyer:
+    """String ids to keys by the keyed BLAKE2b-64 hash (keys may collide)."""
+
+    def __init__(self, key: bytes) -> None:
+        self.key = key
+
+    def __call__(self, distinct: pa.Array, indices: np.ndarray) -> IntArray:
+        return _digests(distinct.cast(pa.large_binary()).to_pylist(), self.key)[indices]
+
+
+class _TableKeyer:
+    """String ids to their positions in an id table; keeps the extended table."""
+
+    def __init__(self, table: EntityIds) -> None:
+        self.table = table
+
+    def __call__(self, distinct: pa.Array, indices: np.ndarray) -> IntArray:
+        keys, self.table = self.table.assign(distinct, indices)
+        return keys
+
+
+_Keyer = _HashKeyer | _TableKeyer
+
+
+def _entity_keys(col: Column, keyer: _Keyer) -> tuple[IntArray, Literal["int", "str"]]:
     if isinstance(col, np.ndarray):
-        return _numpy_entity_keys(col, key)
+        return _numpy_entity_keys(col, keyer)
     if col.null_count:
         raise _Problem("entity", _NULLS)
     typ = col.type
     if pa.types.is_dictionary(typ) and _is_text(typ.value_type):
-        return _hashed_keys(col, key), "str"  # already encoded: no per-row hashing
+        return _text_keys(col, keyer), "str"  # already encoded: no per-row work
     if pa.types.is_dictionary(typ):
         col = col.cast(typ.value_type)
         typ = col.type
     if pa.types.is_integer(typ):
         return _integer_keys(np.asarray(col.to_numpy(zero_copy_only=False))), "int"
     if _is_text(typ):
-        return _hashed_keys(col, key), "str"
+        return _text_keys(col, keyer), "str"
     raise _Problem("entity", f"must hold integers or strings, got {typ}")
 
 
 def _numpy_entity_keys(
-    arr: np.ndarray, key: bytes
+    arr: np.ndarray, keyer: _Keyer
 ) -> tuple[IntArray, Literal["int", "str"]]:
     if arr.ndim != 1:
         raise _Problem("entity", f"must be 1-D, got a {arr.ndim}-D array")
@@ -749,7 +876,7 @@ def _numpy_entity_keys(
         )
         values = [v.encode("utf-8") if kind == "U" else v for v in distinct.tolist()]
         indices = encoded.indices.to_numpy(zero_copy_only=False)
-        return _digests(values, key)[indices], "str"
+        return keyer(pa.array(values, type=pa.large_binary()), indices), "str"
     if kind not in "USTO":
         raise _Problem("entity", f"must hold integers or strings, got {arr.dtype}")
     try:
@@ -758,7 +885,7 @@ def _numpy_entity_keys(
         raise _Problem(
             "entity", "must hold integers or strings, got mixed objects"
         ) from None
-    return _entity_keys(col, key)
+    return _entity_keys(col, keyer)
 
 
 def _is_text(typ: pa.DataType) -> bool:
@@ -779,7 +906,7 @@ def _integer_keys(arr: np.ndarray) -> IntArray:
     return arr.astype(np.int64, copy=False)
 
 
-def _hashed_keys(col: pa.Array | pa.ChunkedArray, key: bytes) -> IntArray:
+def _text_keys(col: pa.Array | pa.ChunkedArray, keyer: _Keyer) -> IntArray:
     """Keys of a text column (plain or dictionary-encoded), row by row."""
     if not pa.types.is_dictionary(col.type):
         col = pc.dictionary_encode(col)
@@ -791,10 +918,9 @@ def _hashed_keys(col: pa.Array | pa.ChunkedArray, key: bytes) -> IntArray:
     dictionary = chunks[0].dictionary  # shared by every chunk after unification
     if dictionary.null_count:
         raise _Problem("entity", _NULLS)
-    # strings hash as their UTF-8 bytes
-    values = dictionary.cast(pa.large_binary()).to_pylist()
     indices = np.concatenate([c.indices.to_numpy(zero_copy_only=False) for c in chunks])
-    return _digests(values, key)[indices]
+    # strings are keyed by their UTF-8 bytes
+    return keyer(dictionary.cast(pa.large_binary()), indices)
 
 
 def _digests(values: list[bytes], key: bytes) -> IntArray:
@@ -816,8 +942,8 @@ def _batch_columns(batch: UpdateBatch | Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(batch, UpdateBatch):
         if batch.entity_kind == "str":
             raise InvalidParameterError(
-                "an UpdateBatch with entity_kind='str' holds hashed keys, not the "
-                "ids; pass the columns as a dict with the original strings."
+                "an UpdateBatch with entity_kind='str' holds keys, not the ids; "
+                "pass the columns as a dict with the original strings."
             )
         return {c: getattr(batch, c) for c in COLUMNS}
     if not isinstance(batch, Mapping) or not batch:

@@ -13,6 +13,11 @@ Layout (``spec sketch-lrf 6.5``)::
       .lock                    advisory lock serialising writers
       g<gen>-<name>/           Zarr arrays, immutable once written
 
+Among the arrays, ``entities/ids_data`` and ``entities/ids_offsets`` hold the
+stream's string entity ids (:class:`pipeline.io.entity_ids.EntityIds`), as
+private as the data; they change only in the commit of the ingest that brings
+new ids, together with the budgets ``entities/*`` that they index.
+
 Commits are copy-on-write: the arrays a step changes are written under new
 names, flushed to disk, and only then the manifest (``zarr.json``), which maps
 each logical array to its current stored name, is replaced in one atomic
@@ -43,9 +48,16 @@ from pipeline._durable import fsync_path, fsync_tree, write_private
 from pipeline.errors import StoreLayoutError
 from pipeline.mechanisms.noise import NoiseKey
 
-__all__ = ["STATE_FORMAT", "StateLockedError", "StreamStore"]
+__all__ = ["LEGACY_FORMAT", "STATE_FORMAT", "StateLockedError", "StreamStore"]
 
-STATE_FORMAT = "dplr-stream/1"
+#: The format of the states this version writes. Format 2 maps string entity ids
+#: through a table of the ids (``entities/ids_data``, ``entities/ids_offsets``).
+STATE_FORMAT = "dplr-stream/2"
+#: The earlier format, still read: string entity ids were hashed with a key
+#: derived from the public stream id, so two ids could share a key. Such a state
+#: opens, releases and reports; it takes no further string ids.
+LEGACY_FORMAT = "dplr-stream/1"
+_READABLE = (LEGACY_FORMAT, STATE_FORMAT)
 _DIR_MODE = 0o700
 _FILE_MODE = 0o600
 _MANIFEST_KEY = "dplr_stream"
@@ -156,10 +168,10 @@ class StreamStore:
         if not isinstance(manifest, dict):
             raise StoreLayoutError(f"{path!r} is a Zarr group but not a dplr stream state.")
         fmt = manifest.get("format")
-        if fmt != STATE_FORMAT:
+        if fmt not in _READABLE:
             raise StoreLayoutError(
                 f"the stream state {path!r} has format {fmt!r}; this version of dplr "
-                f"reads {STATE_FORMAT!r}. Use the dplr version that created it."
+                f"reads {' and '.join(map(repr, _READABLE))}. Use the dplr version that created it."
             )
         if not os.path.exists(os.path.join(path, _SECRETS)):
             raise StoreLayoutError(f"the stream state {path!r} has lost its secrets file.")

@@ -159,7 +159,10 @@ def clip_updates(
     Parameters
     ----------
     entity : ndarray of int64, shape (n,)
-        Entity key of each update.
+        Entity key of each update. Distinct entities must have distinct keys:
+        updates under one key are clipped as one entity, so two entities sharing
+        a key could together move the output by 2 C (streams key string ids by
+        :class:`pipeline.io.entity_ids.EntityIds`).
     rows, cols : ndarray of int64, shape (n,)
         Cell of each update, already validated against the shape.
     vals : ndarray of float64, shape (n,)

@@ -16,7 +16,7 @@ from pipeline.io.release import read_release
 
 # runs without --scheduler go to the session's cluster (tests/conftest.py)
 pytestmark = pytest.mark.usefixtures("cli_cluster")
-from pipeline.stream import stream_init
+from pipeline.stream import open_stream, stream_init
 
 SHAPE = (240, 160)
 SEED = 4242
@@ -180,9 +180,23 @@ def test_state_of_another_version_and_not_a_state(stream: Path, tmp_path: Path, 
     meta.write_text(json.dumps(doc))
     line = assert_one_line_error(run_dplr("stream", "status", stream), 2, "dplr: error:")
     assert "dplr-stream/0" in line
-    assert "dplr-stream/1" in line
+    assert "'dplr-stream/1' and 'dplr-stream/2'" in line  # the formats this version reads
     line = assert_one_line_error(run_in_process(capsys, "stream", "status", tmp_path), 2, "dplr: error:")
     assert "not a dplr stream state" in line
+
+
+def test_a_format_1_state_with_string_ids_refuses_more_in_one_line(stream: Path, tmp_path: Path, capsys):
+    """States of the earlier format hashed string ids (two could share a key): no more of them."""
+    st = open_stream(stream)
+    with st.lock():
+        st.commit(changes={"format": "dplr-stream/1", "entity_kind": "str"})
+    before = _state_bytes(stream)
+    (tmp_path / "strs.csv").write_text("entity,i,j,s\nalice,3,4,0.1\n")
+    line = assert_one_line_error(run_in_process(capsys, "stream", "ingest", stream, tmp_path / "strs.csv", "--epoch", 1), 2, "dplr: error:")
+    assert "create a new stream" in line
+    assert "alice" not in line
+    assert _state_bytes(stream) == before
+    assert run_in_process(capsys, "stream", "status", stream).returncode == 0  # it still opens
 
 
 def test_init_refuses_existing_state_and_bad_parameters(stream: Path, tmp_path: Path, capsys):
