@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -240,3 +241,52 @@ def test_a_persistent_ledger_takes_the_charge_instead(
     assert rel.report["ledger"]["kind"] == "file"
     assert rel.report["ledger"]["path"] == str(book.path)
     assert len(book.releases) == 1
+
+
+# ---------------------------------------------------------------------------
+# A stream's creation goes through the job: a crash between its charge and its
+# state is finished by the same command, not charged again
+# ---------------------------------------------------------------------------
+def _stream_init(state: Path, ledger: Path, crash: str | None) -> Any:
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "DPLR_CRASH_AT"}
+    if crash is not None:
+        env["DPLR_CRASH_AT"] = crash
+    argv = [sys.executable, "-m", "pipeline", "stream", "init", str(state), "--rows", "40",
+            "--cols", "10", "--rank", "2", "--horizon", "4", "--epsilon", "1",
+            "--delta", "1e-6", "--ledger", str(ledger), "--budget-epsilon", "4",
+            "--budget-delta", "1e-5"]  # fmt: skip
+    return subprocess.run(
+        argv, check=False, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_a_stream_init_killed_after_its_charge_is_finished_without_a_second(
+    tmp_path: Path,
+) -> None:
+    """Old code: the charge came before the state was written, with nothing that
+    remembered it: a rerun charged the stream again (and the first charge was lost)."""
+    state, ledger = tmp_path / "s.stream", tmp_path / "pop.json"
+    killed = _stream_init(state, ledger, "after-charge")
+    assert killed.returncode == -9  # SIGKILL at the seam, after the charge
+    assert not state.exists()
+    (record,) = json.loads(ledger.read_text())["releases"]  # charged once
+    (journal,) = tmp_path.glob(".pop.json.stream-*.dplr-journal")  # key and seed kept
+    assert oct(journal.stat().st_mode & 0o777) == "0o700"
+    rerun = _stream_init(state, ledger, None)
+    assert rerun.returncode == 0, rerun.stderr
+    assert len(json.loads(ledger.read_text())["releases"]) == 1
+    from pipeline.stream import open_stream
+
+    assert open_stream(state).manifest["stream_id"] == record["release_id"]
+    assert not list(tmp_path.glob(".*dplr-journal"))
+
+
+def test_negative_control_a_second_stream_is_charged_again(tmp_path: Path) -> None:
+    """The same command on another state path is another stream: charged again."""
+    ledger = tmp_path / "pop.json"
+    assert _stream_init(tmp_path / "a.stream", ledger, None).returncode == 0
+    assert _stream_init(tmp_path / "b.stream", ledger, None).returncode == 0
+    assert len(json.loads(ledger.read_text())["releases"]) == 2
