@@ -415,11 +415,9 @@ def _version() -> str:
 
 
 def _budget_of(args: argparse.Namespace) -> tuple[float, float] | None:
-    if args.budget_epsilon is None and args.budget_delta is None:
-        return None
-    if args.budget_epsilon is None or args.budget_delta is None:
-        raise PipelineError("--budget-epsilon and --budget-delta go together.")
-    return args.budget_epsilon, args.budget_delta
+    from pipeline.cli_stream import budget_of
+
+    return budget_of(args)
 
 
 def _ledger_lines(report: dict[str, Any]) -> list[str]:

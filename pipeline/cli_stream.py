@@ -117,7 +117,7 @@ def _init(a: argparse.Namespace) -> int:
         epsilon=a.epsilon if private else None, delta=a.delta if private else None,
         algorithm=a.algorithm, private=private, clip_norm=a.clip_norm, unit=a.unit,
         neighboring=a.neighboring, sketch_size=a.sketch_size, core_size=a.core_size,
-        ledger=a.ledger, budget=_budget_of(a), seed=a.seed,
+        ledger=a.ledger, budget=budget_of(a), seed=a.seed,
         insecure_noise_seed=a.insecure_noise_seed,
     )
     what = f"(epsilon={info.epsilon:g}, delta={info.delta:g})-DP over all {info.horizon} epochs" if info.private else "NOT PRIVATE"
@@ -134,7 +134,8 @@ def _init(a: argparse.Namespace) -> int:
     return 0
 
 
-def _budget_of(a: argparse.Namespace) -> tuple[float, float] | None:
+def budget_of(a: argparse.Namespace) -> tuple[float, float] | None:
+    """The lifetime budget of ``--budget-epsilon``/``--budget-delta`` (both or neither)."""
     if a.budget_epsilon is None and a.budget_delta is None:
         return None
     if a.budget_epsilon is None or a.budget_delta is None:
