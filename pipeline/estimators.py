@@ -389,8 +389,9 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         report says NOT PRIVATE.
     ledger : str, path or Ledger, default=None
         The dataset's privacy ledger. For a Zarr path it defaults to the ledger
-        file beside the store; in-memory arrays are charged only when a
-        ledger is given.
+        file beside the store; in-memory and dask arrays without one are
+        charged to this process's accountant of the dataset
+        (``privacy_report_["ledger"]["kind"] == "in-process"``).
     budget : (float, float) or None, default=None
         Lifetime ``(epsilon, delta)`` declared when the ledger does not exist.
     scheduler : str or None, default=None
@@ -455,8 +456,10 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     ``(epsilon, delta)``-DP; the adaptive composition is
     ``sqrt(mu_m^2 + mu_pca^2)``-GDP [DRS22, Cor. 3.3], checked to be within
     ``(epsilon, delta)`` on the actual calibrated values before any data is
-    read. Both releases are charged to the ledger, the mean first (before its
-    noise is drawn). Not available with ``select=True`` (the selection is
+    read. The fit is one release: the two are charged together, once, before
+    the mean's noise is drawn, and a persistent ledger keeps the fit's journal
+    beside it, so a retry of a failed fit reuses the released mean and is not
+    charged again. Not available with ``select=True`` (the selection is
     accounted in Renyi DP, not as a Gaussian).
 
     Passes over the data: as :func:`pca` (``1 + T``), plus one for the mean.
