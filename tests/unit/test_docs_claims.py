@@ -145,5 +145,7 @@ def test_checker_finds_what_is_missing() -> None:
     # a helper that is not a test is not a test
     assert problems(f"`{here}::problems`") == [f"{here}::problems: no such test"]
     # a claim without a test under "Checked by:" is found
-    listed = f"Checked by:\n\n* a claim\n  with no test.\n* a claim: `{here}`.\n\nNext.\n"
+    listed = (
+        f"Checked by:\n\n* a claim\n  with no test.\n* a claim: `{here}`.\n\nNext.\n"
+    )
     assert [references(item) == [] for item in checked_items(listed)] == [True, False]

@@ -38,12 +38,16 @@ def data(global_seed: int) -> np.ndarray:
     return A
 
 
-def test_reports_and_refusals_never_show_the_digest_of_the_data(data: np.ndarray) -> None:
+def test_reports_and_refusals_never_show_the_digest_of_the_data(
+    data: np.ndarray,
+) -> None:
     digest = array_fingerprint(data)
     texts = [
         json.dumps(api.factorize(data, K, epsilon=1.0, delta=1e-6).report),
         json.dumps(
-            api.pca(data, K, epsilon=1.0, delta=1e-6, iterations=2, clip_radius=0.05).report
+            api.pca(
+                data, K, epsilon=1.0, delta=1e-6, iterations=2, clip_radius=0.05
+            ).report
         ),
         json.dumps(DPPCA(K, method="analyze-gauss").fit(data).privacy_report_),
     ]
@@ -74,7 +78,9 @@ def test_a_journal_beside_the_ledger_is_not_named_after_the_data(
 
     from pipeline.errors import StoreLayoutError
 
-    book = Ledger.create(tmp_path / "d.dplr-ledger.json", dataset="d", epsilon=9.0, delta=1e-4)
+    book = Ledger.create(
+        tmp_path / "d.dplr-ledger.json", dataset="d", epsilon=9.0, delta=1e-4
+    )
     kw = {"epsilon": 1.0, "delta": 1e-6, "ledger": book, "seed": 5}
 
     class Crash(Exception):

@@ -72,12 +72,16 @@ def assert_charged_once_before_any_draw(log: list[str]) -> None:
     assert "read" in log, log
     assert log.count("charge") == 1, log
     assert "draw" in log, log
-    assert log.index("charge") < log.index("draw"), f"noise drawn before the charge: {log}"
+    assert log.index("charge") < log.index("draw"), (
+        f"noise drawn before the charge: {log}"
+    )
 
 
 def _ledger(tmp_path: Path, eps: float = 50.0) -> Ledger:
     tmp_path.mkdir(exist_ok=True)
-    return Ledger.create(tmp_path / "d.dplr-ledger.json", dataset="d", epsilon=eps, delta=1e-4)
+    return Ledger.create(
+        tmp_path / "d.dplr-ledger.json", dataset="d", epsilon=eps, delta=1e-4
+    )
 
 
 RELEASES: dict[str, Callable[[np.ndarray, Any], Any]] = {
@@ -97,7 +101,12 @@ RELEASES: dict[str, Callable[[np.ndarray, Any], Any]] = {
         A, RANK, epsilon=1.0, delta=1e-6, select=True, ledger=book
     ),
     "dppca-centred": lambda A, book: DPPCA(
-        RANK, epsilon=1.0, delta=1e-6, n_iter=2, clip_radius=0.05, centre=True,
+        RANK,
+        epsilon=1.0,
+        delta=1e-6,
+        n_iter=2,
+        clip_radius=0.05,
+        centre=True,
         ledger=book,
     ).fit(A),
 }
@@ -141,7 +150,9 @@ def test_a_release_that_draws_before_its_charge_is_caught(
         # the old order: noise first, then the hook
         self.labels.append(label)
         value = exact().value
-        noisy = value + sigma * power_pca._noise(self.noise_key, label, shape, symmetric)
+        noisy = value + sigma * power_pca._noise(
+            self.noise_key, label, shape, symmetric
+        )
         if not self.charged and self.before_first_release is not None:
             self.before_first_release()
         self.charged = True
