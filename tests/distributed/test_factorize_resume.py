@@ -255,6 +255,9 @@ def test_rerun_after_a_client_crash_neither_reads_nor_draws_nor_charges_again(
             # the tall sketch stayed distributed: the workers wrote it to the journal
             tall = "exact-Y.zarr" if algorithm == "spectral" else "exact-Yc.zarr"
             assert (journal / tall / "zarr.json").exists()
+            # uncompressed, a CRC32C checksum per chunk (docs/faults.md, Limits)
+            meta = json.loads((journal / tall / "zarr.json").read_text())
+            assert [c["name"] for c in meta["codecs"]] == ["bytes", "crc32c"]
             assert (journal / "sketches.json").exists()
             _assert_private_tree(journal)
         n_charged = len(_records(ledger)) if ledger.exists() else 0

@@ -113,3 +113,23 @@ def test_a_journal_beside_the_ledger_is_not_named_after_the_data(
     assert rel.report["resumed_from_journal"] is True
     assert len(book.releases) == 1
     assert not (tmp_path / second).exists()
+
+
+def test_no_journal_without_out_or_a_persistent_ledger(
+    data: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/faults.md: a private release with neither ``out``, ``journal`` nor a
+    persistent ledger keeps nothing on disk (its accountant is in-process)."""
+    from pipeline.io import FileJournal
+
+    created: list[object] = []
+    real = FileJournal.create.__func__  # type: ignore[attr-defined]
+
+    def spying(cls: type, *a: object, **kw: object) -> object:
+        created.append(a[0])
+        return real(cls, *a, **kw)
+
+    monkeypatch.setattr(FileJournal, "create", classmethod(spying))
+    rel = api.factorize(data, K, epsilon=1.0, delta=1e-6)
+    assert rel.report["ledger"]["kind"] == "in-process"
+    assert created == []
