@@ -332,6 +332,31 @@ def test_worker_debug_records_are_captured_only_when_workers_log_at_debug(
         assert logs.worker_debug > 0
 
 
+def test_dplr_modules_log_nothing() -> None:
+    """No module of the package imports ``logging`` or writes to a logger, so the
+    DEBUG logs scanned here are dask's and distributed's alone. Negative control:
+    the same check finds the import in this test module."""
+    import ast
+
+    import pipeline
+
+    def logs(path: Path) -> bool:
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = (
+                [a.name for a in node.names] if isinstance(node, ast.Import)
+                else [node.module or ""] if isinstance(node, ast.ImportFrom)
+                else []
+            )  # fmt: skip
+            if any(n.split(".")[0] == "logging" for n in names):
+                return True
+        return False
+
+    root = Path(pipeline.__file__).parent
+    assert [str(p) for p in sorted(root.rglob("*.py")) if logs(p)] == []
+    assert logs(Path(__file__))
+
+
 # ---------------------------------------------------------------------------
 # the scans
 # ---------------------------------------------------------------------------
