@@ -210,7 +210,9 @@ class ReleaseSpec:
 
         A release with no output but a persistent ledger (an estimator's fit, an
         in-memory input) keeps its journal beside the ledger, named by a digest
-        of its header: a retry of the same job finds it, so it is charged once.
+        of its header without the input's fingerprint (a digest of the data must
+        not show in a directory listing): a retry of the same job finds it, so it
+        is charged once; the same job on other data finds it and is refused.
         """
         from pipeline.io import default_journal_path
 
@@ -221,9 +223,10 @@ class ReleaseSpec:
         ledger = self.ledger_path()
         if ledger is None:
             return None
-        digest = hashlib.sha256(
-            json.dumps(self.header(), sort_keys=True).encode()
-        ).hexdigest()[:16]
+        # named after the public header only: the input's fingerprint (a digest
+        # of an in-memory array's bytes) must not show in a directory listing
+        public = {k: v for k, v in self.header().items() if k != "input_fingerprint"}
+        digest = hashlib.sha256(json.dumps(public, sort_keys=True).encode()).hexdigest()[:16]
         where, name = os.path.split(ledger)
         return os.path.join(where, f".{name}.{self.kind}-{digest}.dplr-journal")
 
@@ -617,9 +620,15 @@ def _resolve_ledger(spec: ReleaseSpec) -> Ledger | _NewLedger | None:
         return spec.ledger
     where, budget = spec.ledger_path(), spec.budget
     if where is None:
-        # no persistent ledger: this process's accountant of the dataset records it
-        key = spec.input.fingerprint or f"dask array {spec.input.shape} {spec.input.dtype}"
-        return in_process_ledger(key, spec.contract)
+        # no persistent ledger: this process's accountant of the dataset records it,
+        # found by the digest of an in-memory array (which stays in this process)
+        # and shown under a public name
+        shape = "x".join(map(str, spec.input.shape))
+        if spec.input.fingerprint is None:
+            key = name = f"dask array {shape} {spec.input.dtype}"
+        else:
+            key, name = spec.input.fingerprint, f"in-memory array {shape} {spec.input.dtype}"
+        return in_process_ledger(key, spec.contract, name=name)
     if os.path.exists(where):
         book = Ledger.open(where)
         if budget is not None and tuple(map(float, budget)) != tuple(book.budget):

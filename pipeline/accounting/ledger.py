@@ -1042,10 +1042,18 @@ class InProcessLedger(Ledger):
 _IN_PROCESS: dict[str, InProcessLedger] = {}
 
 
-def in_process_ledger(dataset: str, contract: PrivacyContract) -> InProcessLedger:
-    """This process's accountant of ``dataset`` (created with ``contract``'s unit)."""
+def in_process_ledger(
+    dataset: str, contract: PrivacyContract, *, name: str | None = None
+) -> InProcessLedger:
+    """This process's accountant of ``dataset`` (created with ``contract``'s unit).
+
+    ``dataset`` is the key it is found by and never leaves this process (for
+    an in-memory array it is a digest of the data, a non-private statistic);
+    ``name`` is what the accountant's reports and messages show, and must be
+    public (default: ``dataset``).
+    """
     if dataset not in _IN_PROCESS:
-        _IN_PROCESS[dataset] = InProcessLedger(dataset, contract)
+        _IN_PROCESS[dataset] = InProcessLedger(name or dataset, contract)
     return _IN_PROCESS[dataset]
 
 

@@ -625,12 +625,19 @@ CONT_T = 8
 CONT_EPOCH = 3  # the epoch in which the audited entity's updates arrive
 
 
-def continual_plan(epsilon: float, *, horizon: int = CONT_T, delta: float = DELTA) -> StreamPlan:
+def continual_plan(
+    epsilon: float, *, horizon: int = CONT_T, delta: float = DELTA
+) -> StreamPlan:
     """The project's stream plan: Spectral-LRF sizes of the one-shot audit, replace-one."""
     params = LrfParams(
-        algorithm=Algorithm.SPECTRAL, rank=LRF_RANK, sketch_size=LRF_SIZES[0],
-        core_size=LRF_SIZES[1], epsilon=epsilon, delta=delta,
-        clip=ClipSpec(unit=PrivacyUnit.ROW, clip_norm=CLIP), neighboring=Neighboring.REPLACE,
+        algorithm=Algorithm.SPECTRAL,
+        rank=LRF_RANK,
+        sketch_size=LRF_SIZES[0],
+        core_size=LRF_SIZES[1],
+        epsilon=epsilon,
+        delta=delta,
+        clip=ClipSpec(unit=PrivacyUnit.ROW, clip_norm=CLIP),
+        neighboring=Neighboring.REPLACE,
     )
     return plan_stream(params, LRF_SHAPE, horizon)
 
@@ -646,12 +653,19 @@ def continual_entity_sketch(plan: StreamPlan, sign: float) -> dict[str, np.ndarr
     n = LRF_SHAPE[1]
     u = np.ones(n) / math.sqrt(n)
     cells = clip_updates(
-        np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64), np.arange(n),
-        sign * ROW_SCALE * CLIP * u, table=EntityTable.empty(), unit=StreamUnit.ROW,
-        clip_norm=CLIP, n_cols=n,
+        np.zeros(n, dtype=np.int64),
+        np.zeros(n, dtype=np.int64),
+        np.arange(n),
+        sign * ROW_SCALE * CLIP * u,
+        table=EntityTable.empty(),
+        unit=StreamUnit.ROW,
+        clip_norm=CLIP,
+        n_cols=n,
     )
     assert not plan.lrf.transpose
-    delta = sketch_cells(plan, stream_operators(plan, SKETCH_SEED), cells.rows, cells.cols, cells.vals)
+    delta = sketch_cells(
+        plan, stream_operators(plan, SKETCH_SEED), cells.rows, cells.cols, cells.vals
+    )
     out = {name: np.zeros(shape) for name, shape in plan.shapes().items()}
     apply_delta(out, delta)
     return out
@@ -659,13 +673,24 @@ def continual_entity_sketch(plan: StreamPlan, sign: float) -> dict[str, np.ndarr
 
 def _continual_case(epsilon: float, variant: str) -> Case:
     plan = continual_plan(epsilon)
-    plus, minus = continual_entity_sketch(plan, 1.0), continual_entity_sketch(plan, -1.0)
+    plus, minus = (
+        continual_entity_sketch(plan, 1.0),
+        continual_entity_sketch(plan, -1.0),
+    )
     one_shot = continual_plan(epsilon, horizon=1)
     blocks = []
     for level, node in ((j, -(-CONT_EPOCH // 2**j)) for j in range(plan.levels)):
         for name in plan.names:
-            sigma = plan.lrf.sigma(name) if variant == "correct" else one_shot.lrf.sigma(name)
-            blocks.append(GaussianBlock.from_pair(f"{name}[{level},{node}]", plus[name], minus[name], sigma))
+            sigma = (
+                plan.lrf.sigma(name)
+                if variant == "correct"
+                else one_shot.lrf.sigma(name)
+            )
+            blocks.append(
+                GaussianBlock.from_pair(
+                    f"{name}[{level},{node}]", plus[name], minus[name], sigma
+                )
+            )
     names = {
         "correct": "correct",
         "no-tree-factor": f"BROKEN: each of the L={plan.levels} tree nodes calibrated as a one-shot release",
@@ -730,7 +755,9 @@ def _registry() -> tuple[dict[str, Callable[[], Case]], dict[str, Callable[[], C
         pca(cases, "Z", eps, "correct")
     lrf(cases, S, 1.0, "correct", wide=True)
     for eps, variant in ((1.0, "correct"), (2.0, "correct"), (1.0, "no-tree-factor")):
-        cases[f"continual-{variant}-eps{eps:g}"] = lambda eps=eps, variant=variant: _continual_case(eps, variant)
+        cases[f"continual-{variant}-eps{eps:g}"] = lambda eps=eps, variant=variant: (
+            _continual_case(eps, variant)
+        )
     pca(cases, "M", 1.0, "correct", method="analyze-gauss", sensitivity="paper")
     for eps, variant in ((1.0, "correct"), (1.0, "jl-bound")):
         cases[f"spectral-public-seed-{variant}-eps{eps:g}"] = (
@@ -923,6 +950,132 @@ def e2e_spectral(n: int, seed: int, epsilon: float = 1.0) -> EndToEnd:
     )
 
 
+#: Runs per neighbour of the resumed-release audit (a crashed and a resumed
+#: ``factorize`` each, ~8 ms together with the journal and ledger on a tmpfs).
+#: Enough for its KS checks: half the noise is at KS distance 0.16, over twice
+#: the critical distance sqrt(ln(2 / 1e-4) / 2n) = 0.07 at n = 1000.
+N_RESUMED = 1_000
+
+
+class SimulatedCrash(Exception):
+    """The client dying at a step of the release job (after its charge)."""
+
+
+@contextlib.contextmanager
+def resumed_factorize(
+    workdir: str,
+) -> Iterator[Callable[[np.ndarray, NoiseKey], dict[str, Any]]]:
+    """``release(A, key)``: a private ``factorize`` that crashes right after its
+    ledger charge, then the same call again, which resumes from the journal.
+
+    The job's secrets are what a production run draws, made known to the audit:
+    the "fresh" noise key is ``key`` and the "secret" sketch seed is
+    ``SKETCH_SEED``, so the plan is the secret-seed, fixed-neighbour one, with
+    the small tiles of ``E2E_LRF`` (a public implementation parameter that
+    factorize does not expose), and the reference statistics are
+    :func:`lrf_exact`'s for ``lrf_plan(..., **E2E_LRF)``. Returns the noisy ``Y``,
+    ``Z`` the resumed run hands to its post-processing, and checks on the way
+    that the crash landed after the charge and before any noise, and that the
+    rerun resumed (no pass, no second charge).
+    """
+    import pipeline.release as release_module
+    from pipeline import api
+    from pipeline.accounting.ledger import Ledger
+
+    current: dict[str, Any] = {}
+    real = (NoiseKey.fresh, release_module.secrets, release_module.crash_point,
+            ArraySource.tall_qr, api.make_params)  # fmt: skip
+
+    def make_params(*a: Any, **kw: Any) -> LrfParams:
+        return dataclasses.replace(real[4](*a, **kw), tile_size=E2E_LRF["tile_size"])
+
+    class _Secrets:
+        @staticmethod
+        def randbits(k: int) -> int:
+            return SKETCH_SEED
+
+    def crash_point(step: str) -> None:
+        if step == "after-charge" and current.get("crash"):
+            raise SimulatedCrash(step)
+
+    def tall_qr(self: ArraySource, Y: Any) -> Any:
+        current["captured"]["Y"] = np.array(Y, copy=True)
+        return real[3](self, Y)
+
+    def release(A: np.ndarray, key: NoiseKey) -> dict[str, Any]:
+        kw = {"rank": E2E_LRF["rank"], "epsilon": 1.0, "delta": DELTA,
+              "sketch_size": E2E_LRF["sizes"][0],
+              "core_size": E2E_LRF["sizes"][1], "clip_norm": CLIP,
+              "neighboring": "replace", "journal": os.path.join(workdir, "journal")}  # fmt: skip
+        ledger = Ledger.create(os.path.join(workdir, "ledger.json"), dataset="audit",
+                               epsilon=10.0, delta=0.5)  # fmt: skip
+        current.update(key=key, crash=True, captured=captured)
+        captured.clear()
+        try:
+            api.factorize(A, ledger=ledger, **kw)
+            raise AssertionError("the crash point after the charge was not reached")
+        except SimulatedCrash:
+            pass
+        assert captured == {}, "noise was drawn before the crash after the charge"
+        assert len(ledger.releases) == 1
+        current["crash"] = False
+        out = api.factorize(A, ledger=ledger, **kw)
+        assert out.report["resumed_from_journal"] is True
+        assert out.report["n_passes"] == 0
+        assert len(ledger.releases) == 1
+        os.unlink(ledger.path)
+        return {"Y": captured["Y"], "Z": captured["Z"]}
+
+    NoiseKey.fresh = classmethod(lambda cls: current["key"])  # type: ignore[method-assign,assignment]
+    release_module.secrets = _Secrets  # type: ignore[assignment]
+    release_module.crash_point = crash_point
+    ArraySource.tall_qr = tall_qr  # type: ignore[method-assign]
+    api.make_params = make_params
+    try:
+        with lrf_capture() as captured:
+            yield release
+    finally:
+        NoiseKey.fresh = real[0]  # type: ignore[method-assign]
+        release_module.secrets = real[1]
+        release_module.crash_point = real[2]
+        ArraySource.tall_qr = real[3]  # type: ignore[method-assign]
+        api.make_params = real[4]
+
+
+def e2e_spectral_resumed(n: int, seed: int, epsilon: float = 1.0) -> EndToEnd:
+    """Spectral-LRF released by a ``factorize`` resumed after a crash after its charge.
+
+    The distinguishing statistic of each resumed release is computed as for an
+    uninterrupted one (:func:`e2e_spectral`): the journal must give back the
+    exact sketches and the key the crashed run charged for, so that the resumed
+    release is the same Gaussian mechanism.
+    """
+    import tempfile
+
+    plan = lrf_plan(Algorithm.SPECTRAL, epsilon, **E2E_LRF)
+    data = lrf_neighbours(E2E_LRF["shape"])
+    exact = [lrf_exact(A, plan) for A in data]
+    blocks = lrf_blocks(plan, exact[0], exact[1])
+    # durability is not what is audited: a tmpfs spares the journal's fsyncs
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    with tempfile.TemporaryDirectory(dir=shm) as tmp, resumed_factorize(tmp) as release:
+        null, alt = _sample(
+            n, seed, "spectral-resumed", blocks, exact[0],
+            lambda neighbour, key: release(data[neighbour], key),
+        )  # fmt: skip
+    return EndToEnd(
+        key=f"e2e-spectral-resumed-eps{epsilon:g}",
+        mechanism="Spectral-LRF (factorize crashed after its charge, resumed)",
+        releases="Y, Z",
+        variant="correct",
+        epsilon=epsilon,
+        delta=DELTA,
+        blocks=tuple(blocks),
+        null=null,
+        alt=alt,
+    )
+
+
 class ClipAfterSumSource(ArrayRowSource):
     """BROKEN (control 3): a row source whose Gram is that of the unclipped rows,
     clipped after the sum (:func:`gram_clip_after_sum`)."""
@@ -1017,6 +1170,9 @@ E2E: dict[str, Callable[[int, int], EndToEnd]] = {
     "e2e-ag-correct": lambda n, seed: e2e_analyze_gauss(n, seed),
     "e2e-power-Z": lambda n, seed: e2e_power_z(n, seed),
     "e2e-ag-clip-after-sum": lambda n, seed: e2e_analyze_gauss(n, seed, broken=True),
+    "e2e-spectral-resumed": lambda n, seed: e2e_spectral_resumed(
+        min(n, N_RESUMED), seed
+    ),
 }
 
 

@@ -31,6 +31,7 @@ import pytest
 from audit_cases import (
     CONFIDENCE,
     E2E,
+    E2E_LRF,
     N_END_TO_END,
     NIGHTLY,
     e2e_row,
@@ -44,6 +45,7 @@ from audit_cases import (
     pca_neighbours,
     pca_plan,
     pca_rows,
+    resumed_factorize,
     z_plan,
 )
 from scipy import stats
@@ -174,3 +176,55 @@ def test_end_to_end(
         # negative control: half the noise (noise per chunk with P = 4) is
         # visible to the same test at this size (KS distance 0.16, ~6 / sqrt(n))
         assert stats.kstest(null / 2.0, "norm").pvalue < P_FAIL, block.name
+
+
+def test_a_resumed_release_is_the_uninterrupted_release(tmp_path: Any) -> None:
+    """A factorize that crashed after its charge and was resumed from its journal
+    releases what an uninterrupted run with the same key and seed releases, bit
+    for bit, and that minus its noise is the audit's reference statistic.
+
+    Negative control: a resume that drew a new key instead of the journal's
+    (one more draw of noise for one charge) is caught by the same comparison.
+    """
+    import pipeline.release as release_module
+
+    plan = lrf_plan(Algorithm.SPECTRAL, 1.0, **E2E_LRF)
+    data = lrf_neighbours(E2E_LRF["shape"])
+    keys = [NoiseKey.insecure_from_seed(s) for s in (3, 4)]
+    with resumed_factorize(str(tmp_path)) as release:
+        resumed = [release(A, k) for A, k in zip(data, keys, strict=True)]
+    with lrf_capture() as captured:
+        plain = [
+            lrf_release(A, plan, k, captured) for A, k in zip(data, keys, strict=True)
+        ]
+
+    def check(got: dict[str, Any], want: dict[str, Any], A: Any, key: NoiseKey) -> None:
+        exact = lrf_exact(A, plan)
+        for name in ("Y", "Z"):
+            assert got[name].tobytes() == want[name].tobytes(), name
+            scale = next(
+                sk.sigma for sk in plan.calibration.sketches if sk.name == name
+            )
+            np.testing.assert_allclose(
+                got[name] - _lrf_noise(plan, key, name), exact[name],
+                rtol=0.0, atol=FIDELITY_RTOL * scale, err_msg=name,
+            )  # fmt: skip
+
+    for got, want, A, key in zip(resumed, plain, data, keys, strict=True):
+        check(got, want, A, key)
+
+    real = release_module.ReleaseJob._resume_or_start
+
+    def resume_with_a_new_key(job: Any) -> None:
+        real(job)
+        if job.resumed:
+            job.noise_key = NoiseKey.insecure_from_seed(99)
+
+    release_module.ReleaseJob._resume_or_start = resume_with_a_new_key
+    try:
+        with resumed_factorize(str(tmp_path)) as release:
+            broken = release(data[0], keys[0])
+    finally:
+        release_module.ReleaseJob._resume_or_start = real
+    with pytest.raises(AssertionError):
+        check(broken, plain[0], data[0], keys[0])

@@ -1,15 +1,20 @@
 """Secrets scan of full private runs on a real distributed cluster.
 
-A private ``factorize`` (known sketch seed, insecure test noise key) and a private
-``pca`` (power method, T = 2, insecure test noise key) run on a two-process
-``LocalCluster`` over small Zarr stores in which a few distinctive values are
-planted. Everything that leaves the trusted computation is captured and scanned:
+A private ``factorize`` and a private ``pca`` (power method, T = 2) run on a
+two-process ``LocalCluster`` over small Zarr stores in which a few distinctive
+values are planted, each twice: with test keys (a known sketch seed, an insecure
+noise key) and with fresh secrets (a secret sketch seed and a fresh noise key,
+the production path; the test learns them from the job and checks them against
+the journal's ``header.json`` while the job is paused at its charge).
+Everything that leaves the trusted computation is captured and scanned:
 
 * the Dask task keys of every graph the client submitted (names the scheduler,
   the dashboard and the logs show);
 * the serialized graphs themselves (task arguments as the scheduler receives them);
-* DEBUG logging of dask, distributed and pipeline in the client process, the
-  worker logs forwarded to the client, and the scheduler's and workers' log buffers;
+* DEBUG logging of dask, distributed and pipeline in the client process and on
+  the workers (their loggers set to DEBUG for the scanned runs, their records
+  forwarded to the client: the test checks that worker DEBUG records arrived),
+  and the scheduler's and workers' log buffers;
 * the progress output, the release report (JSON), the published Zarr group
   (attributes and every file), the ledger file;
 * the text of the exceptions of deliberately failing runs (over budget, bad
@@ -19,13 +24,15 @@ Secrets: the release noise key and every sub-key the run derives (hex and raw
 bytes), the sketch seed (decimal, hex, and the little-endian bytes pickle uses);
 data: the planted values as ``repr``, ``%.6g`` and raw float64 bytes.
 
-Negative controls show the scanner finds each kind of secret when it is planted.
+Negative controls show the scanner finds each kind of secret when it is planted,
+and that worker DEBUG records are captured only with the workers' loggers at DEBUG.
 The journal of a PCA run is checked while the run is in progress (0700 / 0600)
 and is gone afterwards.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -34,6 +41,7 @@ import pickle
 import stat
 import struct
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -51,6 +59,7 @@ from pipeline.api import factorize, pca
 from pipeline.errors import BudgetExceededError, PipelineError
 from pipeline.io import default_journal_path
 from pipeline.mechanisms.noise import NoiseCode, NoiseKey
+from pipeline.release import ReleaseJob
 
 pytestmark = [pytest.mark.audit, pytest.mark.distributed]
 
@@ -78,13 +87,16 @@ def lrf_secrets() -> dict[str, bytes]:
     pats = _key_patterns("factorize release key", key)
     for code in NoiseCode:
         pats |= _key_patterns(f"factorize sub-key {code.name}", key.derive(int(code)))
-    nbytes = (SKETCH_SEED.bit_length() + 8) // 8
-    pats |= {
-        "sketch seed (decimal)": str(SKETCH_SEED).encode(),
-        "sketch seed (hex)": format(SKETCH_SEED, "x").encode(),
-        "sketch seed (raw, pickled long)": SKETCH_SEED.to_bytes(nbytes, "little"),
+    return pats | _seed_patterns("sketch seed", SKETCH_SEED)
+
+
+def _seed_patterns(name: str, seed: int) -> dict[str, bytes]:
+    nbytes = (seed.bit_length() + 8) // 8
+    return {
+        f"{name} (decimal)": str(seed).encode(),
+        f"{name} (hex)": format(seed, "x").encode(),
+        f"{name} (raw, pickled long)": seed.to_bytes(nbytes, "little"),
     }
-    return pats
 
 
 def pca_secrets() -> dict[str, bytes]:
@@ -155,11 +167,21 @@ class GraphRecorder:
 
 
 class ListHandler(logging.Handler):
+    """Every record, formatted; counts the DEBUG records forwarded from workers."""
+
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
         self.lines: list[str] = []
+        self.worker_debug = 0
+
+    def reset(self) -> None:
+        self.lines.clear()
+        self.worker_debug = 0
 
     def emit(self, record: logging.LogRecord) -> None:
+        # a record forwarded from a worker carries the worker's address
+        if getattr(record, "worker", None) and record.levelno == logging.DEBUG:
+            self.worker_debug += 1
         try:
             self.lines.append(self.format(record))
         except Exception as e:  # noqa: BLE001 - a broken log call is itself a finding
@@ -283,6 +305,58 @@ def test_scanner_finds_a_key_planted_in_a_submitted_graph(
     assert "factorize sub-key Z (raw)" in found[GRAPH]
 
 
+def test_worker_debug_records_are_captured_only_when_workers_log_at_debug(
+    client: Client,
+) -> None:
+    """Forwarding alone captures no worker DEBUG record (the workers' loggers stay
+    at INFO, and ``distributed`` does not propagate to the root logger): the
+    setting the scans use is what makes their worker DEBUG logs non-empty."""
+    import dask
+
+    def work() -> None:
+        client.compute(dask.delayed(sum)(list(range(100))), sync=True)
+
+    handler = ListHandler()
+    logging.getLogger().addHandler(handler)
+    client.forward_logging(level=logging.DEBUG)
+    try:
+        work()
+        time.sleep(0.5)  # forwarded records arrive as events
+    finally:
+        client.unforward_logging()
+        logging.getLogger().removeHandler(handler)
+    assert handler.worker_debug == 0
+    with debug_logging(client) as logs:
+        work()
+        time.sleep(0.5)
+        assert logs.worker_debug > 0
+
+
+def test_dplr_modules_log_nothing() -> None:
+    """No module of the package imports ``logging`` or writes to a logger, so the
+    DEBUG logs scanned here are dask's and distributed's alone. Negative control:
+    the same check finds the import in this test module."""
+    import ast
+
+    import pipeline
+
+    def logs(path: Path) -> bool:
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = (
+                [a.name for a in node.names] if isinstance(node, ast.Import)
+                else [node.module or ""] if isinstance(node, ast.ImportFrom)
+                else []
+            )  # fmt: skip
+            if any(n.split(".")[0] == "logging" for n in names):
+                return True
+        return False
+
+    root = Path(pipeline.__file__).parent
+    assert [str(p) for p in sorted(root.rglob("*.py")) if logs(p)] == []
+    assert logs(Path(__file__))
+
+
 # ---------------------------------------------------------------------------
 # the scans
 # ---------------------------------------------------------------------------
@@ -311,90 +385,208 @@ class JournalWatch(io.StringIO):
         return super().write(s)
 
 
-@pytest.fixture(scope="module")
-def runs(client: Client, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Both full runs and the failing runs, each with everything it emitted."""
-    tmp = tmp_path_factory.mktemp("secrets")
-    mp = pytest.MonkeyPatch()
+class KeyCapture:
+    """The secrets each fresh-key job drew, from the job and from its journal.
+
+    Wraps the release job's start (every job's noise key and sketch seed, kept
+    as the job holds them) and its charge (the journal on disk is read there,
+    while the job is paused between its durable steps: its ``header.json``
+    holds the key and the seed the release goes on to use).
+    """
+
+    def __init__(self) -> None:
+        self.jobs: list[tuple[NoiseKey | None, int | None]] = []
+        self.journaled: list[tuple[str, str | None]] = []
+
+    def install(self, mp: pytest.MonkeyPatch) -> None:
+        start, charge = ReleaseJob._resume_or_start, ReleaseJob.charge
+
+        def starting(job: ReleaseJob) -> None:
+            start(job)
+            self.jobs.append((job.noise_key, job.sketch_seed))
+
+        def charging(job: ReleaseJob, **kw: Any) -> None:
+            charge(job, **kw)
+            if job.journal is not None:
+                head = json.loads(Path(job.journal.path, "header.json").read_text())
+                self.journaled.append((head["noise_key"], head.get("sketch_seed")))
+
+        mp.setattr(ReleaseJob, "_resume_or_start", starting)
+        mp.setattr(ReleaseJob, "charge", charging)
+
+    def patterns(self, kind: str) -> dict[str, bytes]:
+        """Every key, sub-key and sketch seed the captured jobs drew."""
+        pats: dict[str, bytes] = {}
+        for i, (key, seed) in enumerate(self.jobs):
+            assert key is not None
+            assert not key.insecure
+            pats |= _key_patterns(f"fresh key {i}", key)
+            subs = [key.derive(int(c)) for c in NoiseCode] if kind == "lrf" else [
+                key.derive("pca", label) for label in PCA_LABELS
+            ]  # fmt: skip
+            for j, sub in enumerate(subs):
+                pats |= _key_patterns(f"fresh key {i} sub-key {j}", sub)
+            if seed is not None:
+                pats |= _seed_patterns(f"secret sketch seed {i}", seed)
+        return pats
+
+
+def _worker_logging(level: int | None) -> dict[str, int]:
+    """On a worker: set the dask/distributed loggers' level; return the old ones."""
+    names = ("distributed", "dask", "pipeline")
+    old = {n: logging.getLogger(n).level for n in names}
+    if level is not None:
+        for n in names:
+            logging.getLogger(n).setLevel(level)
+    return old
+
+
+@contextlib.contextmanager
+def debug_logging(client: Client) -> Iterator[ListHandler]:
+    """DEBUG logging in the client and on every worker, all captured in the client.
+
+    ``distributed`` does not propagate to the root logger, so the handler is
+    attached to it too, and the workers forward both loggers' records.
+    """
     handler = ListHandler()
     handler.setFormatter(logging.Formatter("%(name)s %(levelname)s %(message)s"))
     names = ("", "dask", "distributed", "pipeline")
     saved = {n: logging.getLogger(n).level for n in names}
     for n in names:
         logging.getLogger(n).setLevel(logging.DEBUG)
-    logging.getLogger().addHandler(handler)
+    for n in ("", "distributed"):
+        logging.getLogger(n).addHandler(handler)
+    worker_levels = client.run(_worker_logging, logging.DEBUG)
     client.forward_logging(level=logging.DEBUG)
-    results: dict[str, Any] = {}
+    client.forward_logging("distributed", level=logging.DEBUG)
     try:
-        # --- factorize ---------------------------------------------------
-        rec = GraphRecorder()
-        rec.install(mp)
-        a_lrf = write_matrix(tmp / "lrf.zarr", _planted_matrix(300, 40, 1), (100, 40))
+        yield handler
+    finally:
+        client.unforward_logging()
+        client.unforward_logging("distributed")
+        for addr, old in worker_levels.items():
+            client.run(_restore_levels, old, workers=[addr])
+        for n in ("", "distributed"):
+            logging.getLogger(n).removeHandler(handler)
+        for n, lvl in saved.items():
+            logging.getLogger(n).setLevel(lvl)
+
+
+def _restore_levels(old: dict[str, int]) -> None:
+    for n, lvl in old.items():
+        logging.getLogger(n).setLevel(lvl)
+
+
+def _lrf_run(
+    tmp: Path, name: str, client: Client, logs: ListHandler, *, fresh: bool
+) -> dict[str, Any]:
+    """A private factorize and three failing ones, everything they emitted."""
+    mp = pytest.MonkeyPatch()
+    rec, keys = GraphRecorder(), KeyCapture()
+    rec.install(mp)
+    keys.install(mp)
+    logs.reset()
+    kw: dict[str, Any] = {} if fresh else {
+        "seed": SKETCH_SEED, "insecure_noise_seed": NOISE_SEED_LRF
+    }  # fmt: skip
+    try:
+        a = write_matrix(tmp / f"{name}.zarr", _planted_matrix(300, 40, 1), (100, 40))
         prog = io.StringIO()
-        f = factorize(
-            a_lrf, 2, epsilon=1.0, delta=1e-6, seed=SKETCH_SEED,
-            insecure_noise_seed=NOISE_SEED_LRF, out=tmp / "lrf-out.zarr",
-            budget=BUDGET, progress=prog,
-        )  # fmt: skip
+        out = tmp / f"{name}-out.zarr"
+        f = factorize(a, 2, epsilon=1.0, delta=1e-6, out=out, budget=BUDGET,
+                      progress=prog, **kw)  # fmt: skip
         errors: list[str] = []
         with pytest.raises(BudgetExceededError) as e1:
-            factorize(a_lrf, 2, epsilon=1000.0, delta=1e-6, seed=SKETCH_SEED,
-                      insecure_noise_seed=NOISE_SEED_LRF, progress=prog)  # fmt: skip
+            factorize(a, 2, epsilon=1000.0, delta=1e-6, progress=prog, **kw)
         errors.append(f"{e1.value!r} {e1.value}")
         with pytest.raises(PipelineError) as e2:
-            factorize(a_lrf, 40, epsilon=1.0, delta=1e-6, seed=SKETCH_SEED,
-                      insecure_noise_seed=NOISE_SEED_LRF, progress=prog)  # fmt: skip
+            factorize(a, 40, epsilon=1.0, delta=1e-6, progress=prog, **kw)
         errors.append(f"{e2.value!r} {e2.value}")
         bad = _planted_matrix(300, 40, 2)
         bad[150, 3] = np.nan
-        a_bad = write_matrix(tmp / "nan.zarr", bad, (100, 40))
+        a_bad = write_matrix(tmp / f"{name}-nan.zarr", bad, (100, 40))
         try:
-            factorize(a_bad, 2, epsilon=1.0, delta=1e-6, seed=SKETCH_SEED,
-                      insecure_noise_seed=NOISE_SEED_LRF, budget=BUDGET, progress=prog)  # fmt: skip
+            factorize(
+                a_bad, 2, epsilon=1.0, delta=1e-6, budget=BUDGET, progress=prog, **kw
+            )
             errors.append("<the NaN run released>")
         except Exception as e3:  # noqa: BLE001 - its text is what is scanned
             errors.append(f"{type(e3).__name__}: {e3!r} {e3}")
-        results["lrf"] = _surfaces(
-            rec, handler, client, prog.getvalue(), f.report, tmp / "lrf-out.zarr",
-            Path(a_lrf + ".dplr-ledger.json"), errors,
-        )  # fmt: skip
-        results["lrf_errors"] = errors
-
-        # --- pca -----------------------------------------------------------
-        handler.lines.clear()
-        mp.undo()
-        rec = GraphRecorder()
-        rec.install(mp)
-        a_pca = write_matrix(tmp / "pca.zarr", _planted_matrix(400, 12, 3), (100, 12))
-        out = tmp / "pca-out.zarr"
-        journal = Path(default_journal_path(out))
-        watch = JournalWatch(journal)
-        p = pca(
-            a_pca, 3, epsilon=1.0, delta=1e-6, method="power", iterations=2,
-            clip_radius=0.05, insecure_noise_seed=NOISE_SEED_PCA, out=out,
-            budget=BUDGET, progress=watch,
-        )  # fmt: skip
-        errors = []
-        with pytest.raises(BudgetExceededError) as e4:
-            pca(a_pca, 3, epsilon=1000.0, delta=1e-6, iterations=2, clip_radius=0.05,
-                insecure_noise_seed=NOISE_SEED_PCA, progress=watch)  # fmt: skip
-        errors.append(f"{e4.value!r} {e4.value}")
-        with pytest.raises(PipelineError) as e5:
-            pca(a_pca, 12, epsilon=1.0, delta=1e-6, iterations=2, clip_radius=0.05,
-                insecure_noise_seed=NOISE_SEED_PCA, progress=watch)  # fmt: skip
-        errors.append(f"{e5.value!r} {e5.value}")
-        results["pca"] = _surfaces(
-            rec, handler, client, watch.getvalue(), p.report, out,
-            Path(a_pca + ".dplr-ledger.json"), errors,
-        )  # fmt: skip
-        results["pca_journal"] = (journal, watch.seen, watch.bad)
     finally:
         mp.undo()
-        client.unforward_logging()
-        logging.getLogger().removeHandler(handler)
-        for n, lvl in saved.items():
-            logging.getLogger(n).setLevel(lvl)
-    return results
+    return {
+        "surfaces": _surfaces(
+            rec,
+            logs,
+            client,
+            prog.getvalue(),
+            f.report,
+            out,
+            Path(a + ".dplr-ledger.json"),
+            errors,
+        ),
+        "errors": errors,
+        "keys": keys,
+        "worker_debug": logs.worker_debug,
+    }
+
+
+def _pca_run(
+    tmp: Path, name: str, client: Client, logs: ListHandler, *, fresh: bool
+) -> dict[str, Any]:
+    """A private PCA (power method, T = 2) and two failing ones."""
+    mp = pytest.MonkeyPatch()
+    rec, keys = GraphRecorder(), KeyCapture()
+    rec.install(mp)
+    keys.install(mp)
+    logs.reset()
+    kw: dict[str, Any] = {} if fresh else {"insecure_noise_seed": NOISE_SEED_PCA}
+    common = {"delta": 1e-6, "iterations": 2, "clip_radius": 0.05, **kw}
+    try:
+        a = write_matrix(tmp / f"{name}.zarr", _planted_matrix(400, 12, 3), (100, 12))
+        out = tmp / f"{name}-out.zarr"
+        watch = JournalWatch(Path(default_journal_path(out)))
+        p = pca(a, 3, epsilon=1.0, method="power", out=out, budget=BUDGET,
+                progress=watch, **common)  # fmt: skip
+        errors = []
+        with pytest.raises(BudgetExceededError) as e4:
+            pca(a, 3, epsilon=1000.0, progress=watch, **common)
+        errors.append(f"{e4.value!r} {e4.value}")
+        with pytest.raises(PipelineError) as e5:
+            pca(a, 12, epsilon=1.0, progress=watch, **common)
+        errors.append(f"{e5.value!r} {e5.value}")
+    finally:
+        mp.undo()
+    return {
+        "surfaces": _surfaces(
+            rec,
+            logs,
+            client,
+            watch.getvalue(),
+            p.report,
+            out,
+            Path(a + ".dplr-ledger.json"),
+            errors,
+        ),
+        "errors": errors,
+        "keys": keys,
+        "journal": (watch.journal, watch.seen, watch.bad),
+        "worker_debug": logs.worker_debug,
+    }
+
+
+@pytest.fixture(scope="module")
+def runs(client: Client, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The four full runs (test keys and fresh secret keys) and the failing runs,
+    each with everything it emitted, under DEBUG logging everywhere."""
+    tmp = tmp_path_factory.mktemp("secrets")
+    with debug_logging(client) as logs:
+        return {
+            "lrf": _lrf_run(tmp, "lrf", client, logs, fresh=False),
+            "lrf-fresh": _lrf_run(tmp, "lrf-fresh", client, logs, fresh=True),
+            "pca": _pca_run(tmp, "pca", client, logs, fresh=False),
+            "pca-fresh": _pca_run(tmp, "pca-fresh", client, logs, fresh=True),
+        }
 
 
 def _print_findings(name: str, found: dict[str, list[str]]) -> None:
@@ -402,20 +594,55 @@ def _print_findings(name: str, found: dict[str, list[str]]) -> None:
         print(f"[{name}] {where}: {hit}")
 
 
-def test_factorize_leaks_nothing_outside_the_task_graph(runs: dict[str, Any]) -> None:
-    surfaces = {k: v for k, v in runs["lrf"].items() if k != GRAPH}
-    found = _findings(surfaces, {**lrf_secrets(), **data_patterns()})
-    _print_findings("factorize", found)
-    assert found == {}
-    assert len(runs["lrf_errors"]) == 3
-    assert all(runs["lrf_errors"])
+def _patterns(runs: dict[str, Any], run: str) -> dict[str, bytes]:
+    """The secrets of ``run``: its test key and given seed, or the fresh ones it drew."""
+    if run.endswith("-fresh"):
+        pats = runs[run]["keys"].patterns(run.removesuffix("-fresh"))
+    else:
+        pats = lrf_secrets() if run == "lrf" else pca_secrets()
+    return pats | data_patterns()
 
 
-def test_pca_leaks_nothing_outside_the_task_graph(runs: dict[str, Any]) -> None:
-    surfaces = {k: v for k, v in runs["pca"].items() if k != GRAPH}
-    found = _findings(surfaces, {**pca_secrets(), **data_patterns()})
-    _print_findings("pca", found)
+@pytest.mark.parametrize("run", ["lrf", "lrf-fresh"])
+def test_factorize_leaks_nothing_outside_the_task_graph(
+    runs: dict[str, Any], run: str
+) -> None:
+    surfaces = {k: v for k, v in runs[run]["surfaces"].items() if k != GRAPH}
+    found = _findings(surfaces, _patterns(runs, run))
+    _print_findings(run, found)
     assert found == {}
+    assert len(runs[run]["errors"]) == 3
+    assert all(runs[run]["errors"])
+
+
+@pytest.mark.parametrize("run", ["pca", "pca-fresh"])
+def test_pca_leaks_nothing_outside_the_task_graph(
+    runs: dict[str, Any], run: str
+) -> None:
+    surfaces = {k: v for k, v in runs[run]["surfaces"].items() if k != GRAPH}
+    found = _findings(surfaces, _patterns(runs, run))
+    _print_findings(run, found)
+    assert found == {}
+
+
+def test_fresh_runs_scanned_the_keys_their_journals_held(runs: dict[str, Any]) -> None:
+    """The fresh-key runs used secret keys (and factorize a secret sketch seed),
+    and the scanned values are those their journals held while they ran."""
+    for run in ("lrf-fresh", "pca-fresh"):
+        keys = runs[run]["keys"]
+        # the full run, the over-budget run, and (factorize) the NaN run drew keys
+        assert len(keys.jobs) == (3 if run == "lrf-fresh" else 2), run
+        assert len({k.secret for k, _ in keys.jobs}) == len(keys.jobs), run
+        ((key_hex, seed_hex),) = keys.journaled  # read from header.json at the charge
+        key, seed = keys.jobs[0]
+        assert key_hex == key.secret.hex(), run
+        if run == "lrf-fresh":
+            assert seed is not None
+            assert seed.bit_length() > 64
+            assert seed_hex == format(seed, "x")
+        report = json.loads(runs[run]["surfaces"]["report (json)"])
+        assert report["private"] is True, run
+        assert report["insecure_noise_seed"] is False, run
 
 
 def test_task_graphs_hold_no_data_and_no_release_key(runs: dict[str, Any]) -> None:
@@ -423,52 +650,70 @@ def test_task_graphs_hold_no_data_and_no_release_key(runs: dict[str, Any]) -> No
     lrf_key = _key_patterns(
         "factorize release key", NoiseKey.insecure_from_seed(NOISE_SEED_LRF)
     )
+    fresh = runs["lrf-fresh"]["keys"].jobs
+    fresh_keys = {
+        n: p
+        for i, (key, _) in enumerate(fresh)
+        for n, p in _key_patterns(f"fresh key {i}", key).items()
+    }
     for run, pats in (
         ("lrf", {**lrf_key, **data_patterns()}),
-        ("pca", {**pca_secrets(), **data_patterns()}),
+        ("lrf-fresh", {**fresh_keys, **data_patterns()}),
+        ("pca", _patterns(runs, "pca")),
+        ("pca-fresh", _patterns(runs, "pca-fresh")),
     ):
-        found = _findings({GRAPH: runs[run][GRAPH]}, pats)
+        found = _findings({GRAPH: runs[run]["surfaces"][GRAPH]}, pats)
         _print_findings(run, found)
         assert found == {}, run
 
 
-def test_factorize_task_graphs_hold_no_secret(runs: dict[str, Any]) -> None:
+@pytest.mark.parametrize("run", ["lrf", "lrf-fresh"])
+def test_factorize_task_graphs_hold_no_secret(runs: dict[str, Any], run: str) -> None:
     """Tasks carry sealed references; the seed and the tall noise key reach the
     workers in a worker plugin (pipeline.execution.secrets), not in the graph."""
-    found = _findings({GRAPH: runs["lrf"][GRAPH]}, lrf_secrets())
-    _print_findings("factorize", found)
+    found = _findings({GRAPH: runs[run]["surfaces"][GRAPH]}, _patterns(runs, run))
+    _print_findings(run, found)
     assert found == {}
 
 
+@pytest.mark.parametrize("run", ["pca", "pca-fresh"])
 def test_pca_journal_is_private_while_running_and_gone_after(
-    runs: dict[str, Any],
+    runs: dict[str, Any], run: str
 ) -> None:
-    journal, seen, bad = runs["pca_journal"]
+    journal, seen, bad = runs[run]["journal"]
     assert seen > 0, "the journal was never observed during the run"
     assert bad == []
     assert not os.path.lexists(journal)
 
 
 def test_every_surface_was_captured(runs: dict[str, Any]) -> None:
-    """The scan is not vacuous: every surface holds what it should."""
-    for run in ("lrf", "pca"):
-        for where, blob in runs[run].items():
+    """The scan is not vacuous: every surface holds what it should, and the
+    workers' DEBUG records were captured during every run."""
+    for run in ("lrf", "lrf-fresh", "pca", "pca-fresh"):
+        s = runs[run]["surfaces"]
+        for where, blob in s.items():
             print(f"[{run}] {where}: {len(blob)} bytes")
-        s = runs[run]
+        print(
+            f"[{run}] DEBUG records forwarded from workers: {runs[run]['worker_debug']}"
+        )
+        assert runs[run]["worker_debug"] > 0, run
         assert b"dplr-" in s["dask task keys"]
         assert len(s[GRAPH]) > 10_000
-        assert b"DEBUG" in s["logs (client DEBUG + forwarded workers)"]
+        logs = s["logs (client DEBUG + forwarded workers)"]
+        assert b"distributed.worker" in logs  # the workers' own records
+        assert b" DEBUG " in logs
         assert s["progress output"]
         assert s["published group attrs"] != b"{}"
         assert b"release_id" in s["report (json)"]
         assert b"releases" in s["ledger file"]
         assert b"BudgetExceededError" in s["exception texts"]
-    assert b"NonFiniteInputError" in runs["lrf"]["exception texts"]
+    assert b"NonFiniteInputError" in runs["lrf"]["surfaces"]["exception texts"]
+    assert b"NonFiniteInputError" in runs["lrf-fresh"]["surfaces"]["exception texts"]
 
 
 def test_reports_state_idealized_numerics_and_not_private(runs: dict[str, Any]) -> None:
-    """Both reports carry the floating-point caveat and the insecure-key stamp."""
-    for run in ("lrf", "pca"):
-        report = json.loads(runs[run]["report (json)"])
+    """Every report carries the floating-point caveat; the test-key runs say NOT PRIVATE."""
+    for run in ("lrf", "lrf-fresh", "pca", "pca-fresh"):
+        report = json.loads(runs[run]["surfaces"]["report (json)"])
         assert '"idealized_numerics": true' in json.dumps(report), run
-        assert report["private"] is False, run
+        assert report["private"] is run.endswith("-fresh"), run

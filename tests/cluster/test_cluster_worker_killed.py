@@ -93,9 +93,15 @@ def test_worker_sigkilled_mid_pass_gives_the_undisturbed_release(
             assert time.monotonic() < deadline
             time.sleep(0.02)
         victim = min(pids.values())
+        reads_at_kill, running_at_kill = len(os.listdir(marks)), proc.poll() is None
         os.kill(victim, signal.SIGKILL)  # the worker, not its Nanny: the Nanny restarts it
         _out, err = proc.communicate(timeout=240)
         assert proc.returncode == 0, err
+        # the kill landed inside the first pass: the command was running and had
+        # read some, not all, of the chunks that pass reads once each
+        assert running_at_kill
+        assert KILL_AFTER <= reads_at_kill < N_CHUNKS, reads_at_kill
+        assert len(os.listdir(marks)) >= N_CHUNKS  # and the pass was finished after it
         client.wait_for_workers(2, timeout=60)
         assert victim not in client.run(os.getpid).values()  # a new worker process took over
     one, _ = read_group(tmp_path / "ref.zarr", _names(kind))

@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from dist_util import seeded_matrix, write_matrix
 from distributed import Client, LocalCluster
@@ -36,6 +37,7 @@ from distributed import Client, LocalCluster
 import pipeline.io
 from pipeline.accounting.ledger import Ledger
 from pipeline.api import factorize
+from pipeline.errors import StoreLayoutError
 from pipeline.execution import DaskSource
 from pipeline.io import FileJournal, default_journal_path, read_release
 
@@ -253,6 +255,9 @@ def test_rerun_after_a_client_crash_neither_reads_nor_draws_nor_charges_again(
             # the tall sketch stayed distributed: the workers wrote it to the journal
             tall = "exact-Y.zarr" if algorithm == "spectral" else "exact-Yc.zarr"
             assert (journal / tall / "zarr.json").exists()
+            # uncompressed, a CRC32C checksum per chunk (docs/faults.md, Limits)
+            meta = json.loads((journal / tall / "zarr.json").read_text())
+            assert [c["name"] for c in meta["codecs"]] == ["bytes", "crc32c"]
             assert (journal / "sketches.json").exists()
             _assert_private_tree(journal)
         n_charged = len(_records(ledger)) if ledger.exists() else 0
@@ -390,3 +395,96 @@ def test_dplr_factorize_sigkilled_after_a_durable_step_resumes_on_rerun(
     assert not os.path.lexists(journal)
     # nor the killed run's scratch directory (its exact Y blocks)
     assert [p.name for p in tmp_path.iterdir() if ".dplr-scratch-" in p.name] == []
+
+
+# ---------------------------------------------------------------------------
+# (3) the budget is checked before the first chunk read
+# ---------------------------------------------------------------------------
+@pytest.mark.timeout(120)
+def test_over_budget_on_a_zarr_store_reads_no_chunk(
+    client: Client, tmp_path: Path, global_seed: int
+) -> None:
+    """Chunk reads are counted on the workers and in this process (the client
+    plans and refuses before it submits anything)."""
+    from pipeline.errors import BudgetExceededError
+
+    path = write_matrix(
+        tmp_path / "A.zarr", seeded_matrix(global_seed, M, N), STORE_CHUNKS
+    )
+    ledger = tmp_path / "ledger.json"
+    Ledger.create(ledger, dataset="A", epsilon=0.5, delta=1e-4)
+    before = ledger.read_bytes()
+    out = tmp_path / "release.zarr"
+    kw = {**_kw("spectral", True), "ledger": ledger}
+    marks = tmp_path / "marks"
+    with counted_reads(client, path, marks) as reads:
+        _count_reads_on_worker(os.path.abspath(path), str(marks))  # the client too
+        try:
+            with pytest.raises(BudgetExceededError):
+                factorize(path, RANK, **kw, out=out)  # epsilon 1 > 0.5
+            assert reads() == 0
+            assert ledger.read_bytes() == before
+            assert not os.path.lexists(out)
+            assert not os.path.lexists(default_journal_path(out))
+            # negative control: an accepted run on the same ledger reads every chunk
+            factorize(path, RANK, **{**kw, "epsilon": 0.25}, out=out)
+            assert reads() == N_CHUNKS
+        finally:
+            _stop_counting_on_worker()
+
+
+# ---------------------------------------------------------------------------
+# (4) the journal's fingerprint of a Zarr store: file names, sizes, mtimes
+# ---------------------------------------------------------------------------
+def _crash_after_the_journal(path: str, out: Path, ledger: Path) -> Path:
+    with pytest.MonkeyPatch.context() as mp:
+        _after(FileJournal, "record_sketches")(mp)
+        with pytest.raises(SimulatedCrash):
+            factorize(path, RANK, **_kw("spectral", True), out=out, ledger=ledger,
+                      budget=BUDGET)  # fmt: skip
+    journal = Path(default_journal_path(out))
+    assert (journal / "sketches.json").exists()
+    return journal
+
+
+@pytest.mark.timeout(120)
+def test_a_rewritten_store_is_refused_and_an_edit_keeping_sizes_and_mtimes_is_not(
+    client: Client, tmp_path: Path, global_seed: int
+) -> None:
+    """docs/faults.md, Limits: the fingerprint reads no data, so it catches a
+    rewritten store but not an edit that keeps every file's size and mtime."""
+    import zarr
+
+    A = seeded_matrix(global_seed, M, N)
+    path = os.fspath(tmp_path / "A.zarr")
+    # uncompressed, so that an edit of a chunk can keep its size
+    z = zarr.create_array(store=path, shape=A.shape, chunks=STORE_CHUNKS,
+                          dtype=A.dtype, compressors=None)  # fmt: skip
+    z[...] = A
+    ledger, out = tmp_path / "ledger.json", tmp_path / "release.zarr"
+    journal = _crash_after_the_journal(path, out, ledger)
+
+    # an edit that keeps sizes and mtimes resumes: the journal's sketches of the
+    # old data are released (the store owner's concern, as documented)
+    chunk = Path(path, "c", "1", "0")
+    st = chunk.stat()
+    raw = bytearray(chunk.read_bytes())
+    raw[:8] = np.float64(123.0).tobytes()
+    chunk.write_bytes(bytes(raw))
+    os.utime(chunk, ns=(st.st_atime_ns, st.st_mtime_ns))
+    rel = factorize(path, RANK, **_kw("spectral", True), out=out, ledger=ledger,
+                    budget=BUDGET)  # fmt: skip
+    assert rel.report["resumed_from_journal"] is True
+
+    # a rewritten store (the same shape and chunks, other values) is refused
+    out2 = tmp_path / "release2.zarr"
+    journal = _crash_after_the_journal(path, out2, ledger)
+    before, ledger_before = _snapshot(journal), ledger.read_bytes()
+    z = zarr.open_array(store=path, mode="r+")
+    z[...] = A * 2.0
+    with pytest.raises(StoreLayoutError, match="input_fingerprint"):
+        factorize(path, RANK, **_kw("spectral", True), out=out2, ledger=ledger,
+                  budget=BUDGET)  # fmt: skip
+    assert _snapshot(journal) == before
+    assert ledger.read_bytes() == ledger_before
+    assert not os.path.lexists(out2)

@@ -394,7 +394,9 @@ def test_cli_killed_mid_run_resumes_on_rerun(
     assert {"M", "H0", "Z0"} <= set(recorded)
     assert len(recorded) < len(order), "the kill landed after the last release"
     assert not os.path.lexists(out)
-    (charged,) = _records(ledger)  # charged before the first noise draw
+    # charged once by the kill (that the charge precedes the first noise draw is
+    # tests/unit/test_release_order.py's)
+    (charged,) = _records(ledger)
     _assert_trusted_zone_modes(journal)
 
     # a different job on the same OUT is refused, naming the journal; nothing changes

@@ -24,7 +24,12 @@ from hostile_util import assert_one_line_error, file_state, run_dplr, run_in_pro
 
 from pipeline.io.batches import write_batch
 from pipeline.io.release import read_release
-from pipeline.stream import stream_ingest, stream_init, stream_release
+from pipeline.stream import (
+    DuplicateBatchError,
+    stream_ingest,
+    stream_init,
+    stream_release,
+)
 
 pytestmark = [pytest.mark.cli, pytest.mark.timeout(180)]
 
@@ -162,7 +167,7 @@ def test_hostile_batches_through_the_cli(
     ledger_bytes = file_state(ledger)
 
     # applied: the hostile cases together in one batch (each its own entities), and a
-    # CSV with only its header (a second empty batch: see the expected failure below)
+    # CSV with only its header (an empty batch: applied, it adds nothing)
     ok = tmp_path / "hostile.npz"
     write_batch(
         ok,
@@ -356,5 +361,19 @@ def test_a_second_empty_batch_is_not_a_replay(tmp_path: Path) -> None:
         },
     )
     (tmp_path / "header.csv").write_text("entity,i,j,s\n")
-    stream_ingest(state, tmp_path / "empty.npz", epoch=1)
-    stream_ingest(state, tmp_path / "header.csv", epoch=2)
+    first = stream_ingest(state, tmp_path / "empty.npz", epoch=1)
+    # the same (empty) content again, in another file and epoch, and in the same
+    # epoch: applied, never refused as a replay (it adds nothing)
+    second = stream_ingest(state, tmp_path / "header.csv", epoch=2)
+    third = stream_ingest(state, tmp_path / "empty.npz", epoch=2)
+    assert first["fingerprint"] == second["fingerprint"] == third["fingerprint"]
+    assert [r["skipped"] for r in (first, second, third)] == [False, False, False]
+    # negative control: a non-empty batch ingested twice is refused as a replay
+    write_batch(
+        tmp_path / "one.npz",
+        {"entity": np.array([7]), "i": np.array([1]), "j": np.array([2]),
+         "s": np.array([0.5])},
+    )  # fmt: skip
+    stream_ingest(state, tmp_path / "one.npz", epoch=2)
+    with pytest.raises(DuplicateBatchError, match="replaying it"):
+        stream_ingest(state, tmp_path / "one.npz", epoch=3)
