@@ -249,9 +249,10 @@ def factorize(
     journal : path or None
         The crash-recovery journal (trusted zone: it holds the exact sketches
         of the pass, the noise key and the sketch seed). Default
-        ``.<out>.dplr-journal`` beside ``out``; none when ``out`` is None.
-        Rerunning an interrupted job with the same arguments resumes from it:
-        no second pass, the same noise, no second ledger charge.
+        ``.<out>.dplr-journal`` beside ``out``; without ``out``, beside a
+        persistent ledger (named by a digest of the job's public header), and
+        none otherwise. Rerunning an interrupted job with the same arguments
+        resumes from it: no second pass, the same noise, no second ledger charge.
     scratch : path or None
         An existing directory, reachable by every worker, where the tall
         intermediates (``Y``, its orthonormal basis: ``n_rows x t`` each) wait
@@ -589,7 +590,8 @@ def pca(
         As in :func:`factorize`.
     journal : path or None
         The release journal (trusted zone; holds the noise key). Default
-        ``.<out>.dplr-journal`` beside ``out``; in memory when ``out`` is None.
+        ``.<out>.dplr-journal`` beside ``out``; without ``out``, beside a
+        persistent ledger; in memory otherwise.
         Rerunning an interrupted job with the same arguments resumes from it:
         recorded releases are neither redrawn nor recharged, and their passes
         are skipped.
