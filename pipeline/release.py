@@ -26,7 +26,6 @@ around the arithmetic is written here once:
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as _dt
 import functools
 import hashlib
@@ -38,8 +37,7 @@ import secrets
 import signal
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TextIO
 
@@ -704,13 +702,3 @@ class _NewLedger:
         assert self.ledger is not None, "summary of a ledger before its first charge"
         return self.ledger.remaining_summary()
 
-
-@contextmanager
-def nothing(value: Any = None) -> Iterator[Any]:
-    """A context manager that yields ``value`` (a source with nothing to close)."""
-    yield value
-
-
-def replace(spec: ReleaseSpec, **changes: Any) -> ReleaseSpec:
-    """``dataclasses.replace`` for specs (kept here so callers import one module)."""
-    return dataclasses.replace(spec, **changes)
