@@ -57,9 +57,11 @@ def _old_key(stream_id: str, value: str) -> int:
 
 
 def _new_stream(path: Path, *, stream_id: str | None = None, private: bool = True, unit: str = "general") -> Path:
-    kw = {"epsilon": 1.0, "delta": 1e-6} if private else {}
+    # a private stream is charged to its population's ledger, created here
+    kw = {"epsilon": 1.0, "delta": 1e-6, "ledger": path.with_suffix(".ledger.json"),
+          "budget": (10.0, 1e-3)} if private else {}  # fmt: skip
     stream_init(path, n_rows=SHAPE[0], n_cols=SHAPE[1], rank=1, horizon=2, private=private,
-                clip_norm=C, unit=unit, ledger=path.with_suffix(".ledger.json"), **kw)
+                clip_norm=C, unit=unit, **kw)
     if stream_id is not None:  # the id an adversary read from the stream's status
         st = open_stream(path)
         with st.lock():
