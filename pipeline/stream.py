@@ -95,6 +95,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DuplicateBatchError",
     "StreamInfo",
+    "StreamParams",
     "continue_advice",
     "continue_command",
     "open_stream",
@@ -305,11 +306,11 @@ def stream_init(
 
     if seed is not None:
         seed = check_int_in_range(seed, "seed", 0, 2**128 - 1)
-    params = _init_params(
+    params = StreamParams(
         n_rows=n_rows, n_cols=n_cols, rank=rank, horizon=horizon, epsilon=epsilon,
         delta=delta, algorithm=algorithm, private=private, clip_norm=clip_norm, unit=unit,
         neighboring=neighboring, sketch_size=sketch_size, core_size=core_size,
-    )
+    ).to_manifest()
     params["public_seed"] = seed  # a user-given seed is public: the noise covers its operators
     if not private and (ledger is not None or budget is not None):
         raise InvalidParameterError(
@@ -344,32 +345,66 @@ def stream_init(
     return _info(store)
 
 
-def _init_params(
-    *, n_rows: int, n_cols: int, rank: int, horizon: int, epsilon: float | None, delta: float | None,
-    algorithm: str, private: bool, clip_norm: float, unit: str, neighboring: str,
-    sketch_size: int | None, core_size: int | None,
-) -> dict[str, Any]:
-    """The stream's validated public parameters, as the manifest records them."""
-    alg = check_enum(Algorithm, algorithm, "algorithm")
-    unit_e = check_enum(StreamUnit, unit, "unit")
-    neigh = check_enum(Neighboring, neighboring, "neighboring")
-    rank = check_int_in_range(rank, "rank", 1)
-    horizon = check_int_in_range(horizon, "horizon", 1)
-    if private:
-        eps, dlt = check_privacy_pair(epsilon, delta)
-    else:
-        if epsilon is not None or delta is not None:
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StreamParams:
+    """Public parameters of a stream, fixed at its creation (validated here).
+
+    The fields are :func:`stream_init`'s; :meth:`to_manifest` is what the
+    stream's manifest records, and every later step plans from that.
+
+    Examples
+    --------
+    >>> p = StreamParams(n_rows=40, n_cols=10, rank=2, horizon=4, epsilon=1.0,
+    ...                  delta=1e-6, unit="row")
+    >>> p.unit.value, p.neighboring.value, p.to_manifest()["operator"]
+    ('row', 'add-remove', 'gaussian')
+    """
+
+    n_rows: int
+    n_cols: int
+    rank: int
+    horizon: int
+    epsilon: float | None = None
+    delta: float | None = None
+    algorithm: Algorithm = Algorithm.SPECTRAL
+    private: bool = True
+    clip_norm: float = 1.0
+    unit: StreamUnit = StreamUnit.GENERAL
+    neighboring: Neighboring = Neighboring.ADD_REMOVE
+    sketch_size: int | None = None
+    core_size: int | None = None
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "algorithm", check_enum(Algorithm, self.algorithm, "algorithm"))
+        set_(self, "unit", check_enum(StreamUnit, self.unit, "unit"))
+        set_(self, "neighboring", check_enum(Neighboring, self.neighboring, "neighboring"))
+        for name, low in (("rank", 1), ("horizon", 1), ("n_rows", 1), ("n_cols", 1)):
+            set_(self, name, check_int_in_range(getattr(self, name), name, low))
+        if not isinstance(self.private, bool):
+            raise InvalidParameterError(
+                f"private must be True or False, got private={self.private!r}."
+            )
+        if self.private:
+            eps, dlt = check_privacy_pair(self.epsilon, self.delta)
+            set_(self, "epsilon", eps)
+            set_(self, "delta", dlt)
+        elif self.epsilon is not None or self.delta is not None:
             raise InvalidParameterError("a non-private stream takes no epsilon or delta.")
-        eps = dlt = None
-    c = check_float_in_interval(clip_norm, "clip_norm", 0.0, math.inf, privacy=True)
-    m, n = check_int_in_range(n_rows, "n_rows", 1), check_int_in_range(n_cols, "n_cols", 1)
-    return {
-        "n_rows": m, "n_cols": n, "rank": rank, "horizon": horizon,
-        "algorithm": alg.value, "private": bool(private), "epsilon": eps, "delta": dlt,
-        "clip_norm": c, "unit": unit_e.value, "neighboring": neigh.value,
-        "sketch_size": sketch_size, "core_size": core_size, "delta_jl_fraction": 0.5,
-        "operator": default_operator(private=bool(private)).value,
-    }
+        set_(self, "clip_norm", check_float_in_interval(
+            self.clip_norm, "clip_norm", 0.0, math.inf, privacy=True))  # fmt: skip
+
+    def to_manifest(self) -> dict[str, Any]:
+        """The parameters as the stream's manifest records them (JSON-ready)."""
+        return {
+            "n_rows": self.n_rows, "n_cols": self.n_cols, "rank": self.rank,
+            "horizon": self.horizon, "algorithm": self.algorithm.value,
+            "private": self.private, "epsilon": self.epsilon, "delta": self.delta,
+            "clip_norm": self.clip_norm, "unit": self.unit.value,
+            "neighboring": self.neighboring.value, "sketch_size": self.sketch_size,
+            "core_size": self.core_size, "delta_jl_fraction": 0.5,
+            "operator": default_operator(private=self.private).value,
+        }  # fmt: skip
 
 
 def _init_spec(
