@@ -479,7 +479,6 @@ class ReleaseJob:
     # -- publish, clean up ----------------------------------------------------
     def publish(self, write: Callable[[], None] | None) -> None:
         """Write the release atomically (``write``), then remove the journal."""
-        self.mark("post")
         if write is not None and self.spec.out is not None:
             crash_point("before-publish")
             write()
@@ -488,8 +487,10 @@ class ReleaseJob:
             self.journal.remove()  # it held the key and the exact statistics
 
     def mark(self, step: str) -> None:
-        """Record the time since the job started, minus the steps before."""
-        self.timings[step] = time.perf_counter() - self.t0 - sum(self.timings.values())
+        """Add the time since the last mark (or the start) to ``step``."""
+        now = time.perf_counter()
+        last = self.t0 + sum(self.timings.values())
+        self.timings[step] = self.timings.get(step, 0.0) + (now - last)
 
     def report_core(self) -> dict[str, Any]:
         """The fields every release report starts with (public values only)."""
