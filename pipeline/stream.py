@@ -79,6 +79,7 @@ from pipeline.errors import (
     EpochError,
     HorizonExceededError,
     InvalidParameterError,
+    PipelineError,
     PrivacyConfigError,
     StoreLayoutError,
 )
@@ -319,12 +320,15 @@ def stream_init(
     shape = (params["n_rows"], params["n_cols"])
     plan = plan_stream(_lrf_params(params), shape, params["horizon"], public_seed=seed)
     state = os.path.abspath(os.fspath(state))
+    spec = _init_spec(params, plan, state, ledger, budget, seed, insecure_noise_seed)
     if os.path.lexists(state):
+        if _created_by(spec, state):  # a crash after the state, before the clean-up
+            return _info(open_stream(state))
         raise StoreLayoutError(
             f"stream state {state!r} already exists; a stream is created once (its "
             "budget cannot be reset). Choose another path."
         )
-    job = ReleaseJob(_init_spec(params, plan, state, ledger, budget, seed, insecure_noise_seed))
+    job = ReleaseJob(spec)
     job.prepare()  # refused here (contract vs ledger, budget): nothing exists yet
     manifest = _new_manifest(params, plan, job, public_seed=seed is not None)
     p = params
@@ -341,8 +345,32 @@ def stream_init(
     store = StreamStore.create(
         state, manifest=manifest, sketch_seed=job.sketch_seed, noise_key=job.noise_key
     )
+    _crash_point("after-state")
     job.publish(None)  # the state holds the key and the seed now
     return _info(store)
+
+
+def _created_by(spec: ReleaseSpec, state: str) -> bool:
+    """True if ``state`` is the stream this very job created; its journal is removed.
+
+    A crash between writing the state and removing the job's journal (beside
+    the ledger, holding the noise key) leaves both; the same command finds the
+    journal of the same job naming that stream and finishes the clean-up.
+    """
+    from pipeline.io import FileJournal
+
+    jpath = spec.journal_path()
+    if jpath is None or not os.path.isdir(jpath):
+        return False
+    try:
+        jr = FileJournal.find(jpath, spec.header(), strict=True)
+        stream_id = open_stream(state).manifest["stream_id"]
+    except PipelineError:
+        return False
+    if jr is None or jr.release_id != stream_id:
+        return False
+    jr.remove()
+    return True
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

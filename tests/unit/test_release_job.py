@@ -287,6 +287,26 @@ def test_a_stream_init_killed_after_its_charge_is_finished_without_a_second(
     assert not list(tmp_path.glob(".*dplr-journal"))
 
 
+def test_a_stream_init_killed_after_its_state_leaves_no_journal_after_the_rerun(
+    tmp_path: Path,
+) -> None:
+    """The journal (with the noise key) outlives a crash between the state and
+    its removal; the same command then finishes the clean-up, charging nothing."""
+    state, ledger = tmp_path / "s.stream", tmp_path / "pop.json"
+    killed = _stream_init(state, ledger, "after-state")
+    assert killed.returncode == -9
+    assert state.exists()
+    assert len(list(tmp_path.glob(".pop.json.stream-*.dplr-journal"))) == 1
+    rerun = _stream_init(state, ledger, None)
+    assert rerun.returncode == 0, rerun.stderr
+    assert not list(tmp_path.glob(".*dplr-journal"))
+    assert len(json.loads(ledger.read_text())["releases"]) == 1
+    # another command on that state is still refused: it is not that job's stream
+    other = _stream_init(state, tmp_path / "other.json", None)
+    assert other.returncode == 2
+    assert "already exists" in other.stderr
+
+
 def test_negative_control_a_second_stream_is_charged_again(tmp_path: Path) -> None:
     """The same command on another state path is another stream: charged again."""
     ledger = tmp_path / "pop.json"
