@@ -38,12 +38,13 @@ show data values, counts of clipped entities or norms.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import hashlib
 import math
 import os
 import shlex
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -320,7 +321,9 @@ def stream_init(
     shape = (params["n_rows"], params["n_cols"])
     plan = plan_stream(_lrf_params(params), shape, params["horizon"], public_seed=seed)
     state = os.path.abspath(os.fspath(state))
-    spec = _init_spec(params, plan, state, ledger, budget, seed, insecure_noise_seed)
+    spec = functools.partial(
+        _init_spec, params, plan, state, ledger, budget, seed, insecure_noise_seed
+    )
     if os.path.lexists(state):
         if _created_by(spec, state):  # a crash after the state, before the clean-up
             return _info(open_stream(state))
@@ -328,7 +331,7 @@ def stream_init(
             f"stream state {state!r} already exists; a stream is created once (its "
             "budget cannot be reset). Choose another path."
         )
-    job = ReleaseJob(spec)
+    job = ReleaseJob(spec())
     job.prepare()  # refused here (contract vs ledger, budget): nothing exists yet
     manifest = _new_manifest(params, plan, job, public_seed=seed is not None)
     p = params
@@ -350,7 +353,7 @@ def stream_init(
     return _info(store)
 
 
-def _created_by(spec: ReleaseSpec, state: str) -> bool:
+def _created_by(make_spec: Callable[[], ReleaseSpec], state: str) -> bool:
     """True if ``state`` is the stream this very job created; its journal is removed.
 
     A crash between writing the state and removing the job's journal (beside
@@ -359,6 +362,10 @@ def _created_by(spec: ReleaseSpec, state: str) -> bool:
     """
     from pipeline.io import FileJournal
 
+    try:
+        spec = make_spec()
+    except PipelineError:
+        return False  # not a job that could have created a stream
     jpath = spec.journal_path()
     if jpath is None or not os.path.isdir(jpath):
         return False
