@@ -390,14 +390,17 @@ def entity_keys(
     >>> entity_keys(np.array([5, 9], dtype=np.uint8), key=None)[0].tolist()
     [5, 9]
     """
-    keyer = _keyer(key, None)
+    return _keys_of(values, _keyer(key, None))
+
+
+def _keys_of(values: Any, keyer: Any) -> tuple[IntArray, Literal["int", "str"]]:
+    """A column of entity ids through ``keyer``, with the one-line refusal of bad ids."""
     if not isinstance(values, np.ndarray | pa.Array | pa.ChunkedArray):
         values = np.asarray(values)
     try:
-        keys, kind = _entity_keys(values, keyer)
+        return _entity_keys(values, keyer)
     except _Problem as p:
         raise InvalidParameterError(f"entity values {p.text}.") from None
-    return keys, kind
 
 
 def entity_indices(
@@ -441,12 +444,7 @@ def entity_indices(
     [2, 1]
     """
     keyer = _keyer(None, ids)
-    if not isinstance(values, np.ndarray | pa.Array | pa.ChunkedArray):
-        values = np.asarray(values)
-    try:
-        keys, kind = _entity_keys(values, keyer)
-    except _Problem as p:
-        raise InvalidParameterError(f"entity values {p.text}.") from None
+    keys, kind = _keys_of(values, keyer)
     assert isinstance(keyer, _TableKeyer)
     return keys, kind, keyer.table
 
