@@ -343,8 +343,11 @@ def calibrate_release(
     frobenius_bound : float
         ``Delta_F > 0``: ``||A - A'||_F <= Delta_F`` for neighbours.
     n_sketch_matrices : int
-        ``J >= 1``, every distinct Gaussian sketch matrix (Spectral: 2,
-        Low-Space: 4). Under-counting J is a privacy bug.
+        ``J >= 0``, every distinct Gaussian sketch matrix whose norm bound the
+        calibration uses (Spectral: 2 with a Gaussian ``S``, 1 with a sparse
+        sign ``S``; Low-Space: 4, or 3 with a sparse ``S``). Under-counting J is
+        a privacy bug. ``J = 0``: every sensitivity is exact for every draw
+        (all ``jl_dims`` empty) and no delta is set aside for tail events.
     tree_levels : int, optional
         ``L = floor(log2 T) + 1`` for continual release, 1 for one-shot.
     delta_jl_fraction : float, optional
@@ -393,17 +396,19 @@ def calibrate_release(
         delta_jl_fraction, "delta_jl_fraction", 0.0, 1.0, privacy=True
     )
     bound = check_float_in_interval(frobenius_bound, "frobenius_bound", 0.0, math.inf)
-    n_mat = check_int_in_range(n_sketch_matrices, "n_sketch_matrices", 1)
+    n_mat = check_int_in_range(n_sketch_matrices, "n_sketch_matrices", 0)
     levels = check_int_in_range(tree_levels, "tree_levels", 1)
     reqs = _check_requests(requests, n_mat)
     public = public_operator_factors is not None
     factors = _check_factors(public_operator_factors, reqs) if public else {}
 
     # spec section 2.2: delta = delta_M + delta_JL, beta_j = delta_JL / J; a worst
-    # case over all neighbours never fails, so public operators spend no delta_JL
-    delta_jl = 0.0 if public else frac * dlt
+    # case over all neighbours never fails, so public operators spend no delta_JL,
+    # and neither does a release whose sensitivities are exact for every draw
+    # (sparse sign operators, public matrices: J = 0) [private-lrf-2, 2 and 6]
+    delta_jl = 0.0 if public or n_mat == 0 else frac * dlt
     delta_m = dlt - delta_jl
-    beta = delta_jl / n_mat
+    beta = delta_jl / n_mat if n_mat else 0.0
     s = gaussian_noise_multiplier(eps, delta_m)
     sketches = []
     for r in reqs:
