@@ -224,7 +224,8 @@ def _req(name: str = "Y", weight: float = 1.0, **kw: object) -> SketchRequest:
             {"tree_levels": 0},
             r"tree_levels must be >= 1, got tree_levels=0\.",
         ),
-        ([_req()], {"n_sketch_matrices": 0}, r"n_sketch_matrices must be >= 1"),
+        ([_req()], {"n_sketch_matrices": 0}, r"n_sketch_matrices must be in \[1, inf\)"),
+        ([_req()], {"n_sketch_matrices": -1}, r"n_sketch_matrices must be >= 0"),
         (
             [_req(jl_dims=(V, V))],
             {"n_sketch_matrices": 1},
