@@ -365,7 +365,7 @@ def _lrf_release(
             clip_norm=params.clip.clip_norm, epsilon=plan.calibration.epsilon,
             delta=plan.calibration.delta, accountant=Accountant.ANALYTIC_GAUSSIAN,
             shape=info.shape, secret_noise=options.insecure_noise_seed is None,
-            public_operators=seed is not None,
+            public_operators=seed is not None, entry_reads=plan.entry_reads,
         )  # fmt: skip
     spec = ReleaseSpec(
         kind="factorize", contract=contract, calibration=plan.calibration,

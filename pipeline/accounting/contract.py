@@ -145,6 +145,11 @@ class PrivacyContract:
         then the calibration must use their worst-case sensitivity.
     shape : (int, int)
         The public shape ``(n_rows, n_cols)`` of the matrix, for unit conversions.
+    entry_reads : tuple of str
+        For an entry-unit release, the units (``"row"``, ``"column"``) at which
+        its sensitivity is linear in ``||dA||_F`` and a ledger may read it
+        (:func:`gdp_scale`). A sparse sign co-range sketch is exact along one
+        axis only (:func:`pipeline.algorithms.lrf.sparse_is_exact`).
 
     Examples
     --------
@@ -165,6 +170,7 @@ class PrivacyContract:
     shape: tuple[int, int]
     secret_noise: bool = True
     public_operators: bool = False
+    entry_reads: tuple[str, ...] = ("row", "column")
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -189,6 +195,13 @@ class PrivacyContract:
                 f"shape must be two positive integers, got shape={self.shape!r}."
             )
         set_(self, "shape", shape)
+        reads = tuple(self.entry_reads)
+        if not reads or not set(reads) <= {"row", "column"} or len(set(reads)) != len(reads):
+            raise InvalidParameterError(
+                "entry_reads must name 'row' and/or 'column' once each, got "
+                f"entry_reads={self.entry_reads!r}."
+            )
+        set_(self, "entry_reads", reads)
         for name in ("secret_noise", "public_operators"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidParameterError(
@@ -212,18 +225,24 @@ class PrivacyContract:
             "shape": list(self.shape),
             "secret_noise": self.secret_noise,
             "public_operators": self.public_operators,
+            "entry_reads": list(self.entry_reads),
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PrivacyContract:
         """Inverse of :meth:`to_dict`; refuses unknown or missing fields."""
         expected = set(cls.__dataclass_fields__)
+        if isinstance(data, dict) and "entry_reads" not in data:
+            # records written before the field existed: both axes (Gaussian S)
+            data = {**data, "entry_reads": ["row", "column"]}
         if not isinstance(data, dict) or set(data) != expected:
             got = sorted(data) if isinstance(data, dict) else type(data).__name__
             raise InvalidParameterError(
                 f"a privacy contract has the fields {sorted(expected)}, got {got}."
             )
-        return cls(**{**data, "shape": tuple(data["shape"])})
+        return cls(**{
+            **data, "shape": tuple(data["shape"]), "entry_reads": tuple(data["entry_reads"])
+        })  # fmt: skip
 
 
 def _relation_scale(src: Neighboring, dst: Neighboring) -> float:
@@ -258,6 +277,8 @@ def gdp_scale(
     if EntityUnit.ENTITY in (src, unit):
         return None  # a stream's entities and a matrix's units: no relation
     if src is PrivacyUnit.ENTRY:
+        if unit.value not in contract.entry_reads:
+            return None  # its sensitivity is exact along the other axis only
         # one row (column) is n_cols (n_rows) entries on disjoint coordinates
         count = contract.shape[1] if unit is PrivacyUnit.ROW else contract.shape[0]
         return math.sqrt(count) * _relation_scale(contract.neighboring, neighboring)

@@ -37,8 +37,9 @@ class MatrixSource(Protocol):
     def tall_map_rows(self, Y: Any, fn: RowBlockFn) -> Any:
         """``fn`` applied to every row block of the tall ``Y`` (e.g. add noise)."""
 
-    def tall_qr(self, Y: Any) -> Any:
-        """Orthonormal ``Q`` (tall) with the column space of ``Y`` (TSQR)."""
+    def tall_qr(self, Y: Any, *, with_r: bool = False) -> Any:
+        """Orthonormal ``Q`` (tall) with the column space of ``Y`` (TSQR); with
+        ``with_r``, the pair ``(Q, R)`` with ``Y = Q R`` and ``R`` (t, t)."""
 
     def tall_left_sketch(self, Q: Any, op: SketchOperator) -> FloatArray:
         """``G.T @ Q``, of shape (d, t), with ``G`` = ``op`` along Q's rows."""
@@ -104,7 +105,9 @@ class ArraySource:
     def tall_map_rows(self, Y: FloatArray, fn: RowBlockFn) -> FloatArray:
         return fn(0, Y)
 
-    def tall_qr(self, Y: FloatArray) -> FloatArray:
+    def tall_qr(self, Y: FloatArray, *, with_r: bool = False) -> Any:
+        if with_r:
+            return np.linalg.qr(Y)
         return orth(Y)
 
     def tall_left_sketch(self, Q: FloatArray, op: SketchOperator) -> FloatArray:

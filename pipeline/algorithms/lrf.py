@@ -161,9 +161,13 @@ class LrfParams:
     tile_size : int
         Rows per RNG tile.
     operator : OperatorKind or None
-        Distribution of the co-range and core operators ``S``, ``T``. None picks
-        Gaussian for a private release (the only kind its calibration covers) and
-        sparse sign for a non-private run (:func:`default_operator`).
+        Distribution of the co-range operator ``S`` (and of the core operator
+        ``T`` of a non-private run). None picks by :func:`default_operator`:
+        sparse sign wherever its sensitivity is exact, Gaussian otherwise.
+    range_weight : float or None
+        Private releases: the share ``w`` of the budget (in ``mu^2`` of the joint
+        Gaussian mechanism) spent on the range sketch(es); None picks it by the
+        public error model (:mod:`pipeline.algorithms.lrf_model`).
     """
 
     algorithm: Algorithm
@@ -181,6 +185,7 @@ class LrfParams:
     delta_jl_fraction: float = 0.5
     tile_size: int = DEFAULT_TILE_SIZE
     operator: OperatorKind | None = None
+    range_weight: float | None = None
 
     def __post_init__(self) -> None:
         """Validate every field and turn names into enums (no data needed)."""
@@ -213,6 +218,14 @@ class LrfParams:
         set_(self, "neighboring", check_enum(Neighboring, self.neighboring, "neighboring"))
         if self.operator is not None:
             set_(self, "operator", check_enum(OperatorKind, self.operator, "operator"))
+        if self.range_weight is not None:
+            if not self.private:
+                raise InvalidParameterError(
+                    "range_weight splits a privacy budget; a non-private run has none, "
+                    "drop it."
+                )
+            set_(self, "range_weight", check_float_in_interval(
+                self.range_weight, "range_weight", 0.0, 1.0))  # fmt: skip
 
     @classmethod
     def of(
@@ -239,22 +252,51 @@ class LrfParams:
         return cls(rank=rank, clip=clip, operator=op, **kw)  # type: ignore[arg-type]
 
 
-def default_operator(*, private: bool) -> OperatorKind:
-    """The co-range / core operator kind used when none is asked for.
+def sparse_is_exact(unit: PrivacyUnit, transpose: bool, *, public_seed: bool) -> bool:
+    """True when a sparse sign ``S`` adds exactly ``Delta_F`` to ``Z = S X``.
 
-    Private: Gaussian -- ``Delta_JL`` is a chi-square tail bound for Gaussian
-    operators [spec 4.2, 5.3]. Non-private: sparse sign with 8 non-zeros per
-    index [spec 5.3; TYUC19]. At the default sizes it is as accurate as the
-    Gaussian (200000 x 1000, k = 10, error / sigma_11 1.07 both ways, see
-    ``benchmarks/results/lrf.md``) and makes ``S A`` cost 8 instead of
-    ``2v = 362`` flops per entry, with no normal draws.
+    Every column of a sparse sign ``S`` has norm exactly 1 [private-lrf-2, 2], so
+    an individual confined to one row ``i`` of ``X`` changes ``Z`` by
+    ``S[:, i] d^T``, of norm ``||d|| <= Delta_F``, for every draw of ``S``: the
+    row unit when it lies along the rows of ``X`` (row unit not transposed,
+    column unit transposed), and the entry unit (one cell lies in one row). An
+    individual spread over a column of ``X`` would need a tail bound on
+    ``||S c||`` that sparse maps do not have at the deltas of DP. A public seed
+    with the entry unit is calibrated for any difference (:func:`reach_of`), so
+    it keeps the Gaussian operator.
+
+    Examples
+    --------
+    >>> sparse_is_exact(PrivacyUnit.ROW, False, public_seed=False)
+    True
+    >>> sparse_is_exact(PrivacyUnit.ROW, True, public_seed=False)
+    False
+    """
+    if unit is PrivacyUnit.ENTRY:
+        return not public_seed
+    return reach_of(unit, transpose) is Reach.ROW
+
+
+def default_operator(*, private: bool, exact_sparse: bool = False) -> OperatorKind:
+    """The co-range operator kind used when none is asked for.
+
+    Sparse sign with 8 non-zeros per index [spec 5.3; TYUC19] wherever it may
+    be used: always in a non-private run, and in a private release when its
+    sensitivity is exact (``exact_sparse``, :func:`sparse_is_exact`). Then
+    ``Z = S X`` costs 16 instead of ``2v`` flops per entry, needs no normal
+    draws, and spends no delta on a tail bound. Otherwise Gaussian, calibrated
+    with ``Delta_JL`` [spec 4.2].
 
     Examples
     --------
     >>> default_operator(private=True).value, default_operator(private=False).value
     ('gaussian', 'sparse-sign')
+    >>> default_operator(private=True, exact_sparse=True).value
+    'sparse-sign'
     """
-    return OperatorKind.GAUSSIAN if private else OperatorKind.SPARSE_SIGN
+    if not private or exact_sparse:
+        return OperatorKind.SPARSE_SIGN
+    return OperatorKind.GAUSSIAN
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -263,7 +305,11 @@ class LrfPlan:
 
     ``public_seed_fingerprint`` is set when the calibration is the worst case of
     the operators of a public sketch seed (this seed's fingerprint), and
-    ``reach`` says which worst case.
+    ``reach`` says which worst case. A private plan also has ``range_weight``
+    (the range sketches' share of the budget), ``basis_rank`` (``k'``: the range
+    basis is the top ``k'`` left singular vectors of the noisy range sketch,
+    [private-lrf-2, 4]) and ``predicted_error`` (the public error model's
+    prediction of the additive spectral error, :mod:`~pipeline.algorithms.lrf_model`).
     """
 
     params: LrfParams
@@ -275,6 +321,9 @@ class LrfPlan:
     operator: OperatorKind = OperatorKind.GAUSSIAN
     public_seed_fingerprint: str | None = None
     reach: Reach | None = None
+    range_weight: float | None = None
+    basis_rank: int | None = None
+    predicted_error: float | None = None
 
     @property
     def public_sketch_seed(self) -> bool:
@@ -286,6 +335,18 @@ class LrfPlan:
         """Shape (M, N) of the matrix X actually sketched."""
         m, n = self.shape
         return (n, m) if self.transpose else (m, n)
+
+    @property
+    def entry_reads(self) -> tuple[str, ...]:
+        """Units of ``A`` an entry-unit release may be read at by a ledger.
+
+        A sparse ``S`` is exact for a difference within one row of ``X`` only
+        (:func:`sparse_is_exact`), so the entry release converts to that axis
+        of ``A`` alone (:func:`pipeline.accounting.contract.gdp_scale`).
+        """
+        if self.operator is not OperatorKind.SPARSE_SIGN or self.calibration is None:
+            return ("row", "column")
+        return ("column",) if self.transpose else ("row",)
 
     def sigma(self, name: str) -> float:
         """Noise std of released statistic ``name`` (0.0 when not private)."""
@@ -376,26 +437,21 @@ def plan_lrf(
     m, n = (check_int_in_range(x, nm, 1) for x, nm in zip(shape, ("n_rows", "n_cols"), strict=True))
     if params.padded and params.algorithm is not Algorithm.LOW_SPACE:
         raise InvalidParameterError("padded=True applies to algorithm='low-space' only.")
-    operator = params.operator or default_operator(private=params.private)
-    if params.private and operator is not OperatorKind.GAUSSIAN:
-        raise InvalidParameterError(
-            f"operator={operator.value!r} is for non-private runs only: the noise of a "
-            "private release is calibrated for Gaussian operators (spec sketch-lrf 5.3); "
-            "use operator='gaussian' or drop it."
-        )
     if public_seed is not None:
         public_seed = check_int_in_range(public_seed, "seed", 0, 2**128 - 1)
     # Spectral and unpadded Low-Space put the t-sized sketch on the longer side
     # (memory m t + v n, spec 3.2); padded mode follows the paper's m <= n [spec 3.3]
     transpose = (m > n) if params.padded else (m < n)
     M, N = (n, m) if transpose else (m, n)
-    t, v = _resolve_sizes(params, M, N)
+    operator = _operator_of(params, transpose, public_seed is not None)
     plan = LrfPlan(
-        params=params, shape=(m, n), transpose=transpose, t=t, v=v,
+        params=params, shape=(m, n), transpose=transpose, t=0, v=0,
         calibration=None, operator=operator,
     )
     if not params.private:
-        return plan
+        t, v = _resolve_sizes(params, M, N)
+        return dataclasses.replace(plan, t=t, v=v)
+    plan = choose_private_sizes(plan)
     if public_seed is None:
         return calibrate_plan(plan)
     reach = reach or reach_of(params.clip.unit, transpose)
@@ -403,6 +459,42 @@ def plan_lrf(
         plan, public_seed_fingerprint=seed_fingerprint(public_seed), reach=reach
     )
     return calibrate_plan(plan, worst_case_factors(plan, public_seed, reach))
+
+
+def choose_private_sizes(plan: LrfPlan) -> LrfPlan:
+    """``plan`` with its private sizes, budget split and range basis rank.
+
+    User-given ``sketch_size``, ``core_size`` and ``range_weight`` are kept; the
+    others come from the public error model
+    (:func:`pipeline.algorithms.lrf_model.choose`), which reads only the shape,
+    the rank, the budget and the operators' kinds -- never the data.
+    """
+    from pipeline.algorithms import lrf_model
+
+    choice = lrf_model.choose(plan)
+    plan = dataclasses.replace(
+        plan, t=choice.t, v=choice.v, range_weight=choice.range_weight,
+        basis_rank=choice.basis_rank,
+    )  # fmt: skip
+    return dataclasses.replace(plan, predicted_error=lrf_model.predict(plan).error)
+
+
+def _operator_of(params: LrfParams, transpose: bool, public_seed: bool) -> OperatorKind:
+    """The co-range operator of a plan; a sparse one only where it is exact."""
+    exact = (
+        params.private
+        and not params.padded  # the paper's construction, reproduced as it is
+        and sparse_is_exact(params.clip.unit, transpose, public_seed=public_seed)
+    )
+    operator = params.operator or default_operator(private=params.private, exact_sparse=exact)
+    if params.private and operator is OperatorKind.SPARSE_SIGN and not exact:
+        raise InvalidParameterError(
+            "operator='sparse-sign' in a private release needs every individual within "
+            "one sketched row (the row unit on a matrix with n_rows >= n_cols, the "
+            "column unit on one with n_cols > n_rows, or the entry unit with a secret "
+            "sketch seed; not padded); use operator='gaussian' or drop it."
+        )
+    return operator
 
 
 def calibrate_plan(
@@ -416,12 +508,14 @@ def calibrate_plan(
     if p.epsilon is None or p.delta is None:
         raise InvalidParameterError("a private release needs epsilon and delta.")
     M, N = plan.oriented_shape
+    requests = _requests(plan)
     calibration = calibrate_release(
-        _requests(p.algorithm, M, N, plan.t, plan.v),
+        requests,
         epsilon=p.epsilon,
         delta=p.delta,
         frobenius_bound=p.neighboring.frobenius_bound(p.clip.clip_norm),
-        n_sketch_matrices=2 if p.algorithm is Algorithm.SPECTRAL else 4,
+        # every distinct Gaussian matrix whose tail bound a sensitivity uses
+        n_sketch_matrices=_n_gaussian(plan),
         tree_levels=tree_levels,
         delta_jl_fraction=p.delta_jl_fraction,
         public_operator_factors=factors,
@@ -501,17 +595,39 @@ def worst_case_factors(plan: LrfPlan, seed: int, reach: Reach) -> dict[str, floa
     }
 
 
-def _requests(alg: Algorithm, M: int, N: int, t: int, v: int) -> list[SketchRequest]:
-    if alg is Algorithm.SPECTRAL:
+def _n_gaussian(plan: LrfPlan) -> int:
+    """``J``: the Gaussian operators whose norm bound a sensitivity relies on.
+
+    Spectral: ``Phi``, and ``S`` unless it is sparse (exact, [private-lrf-2, 2]).
+    Low-Space: ``Phi_c``, ``Psi``, ``T``, and ``S`` unless sparse.
+    """
+    gaussian_s = plan.operator is OperatorKind.GAUSSIAN
+    base = 1 if plan.params.algorithm is Algorithm.SPECTRAL else 3
+    return base + int(gaussian_s)
+
+
+def _requests(plan: LrfPlan) -> list[SketchRequest]:
+    """The released sketches, their Gaussian factors and budget weights.
+
+    A sparse ``S`` contributes no ``Delta_JL`` factor (exact). The range
+    sketches share ``range_weight`` of the budget (Low-Space: half each for
+    ``Y_c`` and ``Y_r``; equal thirds when no weight is set, the paper's split).
+    """
+    M, N = plan.oriented_shape
+    t, v = plan.t, plan.v
+    s_dims: tuple[int, ...] = () if plan.operator is OperatorKind.SPARSE_SIGN else (v,)
+    w = plan.range_weight
+    if plan.params.algorithm is Algorithm.SPECTRAL:
+        w = 0.5 if w is None else w
         return [
-            SketchRequest(name="Y", shape=(M, t), jl_dims=(t,), weight=0.5),
-            SketchRequest(name="Z", shape=(v, N), jl_dims=(v,), weight=0.5),
+            SketchRequest(name="Y", shape=(M, t), jl_dims=(t,), weight=w),
+            SketchRequest(name="Z", shape=(v, N), jl_dims=s_dims, weight=1.0 - w),
         ]
-    w = 1.0 / 3.0
+    wc = wr = 1.0 / 3.0 if w is None else w / 2.0
     return [
-        SketchRequest(name="Yc", shape=(M, t), jl_dims=(t,), weight=w),
-        SketchRequest(name="Yr", shape=(t, N), jl_dims=(t,), weight=w),
-        SketchRequest(name="Z", shape=(v, v), jl_dims=(v, v), weight=w),
+        SketchRequest(name="Yc", shape=(M, t), jl_dims=(t,), weight=wc),
+        SketchRequest(name="Yr", shape=(t, N), jl_dims=(t,), weight=wr),
+        SketchRequest(name="Z", shape=(v, v), jl_dims=(*s_dims, v), weight=1.0 - wc - wr),
     ]
 
 
@@ -523,9 +639,12 @@ def _operators(plan: LrfPlan, root: int) -> dict[str, SketchOperator]:
     M, N = plan.oriented_shape
     t, v, b = plan.t, plan.v, plan.params.tile_size
 
+    # range operators stay Gaussian; S follows plan.operator, and so do T and
+    # T_pad of a non-private run: a private T needs its Delta_JL tail bound
+    sparse_ok = {OperatorCode.S} if plan.params.private else _CO_RANGE
+
     def op(code: OperatorCode, length: int, dim: int) -> SketchOperator:
-        # range operators stay Gaussian; S, T and T_pad follow plan.operator
-        kind = plan.operator if code in _CO_RANGE else OperatorKind.GAUSSIAN
+        kind = plan.operator if code in sparse_ok else OperatorKind.GAUSSIAN
         return make_operator(kind, root=root, code=code, length=length, dim=dim, tile_size=b)
 
     if plan.params.algorithm is Algorithm.SPECTRAL:
@@ -679,16 +798,22 @@ def _spectral_post(source: MatrixSource, plan: LrfPlan, exact: dict[str, Any], o
     if ny is not None and nz is not None:
         Y = source.tall_map_rows(Y, _row_noise(ny, source))  # [Upa18, Fig. 1, step 3]: Y = A Phi + N_1
         Z = Z + nz.dense().T  # Z = S A + N_2, noise tiled along the columns of Z
+    B = None  # the denoised basis is Q B, B (t, k') [private-lrf-2, 4]
     if "Y_R" in exact:
         # non-private pass that began the TSQR per block: finish it [spec 3.2, F1]
         Q, SQ = source.finish_local_qr(Y, exact.pop("Y_R"), exact.pop("Y_left"))
-    else:
+    elif plan.basis_rank is None:
         Q = source.tall_qr(Y)  # [spec 3.2, F1]
         SQ = source.tall_left_sketch(Q, ops["S"])  # v x t, summed over row blocks [spec 6.1]
+    else:
+        Q, R = source.tall_qr(Y, with_r=True)
+        B = top_singular_vectors(R, plan.basis_rank)
+        SQ = source.tall_left_sketch(Q, ops["S"]) @ B
     del Y  # on a cluster the noisy Y may be freed (or unspilled) as soon as Q exists
     W, s, Vx = core_one_sided(SQ, Z, plan.params.rank)  # [spec 3.2, F2]
     signs = sign_convention(Vx)
-    return source.tall_matmul(Q, W * signs), s, Vx * signs  # [spec 3.2, F3]
+    W = W * signs if B is None else B @ (W * signs)
+    return source.tall_matmul(Q, W), s, Vx * signs  # [spec 3.2, F3]
 
 
 def _low_space_post(source: MatrixSource, plan: LrfPlan, exact: dict[str, Any], ops: dict[str, SketchOperator], key: NoiseKey | None) -> tuple[Any, FloatArray, FloatArray]:
@@ -707,10 +832,16 @@ def _low_space_post(source: MatrixSource, plan: LrfPlan, exact: dict[str, Any], 
         Z = Z + nz.dense()
     if padded:
         Yr, Z, T = _pad(plan, Yr, Z, T, ops, key)
-    U = source.tall_qr(Yc)  # [spec 3.3, F1]
+    if plan.basis_rank is None:
+        U, B = source.tall_qr(Yc), None  # [spec 3.3, F1]
+        V = orth(Yr.T)
+        SU = source.tall_left_sketch(U, ops["S"])
+    else:  # denoised bases: the top k' singular vectors [private-lrf-2, 4]
+        U, R = source.tall_qr(Yc, with_r=True)
+        B = top_singular_vectors(R, plan.basis_rank)
+        V = top_singular_vectors(Yr.T, plan.basis_rank)
+        SU = source.tall_left_sketch(U, ops["S"]) @ B
     del Yc
-    V = orth(Yr.T)
-    SU = source.tall_left_sketch(U, ops["S"])
     WL, s, WR = core_two_sided(SU, T.T @ V, Z, k)  # [spec 3.3, F2]
     Vx = V @ WR
     if padded:
@@ -719,7 +850,21 @@ def _low_space_post(source: MatrixSource, plan: LrfPlan, exact: dict[str, Any], 
         P2, s, W2h = np.linalg.svd(s[:, None] * Rv.T)
         WL, Vx = WL @ P2, Qv @ W2h.T
     signs = sign_convention(Vx)
-    return source.tall_matmul(U, WL * signs), s, Vx * signs
+    WL = WL * signs if B is None else B @ (WL * signs)
+    return source.tall_matmul(U, WL), s, Vx * signs
+
+
+def top_singular_vectors(Y: FloatArray, rank: int) -> FloatArray:
+    """The top ``rank`` left singular vectors of the small ``Y`` (post-processing).
+
+    Examples
+    --------
+    >>> Y = np.diag([1.0, 3.0, 2.0])
+    >>> np.abs(top_singular_vectors(Y, 1)).ravel().tolist()
+    [0.0, 1.0, 0.0]
+    """
+    U, _, _ = np.linalg.svd(Y, full_matrices=False)
+    return np.ascontiguousarray(U[:, :rank])
 
 
 def _pad(plan: LrfPlan, Yr: FloatArray, Z: FloatArray, T: FloatArray, ops: dict[str, SketchOperator], key: NoiseKey | None) -> tuple[FloatArray, FloatArray, FloatArray]:

@@ -513,12 +513,13 @@ class DaskSource:
         kept, _ = self._run({"Y": out}, {}, None)
         return kept["Y"]
 
-    def tall_qr(self, Y: da.Array) -> Any:
+    def tall_qr(self, Y: da.Array, *, with_r: bool = False) -> Any:
         """Two-level TSQR: ``Y_b = Q_b R_b`` on the workers (``Q_b`` kept, ``R_b``
         gathered), then ``[R_1; ...; R_B] = Q2 R`` on the client.
 
         Returns the same factored object as :meth:`finish_local_qr`: the
-        orthonormal basis ``Q_b Q2_b`` is never formed as a whole.
+        orthonormal basis ``Q_b Q2_b`` is never formed as a whole; with
+        ``with_r`` also ``R`` (t x t), so that ``Y = Q R``.
         """
         if Y.numblocks[1] != 1:
             Y = Y.rechunk({1: -1})
@@ -536,7 +537,9 @@ class DaskSource:
         kept, gathered = self._run(
             {"Q": Q}, {"R": R}, "orthonormalising the range sketch (TSQR)"
         )
-        return _LocalQ(kept["Q"], _q2_blocks(kept["Q"], gathered["R"]))
+        blocks, R_final = _q2_blocks(kept["Q"], gathered["R"])
+        Q_local = _LocalQ(kept["Q"], blocks)
+        return (Q_local, R_final) if with_r else Q_local
 
     def tall_left_sketch(self, Q: Any, op: SketchOperator) -> FloatArray:
         lname, oname = _name("left-partial"), _name("left")
@@ -587,7 +590,7 @@ class DaskSource:
         GQ : ndarray of shape (d, t)
         """
         t, nb = Q.shape[1], Q.numblocks[0]
-        blocks = _q2_blocks(Q, R)
+        blocks, _ = _q2_blocks(Q, R)
         if isinstance(left, np.ndarray):
             d = left.shape[0] // nb
             GQ = np.zeros((d, t))
@@ -645,15 +648,16 @@ def _block_left_local(
     return op.left(q, start, stop) @ q2  # type: ignore[no-any-return]
 
 
-def _q2_blocks(Q: da.Array, R: FloatArray) -> list[FloatArray]:
+def _q2_blocks(Q: da.Array, R: FloatArray) -> tuple[list[FloatArray], FloatArray]:
     """Row blocks of ``Q2`` in ``[R_1; ...; R_B] = Q2 R`` (``R_b`` of height
-    ``min(rows_b, t)``), one per block of ``Q``."""
+    ``min(rows_b, t)``), one per block of ``Q``, and the final ``R``."""
     t = Q.shape[1]
     offs = _offsets([min(c, t) for c in Q.chunks[0]])
-    Q2, _ = np.linalg.qr(R)
-    return [
+    Q2, R_final = np.linalg.qr(R)
+    blocks = [
         np.ascontiguousarray(Q2[offs[b] : offs[b + 1]]) for b in range(Q.numblocks[0])
     ]
+    return blocks, R_final
 
 
 def _block_matmul(q: FloatArray, M: FloatArray) -> FloatArray:

@@ -75,6 +75,8 @@ from pipeline.algorithms.power_pca import (
 from pipeline.mechanisms.clipping import ClipSpec, Neighboring, PrivacyUnit
 from pipeline.mechanisms.entities import EntityTable, StreamUnit, clip_updates
 from pipeline.mechanisms.noise import NoiseKey
+from pipeline.sketches.operators import OperatorKind
+from pipeline.sketches.sparse import DEFAULT_NNZ
 from pipeline.testing.audit import (
     GaussianBlock,
     declared_mu,
@@ -257,6 +259,23 @@ def lrf_blocks(
     ]
 
 
+def unnormalised_sparse_blocks(
+    plan: LrfPlan, exact: dict[str, Any], exact2: dict[str, Any]
+) -> list[GaussianBlock]:
+    """BROKEN (control 4): a sparse sign ``S`` whose entries are ``+-1``, not ``+-1/sqrt(zeta)``.
+
+    Its columns have norm ``sqrt(zeta)`` instead of 1, so ``Z = S A`` moves by
+    ``sqrt(zeta) Delta_F`` while the calibration assumes exactly ``Delta_F``
+    [private-lrf-2, 2]. ``Z`` is linear in ``S``: scaling the exact ``Z`` of
+    both neighbours by ``sqrt(zeta)`` is this operator.
+    """
+    assert plan.operator is OperatorKind.SPARSE_SIGN
+    zeta = math.sqrt(min(DEFAULT_NNZ, plan.v))
+    scaled = {name: zeta * exact[name] for name in ("Z",)}
+    scaled2 = {name: zeta * exact2[name] for name in ("Z",)}
+    return lrf_blocks(plan, {**exact, **scaled}, {**exact2, **scaled2})
+
+
 def paper_spectral_blocks(
     plan: LrfPlan, exact: dict[str, Any], exact2: dict[str, Any]
 ) -> list[GaussianBlock]:
@@ -308,6 +327,7 @@ def _lrf_case(
         "per-chunk": f"BROKEN: noise per chunk, sigma/P on each of P={N_CHUNKS} band sums",
         "paper": f"BROKEN: paper's noise [Upa18, Fig. 1] (alpha={PAPER_ALPHA})",
         "clip-after-sum": "BROKEN: rows clipped after the sum",
+        "unnormalised-s": "BROKEN: sparse sign S with entries +-1 (columns of norm sqrt(8))",
     }
     if variant == "per-chunk":
         # row bands spanning all columns; X = A is not transposed, so the left
@@ -317,6 +337,8 @@ def _lrf_case(
         blocks = noise_per_chunk(blocks, reduced)
     elif variant == "paper":
         blocks = paper_spectral_blocks(plan, exact, exact2)
+    elif variant == "unnormalised-s":
+        blocks = unnormalised_sparse_blocks(plan, exact, exact2)
     mech = "Spectral-LRF" if algorithm is Algorithm.SPECTRAL else "Low-Space-LRF"
     return Case(
         key=lrf_key(algorithm, epsilon, variant, delta=delta, wide=wide),
@@ -768,6 +790,8 @@ def _registry() -> tuple[dict[str, Callable[[], Case]], dict[str, Callable[[], C
     lrf(cases, S, 2.0, "paper")
     lrf(cases, S, 4.0, "paper")
     lrf(cases, S, 1.0, "clip-after-sum")
+    lrf(cases, S, 1.0, "unnormalised-s")
+    lrf(cases, L, 1.0, "unnormalised-s")
     pca(cases, "Z", 1.0, "per-chunk")
     pca(cases, "M", 2.0, "sym-pitfall", method="analyze-gauss")
     pca(cases, "H", 2.0, "sym-pitfall")

@@ -532,10 +532,12 @@ def test_factorize_and_pca_charge_their_contracts(path: pathlib.Path) -> None:
     assert f_rec["contract"] == {
         "unit": "entry", "neighboring": "add-remove", "clip_norm": 1.0, "epsilon": 1.0, "delta": 1e-6,
         "accountant": "analytic-gaussian", "shape": [60, 20], "secret_noise": False, "public_operators": True,
+        "entry_reads": ["row", "column"],  # a public seed keeps the Gaussian S
     }  # fmt: skip
     assert p_rec["contract"] == {
         "unit": "row", "neighboring": "replace", "clip_norm": 1.0, "epsilon": 1.0, "delta": 1e-6,
         "accountant": "gdp", "shape": [60, 20], "secret_noise": False, "public_operators": False,
+        "entry_reads": ["row", "column"],
     }  # fmt: skip
     # entry read at row: sqrt(20); the PCA (replace) read at add/remove: 1
     z = (f_rec["noise_multiplier_total"] / math.sqrt(20)) ** -2 + p_rec[

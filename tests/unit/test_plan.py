@@ -171,7 +171,10 @@ def test_orientation() -> None:
 
 
 def _worked(algorithm: Algorithm, **kw) -> object:  # type: ignore[no-untyped-def]
-    # spec 4.4 worked example: eps = 1, delta = 1e-6, Delta_F = 1, t = 40, v = 160
+    # spec 4.4 worked example: eps = 1, delta = 1e-6, Delta_F = 1, t = 40, v = 160,
+    # Gaussian S and the paper's even split of the budget
+    kw.setdefault("operator", "gaussian")
+    kw.setdefault("range_weight", 0.5 if algorithm is SPECTRAL else 2.0 / 3.0)
     return plan_lrf(
         _params(
             algorithm=algorithm,

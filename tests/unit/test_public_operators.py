@@ -134,8 +134,10 @@ def realised_epsilon(plan: LrfPlan, seed: int, A: np.ndarray, A2: np.ndarray, de
 
 
 def test_issue_example_old_calibration_is_2_7_dp_new_is_1_dp() -> None:
-    old = plan_lrf(_params(), ISSUE_SHAPE)
-    new = plan_lrf(_params(), ISSUE_SHAPE, public_seed=ISSUE_SEED)
+    # the issue's release as it was: Gaussian S, the sizes and the even split of then
+    then = _params(operator="gaussian", sketch_size=40, core_size=160, range_weight=0.5)
+    old = plan_lrf(then, ISSUE_SHAPE)
+    new = plan_lrf(then, ISSUE_SHAPE, public_seed=ISSUE_SEED)
     assert (old.t, old.v, old.transpose) == (40, 160, False)
     Phi = pass_operators(old, ISSUE_SEED)["Y"]
     assert Phi.shape == (1000, 40)
