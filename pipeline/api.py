@@ -39,6 +39,7 @@ from pipeline.algorithms.lrf import (
 from pipeline.algorithms.power_pca import PcaRelease
 from pipeline.errors import (
     InvalidParameterError,
+    PrivacyConfigError,
 )
 from pipeline.mechanisms.clipping import Neighboring, PrivacyUnit
 from pipeline.release import (
@@ -60,6 +61,7 @@ __all__ = [
     "make_params",
     "package_versions",
     "pca",
+    "plan_factorization",
     "release_factorization",
     "release_pca",
 ]
@@ -318,6 +320,62 @@ def factorize(
     )  # fmt: skip
     runtime = Runtime(scheduler=scheduler, cluster_config=cluster_config, progress=progress)
     return release_factorization(source, params, options, runtime, seed=seed)
+
+
+def plan_factorization(source: Any, params: LrfParams) -> list[dict[str, Any]]:
+    """The error model's prediction for each algorithm, before anything is read.
+
+    Parameters
+    ----------
+    source : str, os.PathLike, zarr.Array, dask.array.Array or numpy.ndarray
+        The input; only its metadata (the shape) is opened.
+    params : LrfParams
+        A private release's parameters; each algorithm is planned with them
+        (its own sizes and split unless ``params`` fixes them).
+
+    Returns
+    -------
+    list of dict
+        One per algorithm: ``algorithm``, ``sketch_size``, ``core_size``,
+        ``range_weight``, ``operator``, ``passes``, ``predicted_error``,
+        ``full_gm_error`` and ``ratio_to_full_gm`` (public values only:
+        :mod:`pipeline.algorithms.lrf_model`).
+
+    Raises
+    ------
+    PrivacyConfigError
+        If ``params`` is not private (there is no noise to predict).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rows = plan_factorization(np.zeros((20000, 400)),
+    ...                           LrfParams.of(5, epsilon=4.0, delta=1e-6, unit="entry"))
+    >>> [(r["algorithm"], r["passes"]) for r in rows]
+    [('spectral', 1), ('low-space', 1)]
+    """
+    from pipeline.algorithms import lrf_model
+    from pipeline.io import open_input
+
+    if not params.private:
+        raise PrivacyConfigError(
+            "--plan predicts the error of a private release's noise; drop --non-private."
+        )
+    _, info = open_input(source, unit=params.clip.unit.value)
+    rows = []
+    for alg in Algorithm:
+        padded = params.padded and alg is Algorithm.LOW_SPACE
+        try:
+            plan = plan_lrf(dataclasses.replace(params, algorithm=alg, padded=padded), info.shape)
+        except InvalidParameterError as exc:  # e.g. sizes this algorithm cannot take
+            rows.append({"algorithm": alg.value, "refused": str(exc)})
+            continue
+        rows.append({
+            "algorithm": alg.value, "sketch_size": plan.t, "core_size": plan.v,
+            "range_weight": plan.range_weight, "operator": plan.operator.value,
+            "passes": 1, **lrf_model.predict(plan).to_dict(),
+        })  # fmt: skip
+    return rows
 
 
 def release_factorization(

@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
-from pipeline.errors import BudgetExceededError, PipelineError
+from pipeline.errors import BudgetExceededError, InvalidParameterError, PipelineError
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_BUDGET = 0, 1, 2, 3
 
@@ -147,8 +147,14 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument(
         "--out",
         "-o",
-        required=True,
-        help="Zarr group to publish U, S, V and the report to",
+        help="Zarr group to publish U, S, V and the report to (required unless --plan)",
+    )
+    f.add_argument(
+        "--plan",
+        action="store_true",
+        help="print each algorithm's sizes and predicted error (public error model) "
+        "for this input's shape and these parameters, and stop: nothing is read, "
+        "charged or written",
     )
     f.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     f.add_argument(
@@ -503,6 +509,14 @@ def _lrf_params_of(args: argparse.Namespace) -> Any:
 def _factorize(args: argparse.Namespace) -> int:
     from pipeline.api import release_factorization
 
+    if args.plan:
+        return _factorize_plan(args)
+    if args.out is None:
+        raise InvalidParameterError(
+            "dplr factorize needs --out (the Zarr group to publish to), or --plan to "
+            "only print the predicted error."
+        )
+
     result = release_factorization(
         args.input, _lrf_params_of(args), _options_of(args), _runtime_of(args),
         seed=args.seed,
@@ -512,6 +526,29 @@ def _factorize(args: argparse.Namespace) -> int:
         if args.json
         else _summary(result.report, args.out)
     )
+    return EXIT_OK
+
+
+def _factorize_plan(args: argparse.Namespace) -> int:
+    """``dplr factorize --plan``: the error model's table, from metadata alone."""
+    from pipeline.api import plan_factorization
+
+    rows = plan_factorization(args.input, _lrf_params_of(args))
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return EXIT_OK
+    lines = ["predicted additive spectral error (public error model; nothing read):"]
+    for r in rows:
+        if "refused" in r:
+            lines.append(f"  {r['algorithm']:<10} not possible: {r['refused']}")
+            continue
+        lines.append(
+            f"  {r['algorithm']:<10} passes={r['passes']} t={r['sketch_size']} "
+            f"v={r['core_size']} range_weight={r['range_weight']:.3g} "
+            f"error~{r['predicted_error']:.4g} ({r['ratio_to_full_gm']:.2f}x the "
+            f"full-matrix Gaussian mechanism's {r['full_gm_error']:.4g})"
+        )
+    print("\n".join(lines))
     return EXIT_OK
 
 
@@ -584,7 +621,6 @@ def _pca(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from pipeline.errors import InvalidParameterError
     from pipeline.io import generate_store
 
     def bar(done: int, total: int) -> None:
@@ -630,7 +666,6 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _generate_pca(args: argparse.Namespace, bar: Any) -> int:
-    from pipeline.errors import InvalidParameterError
     from pipeline.io import generate_pca_store
 
     missing = [

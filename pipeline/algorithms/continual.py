@@ -42,6 +42,7 @@ References
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Iterable, Mapping
@@ -60,6 +61,7 @@ from pipeline.algorithms.lrf import (
     Reach,
     _low_space_post,
     _operators,
+    _resolve_sizes,
     _spectral_post,
     calibrate_plan,
     plan_lrf,
@@ -238,12 +240,34 @@ def plan_stream(
             "would cancel between them (spec sketch-lrf 3.4); use the unpadded mode."
         )
     levels = tree_levels(horizon)
+    params = _stream_sizes(params, shape)
     one = plan_lrf(params, shape, public_seed=public_seed, reach=Reach.ANY)
     if one.calibration is None:
         return StreamPlan(lrf=one, horizon=int(horizon), levels=levels)
     # the operators' worst-case factors do not depend on the tree: reuse them
     factors = {sk.name: sk.jl_factor for sk in one.calibration.sketches} if one.public_sketch_seed else None
     return StreamPlan(lrf=calibrate_plan(one, factors, tree_levels=levels), horizon=int(horizon), levels=levels)
+
+
+def _stream_sizes(params: LrfParams, shape: tuple[int, int]) -> LrfParams:
+    """A stream's sizes and split: the spec's defaults, fixed for its lifetime.
+
+    A stream's state keeps an ``M x t`` sketch per tree node, so it does not
+    take the larger ``t`` the one-shot error model picks
+    (:mod:`pipeline.algorithms.lrf_model`); its budget split is the even one
+    its states were created with. An entity's cells may lie in several rows,
+    so ``plan_lrf(reach=Reach.ANY)`` keeps the Gaussian co-range operator.
+    """
+    if not params.private:
+        return params
+    m, n = shape
+    M, N = (n, m) if m < n else (m, n)  # plan_lrf's unpadded orientation
+    t, v = _resolve_sizes(params, M, N)
+    even = 0.5 if params.algorithm is Algorithm.SPECTRAL else 2.0 / 3.0
+    return dataclasses.replace(
+        params, sketch_size=t, core_size=v,
+        range_weight=even if params.range_weight is None else params.range_weight,
+    )  # fmt: skip
 
 
 def operators(plan: StreamPlan, sketch_seed: int) -> dict[str, SketchOperator]:

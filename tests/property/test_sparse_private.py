@@ -78,7 +78,8 @@ def _z_difference(A: np.ndarray, A2: np.ndarray, unit: str, seed: int) -> tuple[
         neighboring=Neighboring.REPLACE, sketch_size=4, core_size=20,
     )  # fmt: skip
     plan = plan_lrf(params, A.shape)
-    assert plan.operator is OperatorKind.SPARSE_SIGN and not plan.transpose
+    assert plan.operator is OperatorKind.SPARSE_SIGN
+    assert not plan.transpose
     request = pass_request(plan, seed)
     z, z2 = ArraySource(A).sketch(request)["Z"], ArraySource(A2).sketch(request)["Z"]
     bound = params.neighboring.frobenius_bound(params.clip.clip_norm)
@@ -88,7 +89,7 @@ def _z_difference(A: np.ndarray, A2: np.ndarray, unit: str, seed: int) -> tuple[
 @given(row_neighbours())
 def test_z_moves_by_at_most_delta_f_for_every_draw(pair: tuple) -> None:  # type: ignore[type-arg]
     """Row and entry units: ``||dZ||_F = ||clip(a_i) - clip(a'_i)|| <= Delta_F`` [spec 2]."""
-    A, A2, i, unit, seed = pair
+    A, A2, _i, unit, seed = pair
     diff, bound = _z_difference(A, A2, unit, seed)
     assert diff <= bound * (1 + RTOL)
 
@@ -144,7 +145,8 @@ def test_private_default_operator_is_sparse_exactly_where_it_is_exact(
     plan = _plan(unit, shape, algorithm=algorithm)
     assert plan.operator is kind
     cal = plan.calibration
-    assert cal is not None and cal.n_sketch_matrices == n_gaussian
+    assert cal is not None
+    assert cal.n_sketch_matrices == n_gaussian
     z = next(sk for sk in cal.sketches if sk.name == "Z")
     if kind is OperatorKind.SPARSE_SIGN and algorithm == "spectral":
         assert z.jl_factor == 1.0  # exact: Delta_F itself
@@ -174,7 +176,8 @@ def test_exact_sketches_spend_no_delta_and_use_the_plain_gaussian_constant() -> 
         epsilon=1.0, delta=1e-6, frobenius_bound=2.0, n_sketch_matrices=0,
     )  # fmt: skip
     s = gaussian_noise_multiplier(1.0, 1e-6)
-    assert cal.delta_jl == 0.0 and cal.delta_mechanism == 1e-6
+    assert cal.delta_jl == 0.0
+    assert cal.delta_mechanism == 1e-6
     assert cal.sensitivity == "exact"
     for sk, w in zip(cal.sketches, (0.2, 0.8), strict=True):
         assert sk.sigma == pytest.approx(2.0 * s / math.sqrt(w), rel=1e-12)

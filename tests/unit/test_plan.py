@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from pipeline.algorithms import lrf_model
 from pipeline.algorithms.lrf import (
     Algorithm,
     LrfParams,
@@ -139,13 +140,19 @@ def test_defaults_clamp_to_a_small_matrix(
     assert plan.t < plan.v
     if algorithm is SPECTRAL:
         assert plan.v <= M
-    t0, v0 = default_sketch_sizes(rank, private=private)
+    if private:  # one-shot private sizes come from the error model
+        assert plan.calibration is not None
+        t0 = lrf_model.range_size(rank, plan.calibration.beta)
+        v0 = 2 * t0
+    else:
+        t0, v0 = default_sketch_sizes(rank, private=private)
     assert plan.t <= t0
     assert plan.v <= v0
     if min(shape) > t0:
         assert plan.t == t0  # the clamp only acts when needed
     if algorithm is LOW_SPACE:
-        assert plan.v == v0  # Low-Space's v x v core is not bounded by the shape
+        # Low-Space's v x v core is not bounded by the shape
+        assert plan.v == (2 * plan.t if private else v0)
 
 
 def test_square_spectral_rank_without_room_is_refused() -> None:
