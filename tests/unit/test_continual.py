@@ -137,7 +137,7 @@ def test_nodes_of_an_epoch_partition_its_prefix():
 def test_tree_calibration_is_one_gaussian_over_L_levels():
     """sigma_i(stream) = sqrt(L) sigma_i(one-shot); the ledger sees 1/Delta_eff = s [spec 4.5]."""
     p = _params(Algorithm.SPECTRAL, private=True)
-    one = plan_lrf(p, (500, 300))
+    one = plan_stream(p, (500, 300), 1).lrf  # a stream's sizes, split and operators, L = 1
     for T, L in ((1, 1), (2, 2), (64, 7), (100, 7)):
         plan = plan_stream(p, (500, 300), T)
         assert plan.levels == L == plan.lrf.calibration.tree_levels
