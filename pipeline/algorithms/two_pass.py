@@ -30,20 +30,31 @@ composition of Gaussian mechanisms is exact in GDP,
 :func:`~pipeline.accounting.calibration.calibrate_release` with ``J = 0`` gives:
 ``sigma_i = Delta_F s(epsilon, delta) / sqrt(w_i)``, ``w_Z + w_Y = 1``.
 
-Defaults, measured (``benchmarks/two_pass_defaults.py``): additive spectral error
-``||A - U S V^T||_2 - ||A - A_k||_2`` over that of the full GM, median of 5 noise
-draws, 2000 x 300, rank 5 signal ``100 * (1, 0.8, 0.6, 0.5, 0.4)`` on unit
-Gaussian noise / 10, entry unit, C = 1, epsilon = 2, delta = 1e-6:
+Defaults, measured with ``python benchmarks/two_pass_defaults.py --epsilon 2 4 8
+--v 45 100 200 400 --w 0.1 0.15 0.2``: additive spectral error ``||A - U S
+V^T||_2 - ||A - A_k||_2`` over that of the full GM, median of 5 noise draws,
+4000 x 500, a random-sign rank-5 signal (``sigma_1..5`` = 365 .. 145) on a
+uniform background (``sigma_6`` = 4.9), entry unit, C = 1, delta = 1e-6:
 
-==========  ======  ======  ======  ======
-w_Z         v = 20  v = 45  v = 100 v = 200
-==========  ======  ======  ======  ======
-0.10        MEASURE
-0.15
-0.20
-==========  ======  ======  ======  ======
+=====  =====  ======  ======  ======  ======
+eps    w_Z    v = 45  v = 100 v = 200 v = 400
+=====  =====  ======  ======  ======  ======
+2      0.10   1.053   1.020   1.002   1.047
+2      0.15   0.988   0.987   0.987   0.988
+2      0.20   1.019   1.019   1.019   1.019
+4      0.10   1.340   1.233   1.149   1.179
+4      0.15   1.118   1.078   1.073   1.073
+4      0.20   1.108   1.108   1.108   1.108
+8      0.10   1.513   1.346   1.231   1.253
+8      0.15   1.246   1.107   1.099   1.098
+8      0.20   1.137   1.136   1.136   1.136
+=====  =====  ======  ======  ======  ======
 
-so ``w_Z = 0.15`` and ``v = max(4k, k + 40)`` (clamped to M).
+(full GM error 154, 74, 37 at epsilon 2, 4, 8; at epsilon = 1 it is 353, about
+``sigma_1``, and both methods lose the signal). Hence ``w_Z = 0.15`` and ``v =
+max(10k, 100)``: beyond 100 the gain is under 1% here, and ``Z`` (v x N) is held
+on the client. Keeping ``p`` more columns of ``V`` in pass 2 (``oversample``)
+gained at most 3% (2000 x 300, epsilon 4 and 8, p = 10), so the default is 0.
 
 Passes over A: 2 (plus one norm pass per pass when rows of a column-split store
 are clipped); the budget is charged once, before the first read.
@@ -83,6 +94,7 @@ from pipeline.sketches.gaussian import OperatorCode
 from pipeline.sketches.operators import OperatorKind, SketchOperator, make_operator
 
 __all__ = [
+    "DEFAULT_OVERSAMPLE",
     "DEFAULT_WEIGHT_Z",
     "TwoPassPlan",
     "default_core_size",
@@ -93,23 +105,27 @@ __all__ = [
 #: Budget share of the co-range sketch ``Z`` (measured: module docstring).
 DEFAULT_WEIGHT_Z = 0.15
 
+#: Columns of ``V`` beyond the rank that pass 2 keeps (measured: module docstring).
+DEFAULT_OVERSAMPLE = 0
+
 
 def default_core_size(rank: int) -> int:
-    """Default co-range size ``v = max(4k, k + 40)`` (measured: module docstring).
+    """Default co-range size ``v = max(10k, 100)`` (measured: module docstring).
 
     Examples
     --------
     >>> default_core_size(5), default_core_size(20)
-    (45, 80)
+    (100, 200)
     """
-    return max(4 * rank, rank + 40)
+    return max(10 * rank, 100)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TwoPassPlan:
     """A validated two-pass plan: orientation, sizes, budget split, calibration.
 
-    ``t`` is the width of the range sketch ``Y``, the rank. No data.
+    ``t`` is the width of the range sketch ``Y``: the rank plus the
+    oversampling (``width``, 0 meaning the rank). No data.
     """
 
     params: LrfParams
@@ -118,13 +134,15 @@ class TwoPassPlan:
     v: int
     weight_z: float
     calibration: ReleaseCalibration | None
+    width: int = 0
     public_seed_fingerprint: str | None = None
     operator: OperatorKind = OperatorKind.SPARSE_SIGN
     reach: None = None
 
     @property
     def t(self) -> int:
-        return self.params.rank
+        """Width of the range sketch ``Y``: the rank plus the oversampling."""
+        return self.width or self.params.rank
 
     @property
     def weight_y(self) -> float:
@@ -182,6 +200,7 @@ def plan_two_pass(
     *,
     public_seed: int | None = None,
     weight_z: float = DEFAULT_WEIGHT_Z,
+    oversample: int | None = None,
 ) -> TwoPassPlan:
     """Validate ``params`` for a matrix of ``shape`` and calibrate both sketches.
 
@@ -199,6 +218,9 @@ def plan_two_pass(
         the seed's fingerprint.
     weight_z : float
         Budget share ``w_Z`` of ``Z`` in (0, 1); ``Y`` gets ``1 - w_Z``.
+    oversample : int or None
+        ``p``: pass 2 multiplies by ``k + p`` columns of ``V`` (at most ``v`` and
+        N) and the release keeps the top k; None: :data:`DEFAULT_OVERSAMPLE`.
 
     Returns
     -------
@@ -222,7 +244,7 @@ def plan_two_pass(
     >>> p = LrfParams.of(3, epsilon=1.0, delta=1e-6, algorithm="two-pass", unit="column")
     >>> plan = plan_two_pass(p, (500, 300))
     >>> plan.transpose, plan.oriented_shape, plan.v, plan.calibration.sensitivity
-    (True, (300, 500), 43, 'exact')
+    (True, (300, 500), 100, 'exact')
     """
     _check_params(params)
     m, n = (check_int_in_range(x, nm, 1) for x, nm in zip(shape, ("n_rows", "n_cols"), strict=True))
@@ -232,21 +254,24 @@ def plan_two_pass(
     v = min(default_core_size(k), M) if params.core_size is None else params.core_size
     v = check_int_in_range(v, "core_size", k + 1, M, what="[rank + 1, the oriented row count]")
     w = check_float_in_interval(weight_z, "weight_z", 0.0, 1.0)
+    p = DEFAULT_OVERSAMPLE if oversample is None else oversample
+    width = min(k + check_int_in_range(p, "oversample", 0), v, N)
     fingerprint = None
     if public_seed is not None:
         public_seed = check_int_in_range(public_seed, "seed", 0, 2**128 - 1)
         fingerprint = seed_fingerprint(public_seed)
     plan = TwoPassPlan(
         params=params, shape=(m, n), transpose=transpose, v=v, weight_z=w,
-        calibration=None, public_seed_fingerprint=fingerprint,
+        calibration=None, public_seed_fingerprint=fingerprint, width=width,
     )  # fmt: skip
     if not params.private:
         return plan
-    assert params.epsilon is not None and params.delta is not None
+    assert params.epsilon is not None
+    assert params.delta is not None
     calibration = calibrate_release(
         [
             SketchRequest(name="Z", shape=(v, N), jl_dims=(), weight=w),
-            SketchRequest(name="Y", shape=(M, k), jl_dims=(), weight=1.0 - w),
+            SketchRequest(name="Y", shape=(M, plan.t), jl_dims=(), weight=1.0 - w),
         ],
         epsilon=params.epsilon,
         delta=params.delta,
@@ -379,19 +404,21 @@ def _co_range_basis(plan: TwoPassPlan, z_exact: Any, key: NoiseKey | None) -> Fl
     nz = _noise(plan, key, "Z", NoiseCode.Z, N, plan.v)
     if nz is not None:
         Z += nz.dense().T  # noise tiled along the columns of Z, as in one pass
-    return top_right_vectors(Z, plan.params.rank)
+    return top_right_vectors(Z, plan.t)
 
 
 def _release(source: MatrixSource, plan: TwoPassPlan, Vk: FloatArray, y_exact: Any, key: NoiseKey | None) -> Factorization:
     """``Y + N_Y = Q R``, ``R = P diag(s) W^T``: ``U = Q P``, ``V = V_k W`` [6.3]."""
     M, _ = plan.oriented_shape
     Y = y_exact
-    ny = _noise(plan, key, "Y", NoiseCode.Y, M, plan.params.rank)
+    ny = _noise(plan, key, "Y", NoiseCode.Y, M, plan.t)
     if ny is not None:
         Y = source.tall_map_rows(Y, _row_noise(ny, source))  # Y = X V_k + N_Y
     Q, R = source.tall_qr(Y, with_r=True)
     del Y
+    k = plan.params.rank
     P, s, Wt = np.linalg.svd(R)
+    P, s, Wt = P[:, :k], s[:k], Wt[:k]  # rank-k truncation of the noisy Y [6.3]
     Vx = Vk @ Wt.T
     signs = sign_convention(Vx)
     Ux = source.tall_matmul(Q, P * signs)
