@@ -158,6 +158,19 @@ class TwoPassPlan:
         m, n = self.shape
         return (n, m) if self.transpose else (m, n)
 
+    @property
+    def entry_reads(self) -> tuple[str, ...]:
+        """Units of ``A`` an entry-unit release may be read at by a ledger.
+
+        ``Y``'s bound ``||D V_k||_F <= ||D||_F`` holds for every ``D``; the sparse
+        ``S`` of ``Z`` is exact for a difference within one row of ``X`` only, so
+        the release converts to that axis of ``A`` alone (as in one pass:
+        :attr:`pipeline.algorithms.lrf.LrfPlan.entry_reads`).
+        """
+        if self.calibration is None:
+            return ("row", "column")
+        return ("column",) if self.transpose else ("row",)
+
     def sigma(self, name: str) -> float:
         """Noise std of released statistic ``name`` (0.0 when not private)."""
         if self.calibration is None:

@@ -115,6 +115,18 @@ def test_orientation_puts_the_privacy_unit_on_the_rows_of_x(
     assert plan.transpose is transpose
 
 
+@pytest.mark.parametrize(("shape", "reads"), [((500, 300), ("row",)), ((300, 500), ("column",))])
+def test_an_entry_release_converts_only_along_the_rows_of_x(
+    shape: tuple[int, int], reads: tuple[str, ...]
+) -> None:
+    """The sparse S of Z is exact for a difference within one row of X only."""
+    plan = plan_two_pass(_params(unit="entry"), shape)
+    assert plan.entry_reads == reads
+    f = factorize(np.zeros(shape), 2, epsilon=EPS, delta=DELTA, algorithm="two-pass",
+                  unit="entry", insecure_noise_seed=1)  # fmt: skip
+    assert f.report["contract"]["entry_reads"] == list(reads)
+
+
 def test_default_core_size_is_clamped_to_the_rows_of_x() -> None:
     assert plan_two_pass(_params(rank=5), (2000, 300)).v == 100
     assert plan_two_pass(_params(rank=12), (2000, 300)).v == 120
