@@ -48,6 +48,7 @@ from pipeline.release import (
     ReleaseOptions,
     ReleaseSpec,
     Runtime,
+    crash_point,
     package_versions,
     run_release,
 )
@@ -117,8 +118,10 @@ def build_report(
             "padded": p.padded,
             "tile_size": p.tile_size,
             "operator": plan.operator.value,
+            **_two_pass_fields(plan),
         },
         "n_passes": passes,
+        "n_passes_planned": 2 if p.algorithm is Algorithm.TWO_PASS else 1,
         "input": _input_report(info),
         "cluster": cluster,
         "sketch_seed_fingerprint": seed_fingerprint(job.sketch_seed),
@@ -126,8 +129,9 @@ def build_report(
     }
     if cal is None:
         return report | _NON_PRIVATE
+    two = p.algorithm is Algorithm.TWO_PASS
     return report | {
-        "mechanism": "Gaussian, one joint mechanism over all released sketches (analytic calibration [BW18])",
+        "mechanism": _TWO_PASS_MECHANISM if two else "Gaussian, one joint mechanism over all released sketches (analytic calibration [BW18])",
         "epsilon": cal.epsilon,
         "delta": cal.delta,
         "accountant": "analytic Gaussian mechanism; releases on one dataset compose exactly in the ledger",
@@ -153,6 +157,11 @@ def build_report(
         * (math.sqrt(m) + math.sqrt(n)),
     }
 
+
+_TWO_PASS_MECHANISM = (
+    "two Gaussian mechanisms, Z = S X + N_Z then Y = X V_k + N_Y with V_k from the noisy Z, "
+    "composed exactly in GDP (analytic calibration [BW18]); both sensitivities exactly Delta_F"
+)
 
 _NON_PRIVATE = {
     "mechanism": None,
@@ -210,7 +219,11 @@ def factorize(
         Target rank k, ``1 <= k <= min(n_rows, n_cols) - 1``.
     epsilon, delta : float
         Budget of this release; required unless ``private=False``.
-    algorithm : {"spectral", "low-space"}
+    algorithm : {"spectral", "low-space", "two-pass"}
+        ``"two-pass"`` reads a stored matrix twice, with both sensitivities
+        exact (:mod:`pipeline.algorithms.two_pass`); it is charged before the
+        first read, and ``sketch_size``, ``padded`` and a Gaussian ``operator``
+        do not apply to it.
     private : bool
         False runs the non-private variant (no clipping, no noise, no ledger).
     sketch_size, core_size : int or None
@@ -453,7 +466,15 @@ def _lrf_parameters(plan: LrfPlan) -> dict[str, Any]:
         "delta_jl_fraction": p.delta_jl_fraction,
         "tile_size": p.tile_size,
         "operator": plan.operator.value,
+        **_two_pass_fields(plan),
     }
+
+
+def _two_pass_fields(plan: LrfPlan) -> dict[str, Any]:
+    """The budget split of a two-pass plan (public); nothing for one pass."""
+    if plan.params.algorithm is not Algorithm.TWO_PASS:
+        return {}
+    return {"weight_z": plan.weight_z, "weight_y": plan.weight_y}  # type: ignore[attr-defined]
 
 
 @dataclasses.dataclass(eq=False)
@@ -502,6 +523,7 @@ class _LrfJob:
             jr = job.durable_journal()  # the exact sketches, key and seed: durable
             if jr is not None:
                 jr.record_sketches(sketches, client=getattr(src, "client", None))
+            crash_point("after-pass")  # the N-th time: after pass N was journaled
 
         details = {"rank": p.rank, "sketch_size": plan.t, "core_size": plan.v}
         result = run_lrf(

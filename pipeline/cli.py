@@ -159,9 +159,10 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     f.add_argument(
         "--algorithm",
-        choices=("spectral", "low-space"),
+        choices=("spectral", "low-space", "two-pass"),
         default="spectral",
-        help="default: spectral",
+        help="default: spectral; two-pass reads the store twice, with exact "
+        "sensitivities (charged before the first read)",
     )
     f.add_argument(
         "--padded",

@@ -77,7 +77,9 @@ CRASH_ENV = "DPLR_CRASH_AT"
 _crash_counts: dict[str, int] = {}
 
 #: The steps of the job at which :func:`crash_point` is called, in order.
-JOB_STEPS = ("after-journal", "after-charge", "before-publish", "after-publish")
+#: ("after-pass" comes before the charge in one pass, after it in two passes,
+#: once per pass: ``after-pass#2`` is after the second.)
+JOB_STEPS = ("after-journal", "after-pass", "after-charge", "before-publish", "after-publish")
 
 INSECURE_NOTE = "noise drawn from a public seed (--insecure-noise-seed): NOT PRIVATE"
 

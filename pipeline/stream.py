@@ -412,6 +412,11 @@ class StreamParams:
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         set_(self, "algorithm", check_enum(Algorithm, self.algorithm, "algorithm"))
+        if self.algorithm is Algorithm.TWO_PASS:
+            raise InvalidParameterError(
+                "a stream is read once, so algorithm='two-pass' (stored matrices only) "
+                "does not apply; use 'spectral' or 'low-space'."
+            )
         set_(self, "unit", check_enum(StreamUnit, self.unit, "unit"))
         set_(self, "neighboring", check_enum(Neighboring, self.neighboring, "neighboring"))
         for name, low in (("rank", 1), ("horizon", 1), ("n_rows", 1), ("n_cols", 1)):

@@ -72,10 +72,11 @@ from pipeline.sketches.operators import OperatorKind, SketchOperator, make_opera
 
 
 class Algorithm(enum.Enum):
-    """The two one-pass factorizations."""
+    """The factorizations: two one-pass, one two-pass (stored matrices only)."""
 
     SPECTRAL = "spectral"
     LOW_SPACE = "low-space"
+    TWO_PASS = "two-pass"  # pipeline.algorithms.two_pass
 
 
 class Reach(enum.Enum):
@@ -444,6 +445,10 @@ def plan_lrf(
     >>> plan.t, plan.v, plan.transpose
     (116, 232, False)
     """
+    if params.algorithm is Algorithm.TWO_PASS:
+        from pipeline.algorithms.two_pass import plan_two_pass
+
+        return plan_two_pass(params, shape, public_seed=public_seed)  # type: ignore[return-value]
     m, n = (check_int_in_range(x, nm, 1) for x, nm in zip(shape, ("n_rows", "n_cols"), strict=True))
     if params.padded and params.algorithm is not Algorithm.LOW_SPACE:
         raise InvalidParameterError("padded=True applies to algorithm='low-space' only.")
@@ -766,6 +771,13 @@ def run_lrf(
 
     Passes over A: 1, or 0 when ``exact`` is given.
     """
+    if plan.params.algorithm is Algorithm.TWO_PASS:
+        from pipeline.algorithms.two_pass import run_two_pass
+
+        return run_two_pass(
+            source, plan, sketch_seed=sketch_seed, noise_key=noise_key,  # type: ignore[arg-type]
+            before_noise=before_noise, input_dtype=input_dtype, exact=exact, after_pass=after_pass,
+        )  # fmt: skip
     _check_keys(plan, sketch_seed, noise_key)
     # tasks carry a sealed reference to the seed, never the seed [spec 4.6, item 3]
     seal = getattr(source, "seal", None) or (lambda value: value)

@@ -1,4 +1,5 @@
-"""A ``dask worker`` process SIGKILLed in the middle of a pass of ``dplr factorize`` and
+"""A ``dask worker`` process SIGKILLed in the middle of a pass of ``dplr factorize`` (one
+pass, and the second pass of ``--algorithm two-pass``) and
 ``dplr pca`` run with ``--scheduler`` against a real ``dask scheduler`` and two
 ``dask worker`` processes on loopback.
 
@@ -48,7 +49,7 @@ def slow_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
 
 def _store(path: Path, kind: str) -> Path:
     rng = np.random.default_rng(17)
-    n = 60 if kind == "factorize" else 16
+    n = 16 if kind == "pca" else 60
     A = rng.standard_normal((N_CHUNKS * 10, n)) / np.sqrt(n)
     A /= np.maximum(1.0, np.linalg.norm(A, axis=1, keepdims=True))  # rows of norm <= 1
     z = zarr.create_array(str(path), shape=A.shape, chunks=(10, n), dtype="f8")
@@ -59,18 +60,20 @@ def _store(path: Path, kind: str) -> Path:
 def _command(kind: str, store: Path, out: Path, ledger: Path, address: str) -> list[str]:
     common = ["--epsilon", "1", "--delta", "1e-6", "--budget-epsilon", "10", "--budget-delta", "1e-4",
               "--ledger", str(ledger), "--out", str(out), "--scheduler", address, "--insecure-noise-seed", "5"]
-    if kind == "factorize":
-        return [sys.executable, "-m", "pipeline", "factorize", str(store), "--rank", "3", "--seed", "3", *common]
+    if kind in ("factorize", "two-pass"):
+        algorithm = ["--algorithm", "two-pass"] if kind == "two-pass" else []
+        return [sys.executable, "-m", "pipeline", "factorize", str(store), "--rank", "3", "--seed", "3",
+                *algorithm, *common]
     return [sys.executable, "-m", "pipeline", "pca", str(store), "--rank", "2", "--iterations", "2",
             "--clip-radius", "0.3", *common]
 
 
 def _names(kind: str) -> tuple[str, ...]:
-    return ("U", "S", "V") if kind == "factorize" else ("components", "eigenvalues")
+    return ("components", "eigenvalues") if kind == "pca" else ("U", "S", "V")
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("kind", ["factorize", "pca"])
+@pytest.mark.parametrize("kind", ["factorize", "two-pass", "pca"])
 def test_worker_sigkilled_mid_pass_gives_the_undisturbed_release(
     slow_cluster: dict[str, str], tmp_path: Path, kind: str
 ) -> None:
@@ -88,7 +91,9 @@ def test_worker_sigkilled_mid_pass_gives_the_undisturbed_release(
         proc = subprocess.Popen(_command(kind, store, tmp_path / "killed.zarr", tmp_path / "killed.json", address),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
         deadline = time.monotonic() + 120
-        while len(os.listdir(marks)) < KILL_AFTER:
+        # two-pass: the kill lands in the second pass (the first read every chunk once)
+        skip = N_CHUNKS if kind == "two-pass" else 0
+        while len(os.listdir(marks)) < skip + KILL_AFTER:
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline
             time.sleep(0.02)
@@ -97,11 +102,11 @@ def test_worker_sigkilled_mid_pass_gives_the_undisturbed_release(
         os.kill(victim, signal.SIGKILL)  # the worker, not its Nanny: the Nanny restarts it
         _out, err = proc.communicate(timeout=240)
         assert proc.returncode == 0, err
-        # the kill landed inside the first pass: the command was running and had
-        # read some, not all, of the chunks that pass reads once each
+        # the kill landed inside the (first or second) pass: the command was running
+        # and had read some, not all, of the chunks that pass reads once each
         assert running_at_kill
-        assert KILL_AFTER <= reads_at_kill < N_CHUNKS, reads_at_kill
-        assert len(os.listdir(marks)) >= N_CHUNKS  # and the pass was finished after it
+        assert skip + KILL_AFTER <= reads_at_kill < skip + N_CHUNKS, reads_at_kill
+        assert len(os.listdir(marks)) >= skip + N_CHUNKS  # and the pass was finished after it
         client.wait_for_workers(2, timeout=60)
         assert victim not in client.run(os.getpid).values()  # a new worker process took over
     one, _ = read_group(tmp_path / "ref.zarr", _names(kind))

@@ -1,0 +1,440 @@
+"""Two-pass differentially private low-rank factorization with exact sensitivities.
+
+Problem. Given ``A`` (n_rows, n_cols), a rank ``k`` and a budget ``(epsilon,
+delta)``, release ``U_k`` (n_rows, k), ``s_k`` (k,), ``V_k`` (n_cols, k) whose
+additive spectral error is close to that of the full-matrix Gaussian mechanism
+(``A + N`` with ``N_ij ~ N(0, (s Delta_F)^2)``, then its truncated SVD), reading
+the stored matrix twice and holding only sketches in memory.
+
+Method [spec private-lrf-2, section 6]. Orient ``X`` = ``A`` or ``A.T`` (M x N)
+so that one individual is one row of ``X`` (row unit: ``A``; column unit:
+``A.T``; entry unit: by shape, ``M >= N``, as the one-pass algorithms do).
+
+1. Pass 1: ``Z = S X + N_Z`` (v x N) with ``S`` a sparse sign operator whose
+   columns have norm exactly 1 (:class:`~pipeline.sketches.sparse.SparseSignOperator`).
+   ``V_k`` = the top-k right singular vectors of the noisy ``Z`` (client).
+2. Pass 2: ``Y = X V_k + N_Y`` (M x k, tall, on the cluster); ``V_k`` travels to
+   the workers as a public :class:`~pipeline.sketches.dense.DenseOperator`.
+3. Release: ``Y = Q R`` (TSQR), ``R = P diag(s) W^T``; ``U = Q P``, ``S = s``,
+   ``V = V_k W``, with the sign convention of the other algorithms.
+
+Privacy. For neighbours that differ in one row ``d`` of the clipped ``X``
+(``||d|| <= Delta_F``): ``||S e_i d^T||_F = ||S[:, i]|| ||d|| = ||d||`` and
+``||e_i d^T V_k||_F = ||V_k^T d|| <= ||d||`` (orthonormal columns); for one
+entry ``delta e_i e_j^T``: ``|delta| ||S[:, i]||`` and ``|delta| ||V_k[j, :]|| <=
+|delta|``. Both sensitivities are exactly ``Delta_F`` for every draw of ``S``
+(so a public sketch seed costs nothing, and no delta is set aside for tail
+events). The second mechanism is chosen from the first one's output; adaptive
+composition of Gaussian mechanisms is exact in GDP,
+``mu^2 = (Delta_F / sigma_Z)^2 + (Delta_F / sigma_Y)^2`` [DRS22, Cor. 3.3], which
+:func:`~pipeline.accounting.calibration.calibrate_release` with ``J = 0`` gives:
+``sigma_i = Delta_F s(epsilon, delta) / sqrt(w_i)``, ``w_Z + w_Y = 1``.
+
+Defaults, measured with ``python benchmarks/two_pass_defaults.py --epsilon 2 4 8
+--v 45 100 200 400 --w 0.1 0.15 0.2``: additive spectral error ``||A - U S
+V^T||_2 - ||A - A_k||_2`` over that of the full GM, median of 5 noise draws,
+4000 x 500, a random-sign rank-5 signal (``sigma_1..5`` = 365 .. 145) on a
+uniform background (``sigma_6`` = 4.9), entry unit, C = 1, delta = 1e-6:
+
+=====  =====  ======  ======  ======  ======
+eps    w_Z    v = 45  v = 100 v = 200 v = 400
+=====  =====  ======  ======  ======  ======
+2      0.10   1.053   1.020   1.002   1.047
+2      0.15   0.988   0.987   0.987   0.988
+2      0.20   1.019   1.019   1.019   1.019
+4      0.10   1.340   1.233   1.149   1.179
+4      0.15   1.118   1.078   1.073   1.073
+4      0.20   1.108   1.108   1.108   1.108
+8      0.10   1.513   1.346   1.231   1.253
+8      0.15   1.246   1.107   1.099   1.098
+8      0.20   1.137   1.136   1.136   1.136
+=====  =====  ======  ======  ======  ======
+
+(full GM error 154, 74, 37 at epsilon 2, 4, 8; at epsilon = 1 it is 353, about
+``sigma_1``, and both methods lose the signal). Hence ``w_Z = 0.15`` and ``v =
+max(10k, 100)``: beyond 100 the gain is under 1% here, and ``Z`` (v x N) is held
+on the client. Keeping ``p`` more columns of ``V`` in pass 2 (``oversample``)
+gained at most 3% (2000 x 300, epsilon 4 and 8, p = 10), so the default is 0.
+
+Passes over A: 2 (plus one norm pass per pass when rows of a column-split store
+are clipped); the budget is charged once, before the first read.
+
+References
+----------
+.. [DRS22] J. Dong, A. Roth, W. Su, "Gaussian differential privacy", JRSS B 84(1),
+   2022, arXiv:1905.02383.
+.. [BW18] B. Balle, Y.-X. Wang, ICML 2018, arXiv:1805.06530.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pipeline._types import FloatArray, Shape2D
+from pipeline._validation import check_float_in_interval, check_int_in_range
+from pipeline.accounting.calibration import (
+    ReleaseCalibration,
+    SketchRequest,
+    calibrate_release,
+)
+from pipeline.algorithms.base import Factorization, MatrixSource
+from pipeline.algorithms.lrf import Algorithm, LrfParams, seed_fingerprint
+from pipeline.errors import InvalidParameterError
+from pipeline.linalg.core import sign_convention
+from pipeline.mechanisms.clipping import PrivacyUnit
+from pipeline.mechanisms.noise import GaussianNoise, NoiseCode, NoiseKey
+from pipeline.sketches.apply import PassRequest
+from pipeline.sketches.dense import DenseOperator
+from pipeline.sketches.gaussian import OperatorCode
+from pipeline.sketches.operators import OperatorKind, SketchOperator, make_operator
+
+__all__ = [
+    "DEFAULT_OVERSAMPLE",
+    "DEFAULT_WEIGHT_Z",
+    "TwoPassPlan",
+    "default_core_size",
+    "plan_two_pass",
+    "run_two_pass",
+]
+
+#: Budget share of the co-range sketch ``Z`` (measured: module docstring).
+DEFAULT_WEIGHT_Z = 0.15
+
+#: Columns of ``V`` beyond the rank that pass 2 keeps (measured: module docstring).
+DEFAULT_OVERSAMPLE = 0
+
+
+def default_core_size(rank: int) -> int:
+    """Default co-range size ``v = max(10k, 100)`` (measured: module docstring).
+
+    Examples
+    --------
+    >>> default_core_size(5), default_core_size(20)
+    (100, 200)
+    """
+    return max(10 * rank, 100)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TwoPassPlan:
+    """A validated two-pass plan: orientation, sizes, budget split, calibration.
+
+    ``t`` is the width of the range sketch ``Y``: the rank plus the
+    oversampling (``width``, 0 meaning the rank). No data.
+    """
+
+    params: LrfParams
+    shape: Shape2D
+    transpose: bool
+    v: int
+    weight_z: float
+    calibration: ReleaseCalibration | None
+    width: int = 0
+    public_seed_fingerprint: str | None = None
+    operator: OperatorKind = OperatorKind.SPARSE_SIGN
+    reach: None = None
+
+    @property
+    def t(self) -> int:
+        """Width of the range sketch ``Y``: the rank plus the oversampling."""
+        return self.width or self.params.rank
+
+    @property
+    def weight_y(self) -> float:
+        return 1.0 - self.weight_z
+
+    @property
+    def public_sketch_seed(self) -> bool:
+        """True when the sketch seed was given (its calibration is the same)."""
+        return self.public_seed_fingerprint is not None
+
+    @property
+    def oriented_shape(self) -> Shape2D:
+        m, n = self.shape
+        return (n, m) if self.transpose else (m, n)
+
+    @property
+    def entry_reads(self) -> tuple[str, ...]:
+        """Units of ``A`` an entry-unit release may be read at by a ledger.
+
+        ``Y``'s bound ``||D V_k||_F <= ||D||_F`` holds for every ``D``; the sparse
+        ``S`` of ``Z`` is exact for a difference within one row of ``X`` only, so
+        the release converts to that axis of ``A`` alone (as in one pass:
+        :attr:`pipeline.algorithms.lrf.LrfPlan.entry_reads`).
+        """
+        if self.calibration is None:
+            return ("row", "column")
+        return ("column",) if self.transpose else ("row",)
+
+    def sigma(self, name: str) -> float:
+        """Noise std of released statistic ``name`` (0.0 when not private)."""
+        if self.calibration is None:
+            return 0.0
+        return next(s.sigma for s in self.calibration.sketches if s.name == name)
+
+
+def _check_params(params: LrfParams) -> None:
+    if params.algorithm is not Algorithm.TWO_PASS:
+        raise InvalidParameterError(
+            f"plan_two_pass plans algorithm='two-pass', got algorithm={params.algorithm.value!r}."
+        )
+    if params.sketch_size is not None:
+        raise InvalidParameterError(
+            "sketch_size does not apply to algorithm='two-pass' (its range sketch "
+            "has exactly rank columns); drop it."
+        )
+    if params.padded:
+        raise InvalidParameterError("padded=True applies to algorithm='low-space' only.")
+    if params.operator not in (None, OperatorKind.SPARSE_SIGN):
+        raise InvalidParameterError(
+            "algorithm='two-pass' uses a sparse sign co-range sketch (its exact "
+            "sensitivity rests on it); drop operator or pass operator='sparse-sign'."
+        )
+
+
+def _transpose(params: LrfParams, m: int, n: int) -> bool:
+    """``X = A.T``? One individual along the rows of ``X`` [private-lrf-2, 6]."""
+    unit = params.clip.unit
+    if params.private and unit is PrivacyUnit.ROW:
+        return False
+    if params.private and unit is PrivacyUnit.COLUMN:
+        return True
+    return m < n  # entry unit, or non-private: the tall sketch on the longer side
+
+
+def plan_two_pass(
+    params: LrfParams,
+    shape: Shape2D,
+    *,
+    public_seed: int | None = None,
+    weight_z: float = DEFAULT_WEIGHT_Z,
+    oversample: int | None = None,
+) -> TwoPassPlan:
+    """Validate ``params`` for a matrix of ``shape`` and calibrate both sketches.
+
+    Reads no data: everything here is public (plan-then-execute).
+
+    Parameters
+    ----------
+    params : LrfParams
+        ``algorithm`` two-pass; ``core_size`` is ``v`` (None: :func:`default_core_size`,
+        at most M); ``sketch_size`` and ``padded`` are refused.
+    shape : tuple (n_rows, n_cols)
+    public_seed : int or None
+        The sketch seed when the user gave it. The calibration does not change
+        (the sensitivities are exact for every operator); the plan records
+        the seed's fingerprint.
+    weight_z : float
+        Budget share ``w_Z`` of ``Z`` in (0, 1); ``Y`` gets ``1 - w_Z``.
+    oversample : int or None
+        ``p``: pass 2 multiplies by ``k + p`` columns of ``V`` (at most ``v`` and
+        N) and the release keeps the top k; None: :data:`DEFAULT_OVERSAMPLE`.
+
+    Returns
+    -------
+    TwoPassPlan
+
+    Raises
+    ------
+    InvalidParameterError
+        If rank, ``v`` or the weight do not fit the shape, or a one-pass
+        parameter is given.
+
+    Notes
+    -----
+    Privacy. Emits two Gaussian mechanisms, ``Z`` (v x N) and ``Y`` (M x k), each
+    of sensitivity exactly ``Delta_F`` (module docstring), composed in GDP:
+    ``calibrate_release`` with ``jl_dims=()`` and ``J = 0``, so
+    ``delta_JL = 0`` and ``sigma_i = Delta_F s(epsilon, delta) / sqrt(w_i)``.
+
+    Examples
+    --------
+    >>> p = LrfParams.of(3, epsilon=1.0, delta=1e-6, algorithm="two-pass", unit="column")
+    >>> plan = plan_two_pass(p, (500, 300))
+    >>> plan.transpose, plan.oriented_shape, plan.v, plan.calibration.sensitivity
+    (True, (300, 500), 100, 'exact')
+    """
+    _check_params(params)
+    m, n = (check_int_in_range(x, nm, 1) for x, nm in zip(shape, ("n_rows", "n_cols"), strict=True))
+    transpose = _transpose(params, m, n)
+    M, N = (n, m) if transpose else (m, n)
+    k = check_int_in_range(params.rank, "rank", 1, min(M, N) - 1, what="[1, min(n_rows, n_cols) - 1]")
+    v = min(default_core_size(k), M) if params.core_size is None else params.core_size
+    v = check_int_in_range(v, "core_size", k + 1, M, what="[rank + 1, the oriented row count]")
+    w = check_float_in_interval(weight_z, "weight_z", 0.0, 1.0)
+    p = DEFAULT_OVERSAMPLE if oversample is None else oversample
+    width = min(k + check_int_in_range(p, "oversample", 0), v, N)
+    fingerprint = None
+    if public_seed is not None:
+        public_seed = check_int_in_range(public_seed, "seed", 0, 2**128 - 1)
+        fingerprint = seed_fingerprint(public_seed)
+    plan = TwoPassPlan(
+        params=params, shape=(m, n), transpose=transpose, v=v, weight_z=w,
+        calibration=None, public_seed_fingerprint=fingerprint, width=width,
+    )  # fmt: skip
+    if not params.private:
+        return plan
+    assert params.epsilon is not None
+    assert params.delta is not None
+    calibration = calibrate_release(
+        [
+            SketchRequest(name="Z", shape=(v, N), jl_dims=(), weight=w),
+            SketchRequest(name="Y", shape=(M, plan.t), jl_dims=(), weight=1.0 - w),
+        ],
+        epsilon=params.epsilon,
+        delta=params.delta,
+        frobenius_bound=params.neighboring.frobenius_bound(params.clip.clip_norm),
+        n_sketch_matrices=0,  # exact sensitivities: no tail event to pay for
+    )
+    calibration.check()
+    return dataclasses.replace(plan, calibration=calibration)
+
+
+def co_range_operator(plan: TwoPassPlan, root: Any) -> SketchOperator:
+    """The sparse sign ``S`` (as ``G = S^T``, M x v) of pass 1 for sketch seed ``root``."""
+    M, _ = plan.oriented_shape
+    return make_operator(
+        OperatorKind.SPARSE_SIGN, root=root, code=OperatorCode.S, length=M,
+        dim=plan.v, tile_size=plan.params.tile_size,
+    )  # fmt: skip
+
+
+def _request(plan: TwoPassPlan, input_dtype: Any, **sketches: Any) -> PassRequest:
+    p = plan.params
+    dtype: type = np.float64  # DP sketches are float64 [spec 4.6, item 7]
+    if not p.private and np.dtype(input_dtype) == np.float32:
+        dtype = np.float32
+    clip = p.clip if p.private else None
+    return PassRequest(transpose=plan.transpose, clip=clip, compute_dtype=dtype, **sketches)
+
+
+def top_right_vectors(Z: FloatArray, rank: int) -> FloatArray:
+    """The top ``rank`` right singular vectors of ``Z``, as columns (N x rank)."""
+    _, _, vt = np.linalg.svd(np.asarray(Z, dtype=np.float64), full_matrices=False)
+    return np.ascontiguousarray(vt[:rank].T)
+
+
+def _noise(plan: TwoPassPlan, key: NoiseKey | None, name: str, code: NoiseCode, length: int, dim: int) -> GaussianNoise | None:
+    if plan.calibration is None or key is None:
+        return None
+    return GaussianNoise(
+        key=key.derive(int(code)), sigma=plan.sigma(name), length=length, dim=dim,
+        tile_size=plan.params.tile_size,
+    )  # fmt: skip
+
+
+def _row_noise(noise: GaussianNoise, source: MatrixSource) -> Callable[[int, FloatArray], FloatArray]:
+    """The row-block noise map of ``Y``, its key sealed for the source's tasks."""
+    seal = getattr(source, "seal", None)
+    if seal is None:
+        return noise.add_to_block
+    return dataclasses.replace(noise, key=seal(noise.key)).add_to_block
+
+
+def run_two_pass(
+    source: MatrixSource,
+    plan: TwoPassPlan,
+    *,
+    sketch_seed: int,
+    noise_key: NoiseKey | None,
+    before_noise: Callable[[], None] | None = None,
+    request: PassRequest | None = None,
+    input_dtype: Any = np.float64,
+    exact: dict[str, Any] | None = None,
+    after_pass: Callable[[dict[str, Any]], None] | None = None,
+) -> Factorization:
+    """Execute ``plan`` on ``source``: charge, pass 1, ``V_k``, pass 2, release.
+
+    Parameters
+    ----------
+    source : MatrixSource of shape (n_rows, n_cols)
+    plan : TwoPassPlan
+    sketch_seed : int
+        Root of ``S`` (data-independent).
+    noise_key : NoiseKey or None
+        Secret key of this release (required when private).
+    before_noise : callable or None
+        The ledger charge: called ONCE, before the first read (the noise of
+        ``Z`` is drawn before pass 2 reads the data again).
+    request : None
+        Not used (two passes); accepted for the signature of ``run_lrf``.
+    input_dtype : numpy dtype
+    exact : dict or None
+        Exact sketches journaled by an interrupted run of this plan with this
+        ``sketch_seed`` and ``noise_key``: ``{"Z"}`` skips pass 1, ``{"Z", "Y"}``
+        both passes. The result is bit for bit the uninterrupted one.
+    after_pass : callable or None
+        Called after each pass with every exact sketch so far (the journal).
+
+    Returns
+    -------
+    Factorization
+        ``U`` (n_rows, k), ``S`` (k,), ``V`` (n_cols, k); an empty report.
+
+    Notes
+    -----
+    Privacy. Noise is added once to each entry of ``Z`` and of ``Y``, after
+    their global sums [design 3.1]; ``V_k`` and everything after read only
+    noisy statistics. ``after_pass`` receives noise-free sketches (trusted zone).
+    Emits ``plan.calibration``.
+
+    Passes over A: 2, fewer when ``exact`` holds journaled sketches.
+    """
+    del request
+    if plan.calibration is not None and noise_key is None:
+        raise InvalidParameterError("a private release needs a noise key.")
+    seal = getattr(source, "seal", None) or (lambda value: value)
+    if before_noise is not None:
+        before_noise()  # the whole job is charged before the first read
+    exact = dict(exact or {})
+    z_exact = exact.get("Z")
+    if z_exact is None:
+        S = co_range_operator(plan, seal(sketch_seed))
+        z_exact = source.sketch(_request(plan, input_dtype, left=(("Z", S),)))["Z"]
+        if after_pass is not None:
+            after_pass({"Z": z_exact})
+    Vk = _co_range_basis(plan, z_exact, noise_key)
+    y_exact = exact.get("Y")
+    if y_exact is None:
+        right = (("Y", DenseOperator(Vk)),)
+        y_exact = source.sketch(_request(plan, input_dtype, right=right))["Y"]
+        if after_pass is not None:
+            # the manifest names both; Z is written again with the same bytes
+            after_pass({"Z": z_exact, "Y": y_exact})
+    del z_exact, exact
+    return _release(source, plan, Vk, y_exact, noise_key)
+
+
+def _co_range_basis(plan: TwoPassPlan, z_exact: Any, key: NoiseKey | None) -> FloatArray:
+    """``V_k``: top-k right singular vectors of ``Z = S X + N_Z`` [private-lrf-2, 6.1]."""
+    _, N = plan.oriented_shape
+    Z = np.array(z_exact, dtype=np.float64)
+    nz = _noise(plan, key, "Z", NoiseCode.Z, N, plan.v)
+    if nz is not None:
+        Z += nz.dense().T  # noise tiled along the columns of Z, as in one pass
+    return top_right_vectors(Z, plan.t)
+
+
+def _release(source: MatrixSource, plan: TwoPassPlan, Vk: FloatArray, y_exact: Any, key: NoiseKey | None) -> Factorization:
+    """``Y + N_Y = Q R``, ``R = P diag(s) W^T``: ``U = Q P``, ``V = V_k W`` [6.3]."""
+    M, _ = plan.oriented_shape
+    Y = y_exact
+    ny = _noise(plan, key, "Y", NoiseCode.Y, M, plan.t)
+    if ny is not None:
+        Y = source.tall_map_rows(Y, _row_noise(ny, source))  # Y = X V_k + N_Y
+    Q, R = source.tall_qr(Y, with_r=True)
+    del Y
+    k = plan.params.rank
+    P, s, Wt = np.linalg.svd(R)
+    P, s, Wt = P[:, :k], s[:k], Wt[:k]  # rank-k truncation of the noisy Y [6.3]
+    Vx = Vk @ Wt.T
+    signs = sign_convention(Vx)
+    Ux = source.tall_matmul(Q, P * signs)
+    Vx = Vx * signs
+    U, V = (Vx, Ux) if plan.transpose else (Ux, Vx)
+    return Factorization(U=U, S=s, V=V)
