@@ -365,7 +365,7 @@ def plan_factorization(source: Any, params: LrfParams) -> list[dict[str, Any]]:
     >>> rows = plan_factorization(np.zeros((20000, 400)),
     ...                           LrfParams.of(5, epsilon=4.0, delta=1e-6, unit="entry"))
     >>> [(r["algorithm"], r["passes"]) for r in rows]
-    [('spectral', 1), ('low-space', 1)]
+    [('spectral', 1), ('low-space', 1), ('two-pass', 2)]
     """
     from pipeline.algorithms import lrf_model
     from pipeline.io import open_input
@@ -383,10 +383,12 @@ def plan_factorization(source: Any, params: LrfParams) -> list[dict[str, Any]]:
         except InvalidParameterError as exc:  # e.g. sizes this algorithm cannot take
             rows.append({"algorithm": alg.value, "refused": str(exc)})
             continue
+        two = alg is Algorithm.TWO_PASS
         rows.append({
             "algorithm": alg.value, "sketch_size": plan.t, "core_size": plan.v,
-            "range_weight": plan.range_weight, "operator": plan.operator.value,
-            "passes": 1, **lrf_model.predict(plan).to_dict(),
+            "range_weight": plan.weight_y if two else plan.range_weight,  # type: ignore[union-attr]
+            "operator": plan.operator.value, "passes": 2 if two else 1,
+            **lrf_model.predict(plan).to_dict(),
         })  # fmt: skip
     return rows
 
