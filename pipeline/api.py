@@ -27,6 +27,7 @@ from pipeline._validation import (
 )
 from pipeline.accounting.contract import Accountant, PrivacyContract
 from pipeline.accounting.ledger import Ledger
+from pipeline.algorithms import lrf_model
 from pipeline.algorithms.base import ArraySource, Factorization
 from pipeline.algorithms.lrf import (
     Algorithm,
@@ -118,7 +119,7 @@ def build_report(
             "padded": p.padded,
             "tile_size": p.tile_size,
             "operator": plan.operator.value,
-            **_two_pass_fields(plan),
+            **_split_fields(plan),
         },
         "n_passes": passes,
         "n_passes_planned": 2 if p.algorithm is Algorithm.TWO_PASS else 1,
@@ -130,6 +131,7 @@ def build_report(
     if cal is None:
         return report | _NON_PRIVATE
     two = p.algorithm is Algorithm.TWO_PASS
+    predicted = lrf_model.predict(plan)
     return report | {
         "mechanism": _TWO_PASS_MECHANISM if two else "Gaussian, one joint mechanism over all released sketches (analytic calibration [BW18])",
         "epsilon": cal.epsilon,
@@ -152,9 +154,10 @@ def build_report(
             }
             for s in cal.sketches
         ],
-        # spec 7.3: public pre-flight estimate of the additive error
-        "noise_floor_estimate": max(s.sigma for s in cal.sketches)
-        * (math.sqrt(m) + math.sqrt(n)),
+        # spec 7.3: public pre-flight estimate of the additive error, from the
+        # error model (public values only)
+        "noise_floor_estimate": predicted.error,
+        "error_model": predicted.to_dict(),
     }
 
 
@@ -367,7 +370,6 @@ def plan_factorization(source: Any, params: LrfParams) -> list[dict[str, Any]]:
     >>> [(r["algorithm"], r["passes"]) for r in rows]
     [('spectral', 1), ('low-space', 1), ('two-pass', 2)]
     """
-    from pipeline.algorithms import lrf_model
     from pipeline.io import open_input
 
     if not params.private:
@@ -468,15 +470,17 @@ def _lrf_parameters(plan: LrfPlan) -> dict[str, Any]:
         "delta_jl_fraction": p.delta_jl_fraction,
         "tile_size": p.tile_size,
         "operator": plan.operator.value,
-        **_two_pass_fields(plan),
+        **_split_fields(plan),
     }
 
 
-def _two_pass_fields(plan: LrfPlan) -> dict[str, Any]:
-    """The budget split of a two-pass plan (public); nothing for one pass."""
-    if plan.params.algorithm is not Algorithm.TWO_PASS:
+def _split_fields(plan: LrfPlan) -> dict[str, Any]:
+    """The budget split (and one pass's range basis rank) of a private plan."""
+    if plan.calibration is None:
         return {}
-    return {"weight_z": plan.weight_z, "weight_y": plan.weight_y}  # type: ignore[attr-defined]
+    if plan.params.algorithm is Algorithm.TWO_PASS:
+        return {"weight_z": plan.weight_z, "weight_y": plan.weight_y}  # type: ignore[attr-defined]
+    return {"range_weight": plan.range_weight, "basis_rank": plan.basis_rank}
 
 
 @dataclasses.dataclass(eq=False)

@@ -230,7 +230,8 @@ def plan_two_pass(
         (the sensitivities are exact for every operator); the plan records
         the seed's fingerprint.
     weight_z : float
-        Budget share ``w_Z`` of ``Z`` in (0, 1); ``Y`` gets ``1 - w_Z``.
+        Budget share ``w_Z`` of ``Z`` in (0, 1); ``Y`` gets ``1 - w_Z``. A
+        ``params.range_weight`` (the share of ``Y``) overrides it.
     oversample : int or None
         ``p``: pass 2 multiplies by ``k + p`` columns of ``V`` (at most ``v`` and
         N) and the release keeps the top k; None: :data:`DEFAULT_OVERSAMPLE`.
@@ -266,6 +267,8 @@ def plan_two_pass(
     k = check_int_in_range(params.rank, "rank", 1, min(M, N) - 1, what="[1, min(n_rows, n_cols) - 1]")
     v = min(default_core_size(k), M) if params.core_size is None else params.core_size
     v = check_int_in_range(v, "core_size", k + 1, M, what="[rank + 1, the oriented row count]")
+    if params.range_weight is not None:  # the range side is Y = X V_k here
+        weight_z = 1.0 - params.range_weight
     w = check_float_in_interval(weight_z, "weight_z", 0.0, 1.0)
     p = DEFAULT_OVERSAMPLE if oversample is None else oversample
     width = min(k + check_int_in_range(p, "oversample", 0), v, N)
