@@ -6,7 +6,7 @@ Usage::
     python benchmarks/bench_utility.py --quick    # tiny grid, a few seconds (a test runs it)
 
 Results: ``benchmarks/results/utility.{md,json,png}`` (``utility_quick.*`` with
-``--quick``; ``--results DIR`` writes elsewhere).
+``--quick``; ``--results DIR`` and ``--name STEM`` write elsewhere).
 
 **What is measured** [spec private-lrf-2, "Full GM"]. For one in-memory matrix A
 (m x n, float64) and rank k, the additive spectral error of an estimate
@@ -144,6 +144,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--results", default=os.path.join(HERE, "results"), help="output directory"
+    )
+    p.add_argument(
+        "--name",
+        default=None,
+        help="file stem (default utility; utility_quick with --quick)",
     )
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
     p.add_argument(
@@ -526,11 +531,16 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     with threadpool_limits(args.blas_threads):
         cells = run_grid(args, algs)
-    stem = os.path.join(args.results, "utility_quick" if args.quick else "utility")
+    name = args.name or ("utility_quick" if args.quick else "utility")
+    stem = os.path.join(args.results, name)
     res: dict[str, Any] = {
         "benchmark": "bench_utility",
-        "command": "python benchmarks/bench_utility.py "
-        + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": " ".join(
+            [
+                "python benchmarks/bench_utility.py",
+                *(sys.argv[1:] if argv is None else argv),
+            ]
+        ),
         "machine": C.machine(),
         "versions": C.versions(),
         "params": {
