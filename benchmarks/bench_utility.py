@@ -26,7 +26,9 @@ call (a given seed would be public and calibrated for the worst case, which is
 not the default path). Its noise comes from the secret CSPRNG unless
 ``--noise-seed B`` is given (then draw j uses ``insecure_noise_seed=B + j``; the
 sketch operators stay secret, so results are reproducible only in distribution).
-The full GM's noise is numpy's ``default_rng`` seeded from ``--seed``.
+The matrices and the full GM's noise come from numpy's ``default_rng``, keyed by
+``--seed`` and the cell (spectrum, unit; and epsilon for the noise), so a cell's
+matrix and GM draws do not depend on the rest of the grid.
 
 For each cell (spectrum, unit, eps) there are ``--draws`` (>= 3) independent
 draws of every method on the SAME matrix. The reported ratio is
@@ -382,17 +384,21 @@ def run_grid(
     args: argparse.Namespace, algs: list[str], log: Any = print
 ) -> list[dict[str, Any]]:
     m, n = args.rows, args.cols
-    rng = np.random.default_rng(args.seed)
     cells = []
     for spectrum in args.spectra:
         k = args.rank or DEFAULT_RANK[spectrum]
         for unit in args.units:
+            # keyed by the cell, not by the grid: a matrix (and its GM noise at a
+            # given epsilon) is the same whatever else the run covers
+            key = [args.seed, SPECTRA.index(spectrum), UNITS.index(unit)]
+            rng = np.random.default_rng(key)
             A = make_matrix(spectrum, unit, m, n, k, args.clip_norm, rng)
             sigma = np.linalg.svd(A, compute_uv=False)
             resid = Residual(A)
             for eps in args.epsilons:
                 t0 = time.perf_counter()
-                cell = run_cell(resid, sigma, k, eps, unit, algs, args, rng)
+                gm_rng = np.random.default_rng([*key, round(1e6 * eps)])
+                cell = run_cell(resid, sigma, k, eps, unit, algs, args, gm_rng)
                 cell = {
                     "spectrum": spectrum,
                     "unit": unit,
@@ -457,15 +463,16 @@ def markdown(res: dict[str, Any]) -> str:
         for a in algs:
             r = c["algorithms"][a]
             seen.setdefault(
-                (a, c["unit"], c["rank"]), (r["t"], r["v"], r["n_passes"], r["weights"])
+                (a, c["unit"], c["rank"]),
+                (r["t"], r["v"], r.get("operator"), r["n_passes"], r["weights"]),
             )
     lines += [
-        "| algorithm | unit | k | t | v | passes | budget weights |",
-        "|---|---|---|---|---|---|---|",
+        "| algorithm | unit | k | t | v | S | passes | budget weights |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for (a, u, k), (t, v, npass, w) in seen.items():
+    for (a, u, k), (t, v, op, npass, w) in seen.items():
         ws = ", ".join(f"{nm} {x:.2f}" for nm, x in w.items() if x is not None) or "-"
-        lines.append(f"| {a} | {u} | {k} | {t} | {v} | {npass} | {ws} |")
+        lines.append(f"| {a} | {u} | {k} | {t} | {v} | {op} | {npass} | {ws} |")
     for a, why in res["skipped"].items():
         lines += ["", f"`{a}`: {why}."]
     return "\n".join(lines) + "\n"
