@@ -380,6 +380,12 @@ def _release_meta(report: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def matrix_key(seed: int, spectrum: str, unit: str) -> list[int]:
+    """Seed of one cell's matrix (its GM noise adds epsilon): keyed by the cell,
+    not by the grid, so a cell is the same whatever else the run covers."""
+    return [seed, SPECTRA.index(spectrum), UNITS.index(unit)]
+
+
 def run_grid(
     args: argparse.Namespace, algs: list[str], log: Any = print
 ) -> list[dict[str, Any]]:
@@ -388,11 +394,10 @@ def run_grid(
     for spectrum in args.spectra:
         k = args.rank or DEFAULT_RANK[spectrum]
         for unit in args.units:
-            # keyed by the cell, not by the grid: a matrix (and its GM noise at a
-            # given epsilon) is the same whatever else the run covers
-            key = [args.seed, SPECTRA.index(spectrum), UNITS.index(unit)]
-            rng = np.random.default_rng(key)
-            A = make_matrix(spectrum, unit, m, n, k, args.clip_norm, rng)
+            key = matrix_key(args.seed, spectrum, unit)
+            A = make_matrix(
+                spectrum, unit, m, n, k, args.clip_norm, np.random.default_rng(key)
+            )
             sigma = np.linalg.svd(A, compute_uv=False)
             resid = Residual(A)
             for eps in args.epsilons:
