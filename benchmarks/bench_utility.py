@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benchmarks/bench_utility.py            # default grid, about 3 min (1 BLAS thread)
+    python benchmarks/bench_utility.py            # default grid, about 5 min (1 BLAS thread)
     python benchmarks/bench_utility.py --quick    # tiny grid, a few seconds (a test runs it)
 
 Results: ``benchmarks/results/utility.{md,json,png}`` (``utility_quick.*`` with
