@@ -67,7 +67,7 @@ def _rel(a, b):
     return float(np.abs(a - b).max() / np.abs(b).max())
 
 
-@pytest.mark.parametrize("alg", list(Algorithm))
+@pytest.mark.parametrize("alg", [Algorithm.SPECTRAL, Algorithm.LOW_SPACE])  # streams: one pass
 @pytest.mark.parametrize("shape", [(300, 170), (170, 300)])
 def test_linearity_any_order_and_split(alg, shape):
     """Sketch of batches B1..Bk in any order and split == sketch of their sum."""
@@ -92,7 +92,7 @@ def test_linearity_any_order_and_split(alg, shape):
             assert _rel(acc[k], want[k]) < LINEARITY_RTOL, k
 
 
-@pytest.mark.parametrize("alg", list(Algorithm))
+@pytest.mark.parametrize("alg", [Algorithm.SPECTRAL, Algorithm.LOW_SPACE])  # streams: one pass
 def test_stream_factorization_equals_one_shot_without_noise(alg):
     shape = (240, 150)
     plan = plan_stream(_params(alg), shape, 4)

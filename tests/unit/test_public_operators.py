@@ -236,7 +236,7 @@ def _oracle(plan: LrfPlan, seed: int) -> dict[str, float]:
 @settings(max_examples=12, deadline=None)
 @given(
     seed=st.integers(0, 2**128 - 1),
-    algorithm=st.sampled_from(list(Algorithm)),
+    algorithm=st.sampled_from([Algorithm.SPECTRAL, Algorithm.LOW_SPACE]),  # one pass
     unit=st.sampled_from(list(PrivacyUnit)),
     m=st.integers(20, 90),
     n=st.integers(20, 90),

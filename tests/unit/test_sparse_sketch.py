@@ -181,15 +181,18 @@ def test_non_finite_entries_reach_a_sparse_partial(bad: float) -> None:
         block_partials(A, 0, 0, req, where="chunk (1, 0)")
 
 
-def test_private_plan_refuses_a_sparse_operator() -> None:
-    with pytest.raises(InvalidParameterError, match="for non-private runs only"):
+def test_private_plan_refuses_a_sparse_operator_where_it_is_not_exact() -> None:
+    """A wide matrix puts A's rows on X's columns: a sparse S would have no bound there."""
+    with pytest.raises(InvalidParameterError, match="operator='sparse-sign' in a private"):
         plan_lrf(
             LrfParams(algorithm=Algorithm.SPECTRAL, rank=2, epsilon=1.0, delta=1e-6,
                       operator=OperatorKind.SPARSE_SIGN),
-            (100, 40),
+            (40, 100),
         )
-    ok = plan_lrf(LrfParams(algorithm=Algorithm.SPECTRAL, rank=2, epsilon=1.0, delta=1e-6), (100, 40))
-    assert ok.operator is OperatorKind.GAUSSIAN
+    wide = plan_lrf(LrfParams(algorithm=Algorithm.SPECTRAL, rank=2, epsilon=1.0, delta=1e-6), (40, 100))
+    assert wide.operator is OperatorKind.GAUSSIAN
+    tall = plan_lrf(LrfParams(algorithm=Algorithm.SPECTRAL, rank=2, epsilon=1.0, delta=1e-6), (100, 40))
+    assert tall.operator is OperatorKind.SPARSE_SIGN  # exact along X's rows
     np_plan = plan_lrf(LrfParams(algorithm=Algorithm.SPECTRAL, rank=2, private=False), (100, 40))
     assert np_plan.operator is OperatorKind.SPARSE_SIGN
 
