@@ -77,7 +77,7 @@ def make_params(
     *,
     epsilon: float | None,
     delta: float | None,
-    algorithm: str | Algorithm = "spectral",
+    algorithm: str | Algorithm = "auto",
     private: bool = True,
     sketch_size: int | None = None,
     core_size: int | None = None,
@@ -189,7 +189,7 @@ def factorize(
     *,
     epsilon: float | None = None,
     delta: float | None = None,
-    algorithm: str = "spectral",
+    algorithm: str = "auto",
     private: bool = True,
     sketch_size: int | None = None,
     core_size: int | None = None,
@@ -222,11 +222,14 @@ def factorize(
         Target rank k, ``1 <= k <= min(n_rows, n_cols) - 1``.
     epsilon, delta : float
         Budget of this release; required unless ``private=False``.
-    algorithm : {"spectral", "low-space", "two-pass"}
-        ``"two-pass"`` reads a stored matrix twice, with both sensitivities
-        exact (:mod:`pipeline.algorithms.two_pass`); it is charged before the
-        first read, and ``sketch_size``, ``padded`` and a Gaussian ``operator``
-        do not apply to it.
+    algorithm : {"auto", "spectral", "low-space", "two-pass"}
+        ``"auto"`` (default): ``"two-pass"`` for a private release unless
+        ``sketch_size``, ``padded`` or ``operator="gaussian"`` asks for one pass,
+        ``"spectral"`` for a non-private run (docs/algorithms.md, "Which
+        algorithm"). ``"two-pass"`` reads a stored matrix twice, with both sensitivities
+        exact (:mod:`pipeline.algorithms.two_pass`); both passes are charged
+        once, after the first pass and before any noise, and ``sketch_size``,
+        ``padded`` and a Gaussian ``operator`` do not apply to it.
     private : bool
         False runs the non-private variant (no clipping, no noise, no ledger).
     sketch_size, core_size : int or None

@@ -159,10 +159,12 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     f.add_argument(
         "--algorithm",
-        choices=("spectral", "low-space", "two-pass"),
-        default="spectral",
-        help="default: spectral; two-pass reads the store twice, with exact "
-        "sensitivities (charged before the first read)",
+        choices=("auto", "spectral", "low-space", "two-pass"),
+        default="auto",
+        help="default auto: two-pass for a private release (reads the store twice, "
+        "exact sensitivities, both charged once before any noise; the most accurate), "
+        "spectral (one pass) when --sketch-size, --padded or --operator gaussian asks "
+        "for one pass, or with --non-private",
     )
     f.add_argument(
         "--padded",
@@ -173,21 +175,23 @@ def _parser() -> argparse.ArgumentParser:
         "--operator",
         choices=("auto", "gaussian", "sparse-sign"),
         default="auto",
-        help="distribution of the co-range sketch S (default auto: gaussian when "
-        "private, the only kind the noise is calibrated for; sparse-sign, 8 "
-        "non-zeros per row, with --non-private)",
+        help="distribution of the co-range sketch S (default auto: sparse-sign, 8 "
+        "non-zeros per row, wherever its sensitivity is exact; gaussian where one "
+        "individual spans a column of the sketched matrix)",
     )
     f.add_argument(
         "--sketch-size",
         "-t",
         type=int,
-        help="range sketch size t (default: max(4k, k+20) private, max(3k, k+20) not)",
+        help="range sketch size t of a one-pass algorithm (default: the error model's, "
+        "see --plan, when private; max(3k, k+20) with --non-private)",
     )
     f.add_argument(
         "--core-size",
         "-v",
         type=int,
-        help="co-range/core sketch size v (default: 4t private, 6t+1 not)",
+        help="co-range/core sketch size v (default: 2t one pass, max(10k, 100) two-pass, "
+        "6t+1 with --non-private)",
     )
     f.add_argument(
         "--seed",

@@ -961,7 +961,9 @@ class DPLowRank(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         Budget of the release; ignored when ``private=False``.
     delta : float, default=1e-6
         In (0, 1); ignored when ``private=False``.
-    algorithm : {"spectral", "low-space"}, default="spectral"
+    algorithm : {"auto", "spectral", "low-space", "two-pass"}, default="auto"
+        ``"auto"``: two-pass for a private fit (the most accurate), Spectral-LRF
+        for a non-private one (:func:`pipeline.api.factorize`).
     private : bool, default=True
         False runs the non-private variant (no clipping, no noise, no ledger).
     sketch_size, core_size : int or None, default=None
@@ -1034,7 +1036,7 @@ class DPLowRank(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         *,
         epsilon: float = 1.0,
         delta: float = 1e-6,
-        algorithm: str = "spectral",
+        algorithm: str = "auto",
         private: bool = True,
         sketch_size: int | None = None,
         core_size: int | None = None,

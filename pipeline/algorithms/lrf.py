@@ -71,6 +71,10 @@ from pipeline.sketches.norms import operator_norms
 from pipeline.sketches.operators import OperatorKind, SketchOperator, make_operator
 
 
+#: The algorithm name that :class:`LrfParams` resolves by its other parameters.
+AUTO = "auto"
+
+
 class Algorithm(enum.Enum):
     """The factorizations: two one-pass, one two-pass (stored matrices only)."""
 
@@ -141,7 +145,9 @@ class LrfParams:
 
     Parameters
     ----------
-    algorithm : Algorithm
+    algorithm : Algorithm or "auto"
+        ``"auto"`` is resolved at construction (:meth:`_algorithm`): two-pass
+        for a private release, Spectral-LRF otherwise.
     rank : int
         Target rank k.
     sketch_size, core_size : int or None
@@ -191,7 +197,6 @@ class LrfParams:
     def __post_init__(self) -> None:
         """Validate every field and turn names into enums (no data needed)."""
         set_ = object.__setattr__
-        set_(self, "algorithm", check_enum(Algorithm, self.algorithm, "algorithm"))
         set_(self, "rank", check_int_in_range(self.rank, "rank", 1))
         if self.sketch_size is not None:
             check_int_in_range(self.sketch_size, "sketch_size", 2)
@@ -219,6 +224,7 @@ class LrfParams:
         set_(self, "neighboring", check_enum(Neighboring, self.neighboring, "neighboring"))
         if self.operator is not None:
             set_(self, "operator", check_enum(OperatorKind, self.operator, "operator"))
+        set_(self, "algorithm", self._algorithm())
         if self.range_weight is not None:
             if not self.private:
                 raise InvalidParameterError(
@@ -227,6 +233,26 @@ class LrfParams:
                 )
             set_(self, "range_weight", check_float_in_interval(
                 self.range_weight, "range_weight", 0.0, 1.0))  # fmt: skip
+
+    def _algorithm(self) -> Algorithm:
+        """``algorithm``, with ``"auto"`` resolved (docs/algorithms.md, "Which algorithm").
+
+        ``"auto"``: the two-pass algorithm for a private release (the most
+        accurate, at comparable time: ``benchmarks/bench_utility.py``,
+        ``benchmarks/bench_lrf.py``), unless a one-pass option is set
+        (``sketch_size``, ``padded``, a Gaussian ``operator``); Spectral-LRF for
+        a non-private run, where one pass is as accurate and reads A once.
+        """
+        if not (isinstance(self.algorithm, str) and self.algorithm == AUTO):
+            return check_enum(Algorithm, self.algorithm, "algorithm")
+        one_pass_only = (
+            self.sketch_size is not None
+            or self.padded
+            or self.operator is OperatorKind.GAUSSIAN
+        )
+        if self.private and not one_pass_only:
+            return Algorithm.TWO_PASS
+        return Algorithm.SPECTRAL
 
     @classmethod
     def of(
@@ -248,7 +274,7 @@ class LrfParams:
                 clip_norm, "clip_norm", 0.0, math.inf, privacy=True
             ),
         )
-        kw.setdefault("algorithm", "spectral")
+        kw.setdefault("algorithm", AUTO)
         op = None if operator in (None, "auto") else operator
         return cls(rank=rank, clip=clip, operator=op, **kw)  # type: ignore[arg-type]
 
@@ -489,6 +515,7 @@ def choose_private_sizes(plan: LrfPlan) -> LrfPlan:
 
     M, N = plan.oriented_shape
     p = plan.params
+    _resolve_sizes(p, M, N)  # the rank checks and messages of any plan of this shape
     t0, v0 = lrf_model.default_sizes(plan)
     t, v = _resolve_sizes(
         dataclasses.replace(p, sketch_size=p.sketch_size or t0, core_size=p.core_size or v0),

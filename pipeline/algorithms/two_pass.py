@@ -57,7 +57,10 @@ on the client. Keeping ``p`` more columns of ``V`` in pass 2 (``oversample``)
 gained at most 3% (2000 x 300, epsilon 4 and 8, p = 10), so the default is 0.
 
 Passes over A: 2 (plus one norm pass per pass when rows of a column-split store
-are clipped); the budget is charged once, before the first read.
+are clipped). The budget of both passes is checked before the first read and
+charged once, after pass 1 has read the data and before any noise is drawn
+(the noise of ``Z`` decides what pass 2 computes), as a one-pass release is
+charged after its pass: a bad chunk found by pass 1 costs nothing.
 
 References
 ----------
@@ -362,8 +365,10 @@ def run_two_pass(
     noise_key : NoiseKey or None
         Secret key of this release (required when private).
     before_noise : callable or None
-        The ledger charge: called ONCE, before the first read (the noise of
-        ``Z`` is drawn before pass 2 reads the data again).
+        The ledger charge of the whole job: called once per run, after pass 1
+        (or its journaled result) and before the noise of ``Z``, which pass 2
+        depends on (a rerun calls it again; the charge is idempotent by
+        release id).
     request : None
         Not used (two passes); accepted for the signature of ``run_lrf``.
     input_dtype : numpy dtype
@@ -392,8 +397,6 @@ def run_two_pass(
     if plan.calibration is not None and noise_key is None:
         raise InvalidParameterError("a private release needs a noise key.")
     seal = getattr(source, "seal", None) or (lambda value: value)
-    if before_noise is not None:
-        before_noise()  # the whole job is charged before the first read
     exact = dict(exact or {})
     z_exact = exact.get("Z")
     if z_exact is None:
@@ -401,6 +404,11 @@ def run_two_pass(
         z_exact = source.sketch(_request(plan, input_dtype, left=(("Z", S),)))["Z"]
         if after_pass is not None:
             after_pass({"Z": z_exact})
+    if before_noise is not None:
+        # the whole job, both passes, is charged once: after pass 1 has read
+        # (and so validated) the data and before any noise exists, as a
+        # one-pass release is charged after its pass [design 3]
+        before_noise()
     Vk = _co_range_basis(plan, z_exact, noise_key)
     y_exact = exact.get("Y")
     if y_exact is None:

@@ -133,11 +133,14 @@ def test_generate_then_factorize_publishes_a_private_release(
     assert rep["insecure_noise_seed"] is False
     assert rep["epsilon"] == 1.0
     assert rep["delta"] == 1e-6
-    assert rep["n_passes"] == 1
+    # the default private algorithm: two passes, Z = S A then Y = A V_k
+    assert rep["algorithm"] == "two-pass"
+    assert rep["n_passes"] == 2
     assert rep["cluster"]["kind"] == "local"
     t, v = rep["parameters"]["sketch_size"], rep["parameters"]["core_size"]
-    assert [s["name"] for s in rep["sketches"]] == ["Y", "Z"]
-    assert [s["shape"] for s in rep["sketches"]] == [[ROWS, t], [v, COLS]]
+    assert t == RANK
+    assert [s["name"] for s in rep["sketches"]] == ["Z", "Y"]
+    assert [s["shape"] for s in rep["sketches"]] == [[v, COLS], [ROWS, t]]
     for s in rep["sketches"]:
         assert s["sensitivity"] > 0
         assert s["sigma"] > 0
@@ -154,7 +157,9 @@ def test_generate_then_factorize_publishes_a_private_release(
     ]
     assert rep["contract"]["secret_noise"] is True
     assert rep["public_sketch_seed"] is True
-    assert rep["sensitivity"] == "worst-case"
+    # two-pass: exact for every operator, a public seed included (a one-pass
+    # release would say "worst-case")
+    assert rep["sensitivity"] == "exact"
     for text in (json.dumps(rep), ledger.read_text(), proc.stdout, proc.stderr):
         _assert_no_secret_or_data(text, store)
 

@@ -312,7 +312,9 @@ def _dplr_args(
     path: str, out: Path, ledger: Path, scheduler: str, *extra: str
 ) -> list[str]:
     return [
-        "factorize", path, "--rank", str(RANK), "--epsilon", "1", "--delta", "1e-6",
+        # the one-pass job's durable steps (two-pass: test_two_pass_distributed.py)
+        "factorize", path, "--rank", str(RANK), "--algorithm", "spectral",
+        "--epsilon", "1", "--delta", "1e-6",
         "--seed", str(SKETCH_SEED), "--insecure-noise-seed", str(NOISE_SEED),
         "--out", str(out), "--ledger", str(ledger), "--budget-epsilon", str(BUDGET[0]),
         "--budget-delta", str(BUDGET[1]), "--scheduler", scheduler, "--quiet", *extra,

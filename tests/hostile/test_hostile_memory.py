@@ -214,7 +214,7 @@ def test_float_limits_subnormals_and_negative_zero(
     unit: str, dtype: type, ledger: Path
 ) -> None:
     A = _limits_matrix(dtype)
-    for before, alg in enumerate(("spectral", "low-space")):
+    for before, alg in enumerate(("spectral", "low-space", "two-pass")):
         f = factorize(
             A,
             3,
@@ -229,7 +229,9 @@ def test_float_limits_subnormals_and_negative_zero(
         _charged_once(f, ledger, before)
         assert_release(f.U, f.V, f.S)
     # pre-noise: every unit is within C, so any unit zeroed moves a sketch by <= sensitivity
-    params = make_params(3, epsilon=1.0, delta=1e-6, clip_norm=C, unit=unit)
+    params = make_params(
+        3, epsilon=1.0, delta=1e-6, clip_norm=C, unit=unit, algorithm="spectral"
+    )
     plan = plan_lrf(params, (M, N))
     assert plan.calibration is not None
     request = pass_request(plan, 99)

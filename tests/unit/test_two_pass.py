@@ -1,7 +1,7 @@
 """The two-pass private factorization (spec private-lrf-2, section 6), in memory.
 
 Calibration (exact GDP composition, cross-checked by dp_accounting's PLD),
-orientation and refusals, the charge before the first read, the resume from
+orientation and refusals, the charge after pass 1 and before any noise, the resume from
 journaled sketches, the report, and utility against the full-matrix Gaussian
 mechanism.
 """
@@ -181,7 +181,9 @@ def _matrix(seed: int = 0, m: int = 400, n: int = 120, k: int = 3) -> np.ndarray
     return (U * np.array([60.0, 40.0, 25.0][:k])) @ V.T + 0.01 * rng.normal(size=(m, n))
 
 
-def test_the_job_is_charged_once_before_the_first_read() -> None:
+def test_the_job_is_charged_once_after_pass_1_and_before_any_noise() -> None:
+    """Both passes are charged together, once pass 1 has read (and validated) the
+    data and before the noise of Z, which pass 2 depends on, is drawn."""
     events: list[str] = []
     A = _matrix()
     plan = plan_lrf(_params(unit="entry"), A.shape)
@@ -190,7 +192,7 @@ def test_the_job_is_charged_once_before_the_first_read() -> None:
         before_noise=lambda: events.append("charge"),
         after_pass=lambda sk: events.append("journal " + ",".join(sorted(sk))),
     )  # fmt: skip
-    assert events == ["charge", "read", "journal Z", "read", "journal Y,Z"]
+    assert events == ["read", "journal Z", "charge", "read", "journal Y,Z"]
 
 
 @pytest.mark.parametrize("resume_with", [("Z",), ("Z", "Y")])
