@@ -70,7 +70,6 @@ from pipeline.sketches.gaussian import DEFAULT_TILE_SIZE, OperatorCode
 from pipeline.sketches.norms import operator_norms
 from pipeline.sketches.operators import OperatorKind, SketchOperator, make_operator
 
-
 #: The algorithm name that :class:`LrfParams` resolves by its other parameters.
 AUTO = "auto"
 
