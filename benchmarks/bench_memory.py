@@ -7,8 +7,8 @@ Usage::
     python benchmarks/bench_memory.py --quick        # 10000 and 40000 rows, chunks of 2000
 
 For each store size (n=1000 columns, chunks of 10000 rows x all columns) and each
-method -- non-private Spectral-LRF, DP Spectral-LRF, DP Low-Space-LRF (eps=1,
-delta=1e-6) and, for reference, one plain read pass (da.from_zarr(path).sum(axis=0))
+method -- non-private Spectral-LRF, DP Spectral-LRF, DP Low-Space-LRF, DP two-pass
+(eps=1, delta=1e-6) and, for reference, one plain read pass (da.from_zarr(path).sum(axis=0))
 and dask's svd_compressed -- it
 
 1. starts a fresh LocalCluster (2 worker processes x 1 thread) for every run, so
@@ -48,6 +48,8 @@ sys.path.insert(0, HERE)
 import _common as C
 
 MiB = 2**20
+#: The algorithm of each method (the others are Spectral-LRF).
+ALGORITHMS = {"ours_ls_dp": "low-space", "ours_dp2": "two-pass"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -73,7 +75,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--methods",
         nargs="+",
-        default=["read", "ours_np", "ours_dp", "ours_ls_dp", "svdc"],
+        default=["read", "ours_np", "ours_dp", "ours_ls_dp", "ours_dp2", "svdc"],
     )
     p.add_argument("--out", default=None)
     p.add_argument("--workdir", default=C.WORK)
@@ -98,21 +100,30 @@ def bound_bytes(method: str, rank: int, m: int, n: int, rows_c: int) -> dict[str
     if method in ("svdc", "read"):
         return {"chunk": rows_c * n * f4, "sketch": 0, "note": "reference only"}
     private = method != "ours_np"
-    alg = Algorithm.LOW_SPACE if method == "ours_ls_dp" else Algorithm.SPECTRAL
+    alg = Algorithm(ALGORITHMS.get(method, "spectral"))
     kw = {"epsilon": 1.0, "delta": 1e-6} if private else {"private": False}
     plan = plan_lrf(LrfParams(algorithm=alg, rank=rank, **kw), (m, n))
     t, v = plan.t, plan.v
     chunk = rows_c * n * f4 + (rows_c * n * f8 if private else 0)
-    if alg is Algorithm.SPECTRAL:
+    # a sparse sign S block: 8 columns and values per row, and its CSC index
+    sparse_s = rows_c * 8 * (8 + 8) + (rows_c + 1) * 8
+    s_block = sparse_s if plan.operator.value == "sparse-sign" else rows_c * v * f8
+    if alg is Algorithm.TWO_PASS:
+        # the heavier of the two passes: Z_c (v x n) and S_c, or Y_c (rows_c x k)
+        # and V_k (n x k, the public right operator)
+        partials = max(v * n * f8 + s_block, (rows_c * t + n * t) * f8)
+        ops = 0
+        items = {"Z_c": v * n * f8, "S_c": s_block, "Y_c": rows_c * t * f8, "V_k": n * t * f8}
+    elif alg is Algorithm.SPECTRAL:
         partials = rows_c * t * f8 + v * n * f8  # Y_c, Z_c
-        ops = (n * t + rows_c * v) * f8 + b * v * f8  # Phi, S_c (+ one tile)
+        ops = n * t * f8 + s_block + b * v * f8  # Phi, S_c (+ one tile)
         if not private:
             ops += (n * t + rows_c * v) * f4  # their float32 copies
         items = {
             "Y_c": rows_c * t * f8,
             "Z_c": v * n * f8,
             "Phi": n * t * f8,
-            "S_c": rows_c * v * f8,
+            "S_c": s_block,
         }
     else:
         partials = rows_c * t * f8 + t * n * f8 + v * v * f8  # Yc_c, Yr_c, Z_c
@@ -238,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             factorize(
                 path,
                 k,
-                algorithm="low-space" if method == "ours_ls_dp" else "spectral",
+                algorithm=ALGORITHMS.get(method, "spectral"),
                 seed=0,
                 out=os.path.join(out_dir, "release.zarr"),
                 **kw,
