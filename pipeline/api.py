@@ -595,7 +595,8 @@ def pca(
     iterations: int | None = None,
     clip_radius: float | None = None,
     accounting: str = "gdp",
-    sensitivity: str = "paper",
+    sensitivity: str = "tight",
+    neighboring: str = "add-remove",
     init_fraction: float = 0.5,
     h_fraction: float = 0.5,
     beta: float = 0.1,
@@ -625,10 +626,10 @@ def pca(
         The private matrix, one individual per row. Zarr paths and dask arrays
         run on a Dask cluster (as in :func:`factorize`); numpy arrays in memory.
     rank : int
-        ``k``, ``1 <= k < d``.
+        ``k``, ``1 <= k <= d`` (``k < d`` with ``select``).
     epsilon, delta : float
-        Budget of this release (replacement of one row); required unless
-        ``private=False``.
+        Budget of this release (one row, under ``neighboring``); required
+        unless ``private=False``.
     method : {"power", "analyze-gauss"}
         The clipped, preconditioned power method (Analyze Gauss start, then
         ``iterations`` steps) or Analyze Gauss alone with the whole budget.
@@ -641,8 +642,12 @@ def pca(
     accounting : {"gdp", "paper"}
         Exact Gaussian (GDP) calibration, or the paper's constants (reproduction
         only: about 30x more noise per iteration).
-    sensitivity : {"paper", "tight"}
-        Gram sensitivity 2 (the paper's) or sqrt(2) (the exact supremum).
+    sensitivity : {"tight", "paper"}
+        The exact sensitivities (default) or the paper's constants (Gram and
+        ``H``: 2 instead of sqrt(2) under replacement), for comparison.
+    neighboring : {"add-remove", "replace"}
+        One row present or a zero row (default, as :func:`factorize`), or one
+        row replaced by another: sensitivities 1, 1, R or sqrt(2), sqrt(2), 2R.
     init_fraction, h_fraction, beta, gamma_scale : float
         Budget split and eigenvalue-floor parameters (public; spec 3.4, 7 D3-D4).
     row_norm_bound : float
@@ -693,10 +698,12 @@ def pca(
 
     Notes
     -----
-    Privacy. (epsilon, delta)-DP under replacement of one row (rows clipped to
-    norm 1): a composition of Gaussian releases ``M``, ``H_t``, ``Z_t`` with
-    sensitivities 2 (or sqrt 2), 2 (or sqrt 2) and 2R, calibrated exactly as
-    one ``mu``-GDP mechanism [spec power-pca 3.4].
+    Privacy. (epsilon, delta)-DP for one row (rows clipped to norm 1), added
+    or removed (default) or replaced: a composition of Gaussian releases
+    ``M``, ``H_t``, ``Z_t`` with sensitivities 1, 1, R (add/remove) or
+    sqrt(2), sqrt(2), 2R (replace; [P]'s 2, 2, 2R with
+    ``sensitivity="paper"``), calibrated exactly as one ``mu``-GDP mechanism
+    [spec power-pca 3.4].
 
     Examples
     --------
@@ -715,7 +722,7 @@ def pca(
     params = PcaParams(
         rank=rank, epsilon=epsilon, delta=delta, method=method, iterations=iterations,
         clip_radius=clip_radius, accounting=accounting, sensitivity=sensitivity,
-        init_fraction=init_fraction, h_fraction=h_fraction, beta=beta,
+        neighboring=neighboring, init_fraction=init_fraction, h_fraction=h_fraction, beta=beta,
         gamma_scale=gamma_scale, row_norm_bound=row_norm_bound, route=route,
         private=private,
     )  # fmt: skip
@@ -808,6 +815,12 @@ def _pca_plan(params: Any, shape: tuple[int, int], selection: Selection | None) 
         return plan_pca(params, shape)
     # validated as a fixed run first (rank, budget, route, bounds), then calibrated
     plan = plan_pca(dataclasses.replace(params, iterations=1, clip_radius=1.0), shape)
+    if params.rank >= shape[1]:
+        raise InvalidParameterError(
+            f"select=True needs rank < n_features (with k = d every candidate spans the "
+            f"whole space, so there is nothing to select), got rank={params.rank} for "
+            f"{shape[1]} columns."
+        )
     radii, grid = default_selection_grids(shape[0], params.rank)
     radii = selection.radii if selection.radii is not None else radii
     grid = selection.iterations if selection.iterations is not None else grid
@@ -818,6 +831,7 @@ def _pca_plan(params: Any, shape: tuple[int, int], selection: Selection | None) 
         beta=params.beta,
         expected_trials=expected if expected is not None else 4.0 * len(radii) * len(grid),
         sensitivity=params.sensitivity, gamma_scale=params.gamma_scale,
+        neighboring=params.neighboring,
     )  # fmt: skip
     return dataclasses.replace(plan, calibration=cal, n_passes=-1)
 
@@ -834,7 +848,7 @@ def _pca_release(
     contract = None
     if cal is not None:
         contract = PrivacyContract(
-            unit=PrivacyUnit.ROW, neighboring=Neighboring.REPLACE,
+            unit=PrivacyUnit.ROW, neighboring=Neighboring(params.neighboring),
             clip_norm=params.row_norm_bound, epsilon=cal.epsilon, delta=cal.delta,
             accountant=Accountant.RDP if select else Accountant(params.accounting),
             shape=info.shape, secret_noise=options.insecure_noise_seed is None,
@@ -998,6 +1012,7 @@ def build_pca_report(
             "row_norm_bound": p.row_norm_bound,
             "accounting": p.accounting,
             "sensitivity": p.sensitivity,
+            "neighboring": p.neighboring,
             "init_fraction": p.init_fraction,
             "h_fraction": p.h_fraction,
             "beta": p.beta,
@@ -1030,13 +1045,19 @@ def build_pca_report(
             "delta": cal.delta,
             "realised_epsilon": cal.realised_epsilon(),
             "accountant": p.accounting,
-            "neighboring": "replace one row (rows clipped to norm 1)",
+            "neighboring": _relation_text(p.neighboring),
             "idealized_numerics": True,
             "calibration": cd,
             "mechanisms": cd.get("mechanisms"),
         }
     )
     return report
+
+
+def _relation_text(neighboring: str) -> str:
+    """The report's words for a PCA's neighbouring relation."""
+    what = "add or remove" if neighboring == "add-remove" else "replace"
+    return f"{what} one row (rows clipped to norm 1)"
 
 
 def _selection_report(report: dict[str, Any], result: Any, cal: Any) -> dict[str, Any]:
@@ -1078,7 +1099,7 @@ def _selection_report(report: dict[str, Any], result: Any, cal: Any) -> dict[str
             "delta": cal.delta,
             "realised_epsilon": cal.rdp_epsilon,
             "accountant": "rdp (dp_accounting RepeatAndSelectDpEvent), capped number of trials",
-            "neighboring": "replace one row (rows clipped to norm 1)",
+            "neighboring": _relation_text(cal.neighboring),
             "idealized_numerics": True,
             "calibration": cal.to_dict(),
             "mechanisms": [],

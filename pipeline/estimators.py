@@ -90,7 +90,7 @@ from pipeline.release import (
 __all__ = ["DPPCA", "DPLowRank"]
 
 #: L2 sensitivity of the sum of rows of norm <= 1 under replacement of one row
-#: (spec power-pca 7, D8: ``||a_i - a'_i|| <= 2``).
+#: (spec power-pca 7, D8: ``||a_i - a'_i|| <= 2``); 1 under add/remove.
 MEAN_SENSITIVITY = 2.0
 
 
@@ -332,7 +332,7 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     Parameters
     ----------
     n_components : int
-        ``k``, the number of components, ``1 <= k < n_features``. Public.
+        ``k``, the number of components, ``1 <= k <= n_features``. Public.
     epsilon : float, default=1.0
         Privacy budget of the release (of the DP mean and the PCA together when
         ``centre=True``); ignored when ``private=False``.
@@ -363,8 +363,13 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     accounting : {"gdp", "paper"}, default="gdp"
         Exact Gaussian (GDP) calibration, or the paper's literal constants
         (reproduction only; far more noise).
-    sensitivity : {"paper", "tight"}, default="paper"
-        Gram sensitivity 2 (the paper's) or sqrt(2) (the exact supremum).
+    sensitivity : {"tight", "paper"}, default="tight"
+        The exact sensitivities, or the paper's constants for comparison (Gram
+        and ``H``: 2 instead of sqrt(2) under replacement).
+    neighboring : {"add-remove", "replace"}, default="add-remove"
+        Neighbouring datasets: one row present or a zero row (as
+        :class:`DPLowRank` and :func:`pipeline.api.factorize`), or one row
+        replaced.
     init_fraction, h_fraction : float, default=0.5
         Public budget split: initialisation vs iterations, ``H`` vs ``Z``.
     beta : float, default=0.1
@@ -437,8 +442,9 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
 
     Notes
     -----
-    Privacy. (epsilon, delta)-DP under replacement of one row of norm at most
-    ``row_norm_bound``, for everything ``fit`` stores (all attributes are
+    Privacy. (epsilon, delta)-DP for one row of norm at most
+    ``row_norm_bound`` added or removed (or replaced, with
+    ``neighboring="replace"``), for everything ``fit`` stores (all attributes are
     released values or post-processing of them) [spec power-pca 1.2, 3.4].
     ``transform`` and ``inverse_transform`` are post-processing of the release
     and apply to any data; their outputs on private rows are of course not
@@ -446,10 +452,11 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
 
     Centring (``centre=True``, spec power-pca D8). Rows are scaled by ``1/C``
     and clipped to norm 1; the mean ``(sum_i a_i + N(0, sigma_m^2 I_d)) / n``
-    is released with L2 sensitivity 2 (replacement) and
-    ``sigma_m = 2 / mu_m``; the rows are centred with this released mean,
-    re-clipped to norm 1 (centred rows can reach norm 2) and the PCA runs on
-    them. With ``mu_total = 1 / s(epsilon, delta)``, the mean gets
+    is released with L2 sensitivity 1 (add/remove) or 2 (replacement) and
+    ``sigma_m = sensitivity / mu_m``; the rows are centred with this released
+    mean, re-clipped to norm 1 (centred rows can reach norm 2) and the PCA runs
+    on them, calibrated with its replacement sensitivities under both relations
+    (a removed row is a zero row, which centring turns into ``-mean``). With ``mu_total = 1 / s(epsilon, delta)``, the mean gets
     ``mu_m = sqrt(mean_fraction) mu_total`` (lowered if the rounding of the
     calibrations requires it) and the PCA is calibrated to the
     epsilon at which ``sqrt(1 - mean_fraction) mu_total``-GDP is
@@ -501,7 +508,8 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         clip_radius: float | None = None,
         select: bool = False,
         accounting: str = "gdp",
-        sensitivity: str = "paper",
+        sensitivity: str = "tight",
+        neighboring: str = "add-remove",
         init_fraction: float = 0.5,
         h_fraction: float = 0.5,
         beta: float = 0.1,
@@ -525,6 +533,7 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         self.select = select
         self.accounting = accounting
         self.sensitivity = sensitivity
+        self.neighboring = neighboring
         self.init_fraction = init_fraction
         self.h_fraction = h_fraction
         self.beta = beta
@@ -554,7 +563,8 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         insecure = _check_bool(self.insecure_noise, "insecure_noise")
         _check_bool(self.centre, "centre")
         _choice(self.accounting, "accounting", ("gdp", "paper"))
-        _choice(self.sensitivity, "sensitivity", ("paper", "tight"))
+        _choice(self.sensitivity, "sensitivity", ("tight", "paper"))
+        _choice(self.neighboring, "neighboring", ("add-remove", "replace"))
         for name in ("init_fraction", "h_fraction", "beta", "mean_fraction"):
             check_float_in_interval(getattr(self, name), name, 0.0, 1.0)
         for name in ("gamma_scale", "row_norm_bound"):
@@ -566,6 +576,7 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
             "clip_radius": self.clip_radius,
             "accounting": self.accounting,
             "sensitivity": self.sensitivity,
+            "neighboring": self.neighboring,
             "init_fraction": self.init_fraction,
             "h_fraction": self.h_fraction,
             "beta": self.beta,
@@ -657,8 +668,8 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
 
         Notes
         -----
-        Privacy. See the class Notes: one (epsilon, delta)-DP release under
-        replacement of one row.
+        Privacy. See the class Notes: one (epsilon, delta)-DP release for one
+        row (``neighboring``).
         """
         kw = self._pca_kwargs()
         X = _validate_fit_input(self, X, allow_nan=bool(self.private), min_samples=1)
@@ -702,7 +713,7 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         # public values only: refused by the job (bad split, over budget) before any read
         plan = extra["plan"] = self._centred_plan(kw, shape)
         contract = PrivacyContract(
-            unit="row", neighboring="replace", clip_norm=float(self.row_norm_bound),
+            unit="row", neighboring=kw["neighboring"], clip_norm=float(self.row_norm_bound),
             epsilon=plan["epsilon"], delta=plan["delta"], accountant=Accountant.GDP,
             shape=shape, secret_noise=kw["insecure_noise_seed"] is None,
         )  # fmt: skip
@@ -757,6 +768,9 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
             clip_radius=kw["clip_radius"],
             accounting=kw["accounting"],
             sensitivity=kw["sensitivity"],
+            # centred with the released mean, a zero row becomes -mean: the PCA
+            # of the centred rows sees one row *replaced*, whatever the relation
+            neighboring="replace",
             init_fraction=kw["init_fraction"],
             h_fraction=kw["h_fraction"],
             beta=kw["beta"],
@@ -766,12 +780,13 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         pca_plan = plan_pca(params, shape)
         mu_pca = float(pca_plan.calibration.mu)
         mu_m = _mean_mu(mu_total, mu_pca, f, eps, dlt)
-        sigma_m = MEAN_SENSITIVITY / mu_m
+        s_mean = MEAN_SENSITIVITY if kw["neighboring"] == "replace" else 1.0
+        sigma_m = s_mean / mu_m
         mu_joint = math.hypot(mu_m, mu_pca)
         mean_cal = _gaussian_release_calibration(
             "dp-mean",
             (1, shape[1]),
-            sensitivity=MEAN_SENSITIVITY,
+            sensitivity=s_mean,
             sigma=sigma_m,
             epsilon=gaussian_epsilon(1.0 / mu_m, dlt),
             delta=dlt,
@@ -789,6 +804,7 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
             "mu_mean": mu_m,
             "mu_joint": mu_joint,
             "sigma_mean": sigma_m,
+            "sensitivity_mean": s_mean,
             "pca_plan": pca_plan,
             "mean_calibration": mean_cal,
             "joint_calibration": joint_cal,
@@ -848,8 +864,8 @@ class _CentredPca:
     Notes
     -----
     Privacy. The exact sum of the clipped rows stays a :class:`Secret`: only
-    ``sum + N(0, sigma_m^2 I)`` is used afterwards (L2 sensitivity 2 under
-    replacement of a row of norm <= 1). The centring map uses that released
+    ``sum + N(0, sigma_m^2 I)`` is used afterwards (L2 sensitivity 1 under
+    add/remove, 2 under replacement of a row of norm <= 1). The centring map uses that released
     mean only, so it is the same per-row map for neighbouring datasets and the
     PCA's guarantee holds for the centred, re-clipped rows.
     """
@@ -924,7 +940,7 @@ def _centring_report(report: dict[str, Any], extra: dict[str, Any]) -> dict[str,
     report["centring"] = {
         "mechanism": "Gaussian mean of the clipped rows, divided by the public n; "
         "rows centred with it and re-clipped to norm 1",
-        "sensitivity": MEAN_SENSITIVITY,
+        "sensitivity": plan["sensitivity_mean"],
         "sigma": plan["sigma_mean"],
         "mu": plan["mu_mean"],
         "epsilon": plan["mean_calibration"].epsilon,

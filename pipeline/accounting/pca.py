@@ -66,6 +66,13 @@ from pipeline.accounting.gaussian import (
     gaussian_epsilon,
     gaussian_noise_multiplier,
 )
+from pipeline.accounting.pca_sensitivity import (
+    NEIGHBORINGS,
+    SENSITIVITIES,
+    PcaSensitivities,
+    pca_sensitivities,
+)
+from pipeline.accounting.pca_sensitivity import check_choice as _check_choice
 from pipeline.errors import InvalidParameterError, PrivacyConfigError
 
 if TYPE_CHECKING:
@@ -74,6 +81,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ACCOUNTINGS",
     "METHODS",
+    "NEIGHBORINGS",
     "SENSITIVITIES",
     "PcaCalibration",
     "PcaMechanism",
@@ -88,7 +96,6 @@ __all__ = [
 ]
 
 ACCOUNTINGS = ("gdp", "paper")
-SENSITIVITIES = ("paper", "tight")
 METHODS = ("power", "analyze-gauss")
 
 # LEDGER_CHECK slack, as in calibration.py: covers rounding in mu only.
@@ -112,14 +119,16 @@ _RDP_ORDERS = tuple(
 )
 
 
-def gram_sensitivity(mode: str) -> float:
+def gram_sensitivity(mode: str, neighboring: str = "replace") -> float:
     """Frobenius sensitivity of ``sum_i u_i u_i^T`` with ``||u_i|| <= 1``.
 
     Parameters
     ----------
-    mode : {"paper", "tight"}
-        ``"paper"``: 2, the triangle inequality used by [P, Lemma 11];
-        ``"tight"``: ``sqrt(2)``, the supremum under replacement (spec 3.1).
+    mode : {"tight", "paper"}
+        ``"tight"``: the supremum (``sqrt(2)`` under replacement, spec 3.1);
+        ``"paper"``: 2, the triangle inequality used by [P, Lemma 11].
+    neighboring : {"replace", "add-remove"}, optional
+        Under add/remove both modes give 1 (one summand).
 
     Returns
     -------
@@ -129,19 +138,10 @@ def gram_sensitivity(mode: str) -> float:
     --------
     >>> gram_sensitivity("paper"), round(gram_sensitivity("tight"), 4)
     (2.0, 1.4142)
+    >>> gram_sensitivity("tight", "add-remove")
+    1.0
     """
-    _check_choice(mode, "sensitivity", SENSITIVITIES)
-    # spec 3.1: ||uu^T - u'u'^T||_F^2 = |u|^4 + |u'|^4 - 2 (u^T u')^2 <= 2.
-    return 2.0 if mode == "paper" else math.sqrt(2.0)
-
-
-def _check_choice(value: object, name: str, allowed: Sequence[str]) -> str:
-    if not isinstance(value, str) or value not in allowed:
-        options = ", ".join(repr(a) for a in allowed)
-        raise InvalidParameterError(
-            f"{name} must be one of {options}, got {name}={value!r}."
-        )
-    return value
+    return pca_sensitivities(mode, neighboring).gram
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -158,7 +158,7 @@ class PcaMechanism:
         True for ``M`` and ``H``: the noise is ``sigma sym(G)``, isotropic with
         std ``sigma`` in an orthonormal basis of symmetric matrices (spec 3.2).
     sensitivity : float
-        L2 (Frobenius) sensitivity under replacement adjacency.
+        L2 (Frobenius) sensitivity under the calibration's relation.
     sigma : float
         Noise std per orthonormal coordinate (for ``Z``: ``noise_Z R_eff``).
     count : int
@@ -202,7 +202,9 @@ class PcaCalibration:
         The guarantee claimed for the release.
     method : {"power", "analyze-gauss"}
     accounting : {"gdp", "paper"}
-    sensitivity_mode : {"paper", "tight"}
+    sensitivity_mode : {"tight", "paper"}
+    neighboring : {"add-remove", "replace"}
+        The neighbouring relation the sensitivities hold for.
     rank : int
         ``k``.
     n_features : int
@@ -245,6 +247,12 @@ class PcaCalibration:
     noise_Z: float | None
     gamma: float | None
     mechanisms: tuple[PcaMechanism, ...]
+    neighboring: str = "add-remove"
+
+    @property
+    def sensitivities(self) -> PcaSensitivities:
+        """The bounds of ``sensitivity_mode`` under ``neighboring``."""
+        return pca_sensitivities(self.sensitivity_mode, self.neighboring)
 
     @property
     def mu(self) -> float:
@@ -311,13 +319,14 @@ class PcaCalibration:
 
     def _bounds(self) -> dict[str, tuple[float, float | None]]:
         """Per label: the mode's sensitivity bound and the std actually applied."""
-        s_gram = gram_sensitivity(self.sensitivity_mode)
+        sens = self.sensitivities
+        s_gram = sens.gram
         out: dict[str, tuple[float, float | None]] = {"M": (s_gram, self.noise_init)}
         if self.method == "power":
             r = self.clip_radius if self.clip_radius is not None else math.inf
             applied_z = None if self.noise_Z is None else self.noise_Z * r
-            # spec 3.1: Clip_R bounds each summand by R, so replacement moves 2R.
-            out |= {"H": (s_gram, self.noise_H), "Z": (2.0 * r, applied_z)}
+            # spec 3.1: Clip_R bounds each summand by R (2R under replacement).
+            out |= {"H": (s_gram, self.noise_H), "Z": (sens.clip * r, applied_z)}
         return out
 
     def check(self) -> None:
@@ -368,6 +377,7 @@ class PcaCalibration:
             "accounting": self.accounting,
             "accountant": self.accounting,
             "sensitivity_mode": self.sensitivity_mode,
+            "neighboring": self.neighboring,
             "rank": self.rank,
             "n_features": self.n_features,
             "iterations": self.iterations,
@@ -402,9 +412,9 @@ class PcaCalibration:
         -------
         dp_accounting.ComposedDpEvent
             One ``GaussianDpEvent(sigma / s)`` per mechanism, wrapped in a
-            ``SelfComposedDpEvent`` when ``count > 1``. The replacement
-            sensitivity is folded into the noise multiplier: dp_accounting
-            does not rescale a plain Gaussian event (spec 3.4).
+            ``SelfComposedDpEvent`` when ``count > 1``. The sensitivity of the
+            calibration's relation is folded into the noise multiplier:
+            dp_accounting does not rescale a plain Gaussian event (spec 3.4).
         """
         import dp_accounting  # lazy: importing it costs 2-3 s
 
@@ -542,10 +552,15 @@ def paper_constants(epsilon: float, delta: float, iterations: int) -> dict[str, 
 
 
 def _gdp_noise(
-    mu: float, s_gram: float, t: int, init_fraction: float, h_fraction: float
+    mu: float,
+    sens: PcaSensitivities,
+    t: int,
+    init_fraction: float,
+    h_fraction: float,
 ) -> tuple[float, float | None, float | None]:
     """``(noise_init, noise_H, noise_Z)`` of the zCDP split of ``mu^2 / 2``."""
     rho_total = mu * mu / 2.0
+    s_gram = sens.gram
     if t == 0:
         # Analyze Gauss alone: the whole budget on M (spec 3.4).
         return s_gram / mu, None, None
@@ -557,7 +572,7 @@ def _gdp_noise(
     return (
         s_gram / math.sqrt(2.0 * rho_init),
         s_gram / math.sqrt(2.0 * rho_h),
-        2.0 / math.sqrt(2.0 * rho_z),
+        sens.clip / math.sqrt(2.0 * rho_z),
     )
 
 
@@ -570,6 +585,7 @@ def _check_pca_args(
     clip_radius: object,
     accounting: object,
     sensitivity: object,
+    neighboring: object,
     init_fraction: object,
     h_fraction: object,
     beta: object,
@@ -579,10 +595,11 @@ def _check_pca_args(
     d = check_int_in_range(n_features, "n_features", 2)
     args: dict[str, Any] = {
         "n_features": d,
-        "rank": check_int_in_range(rank, "rank", 1, d - 1, what="[1, n_features - 1]"),
+        "rank": check_int_in_range(rank, "rank", 1, d, what="[1, n_features]"),
         "method": _check_choice(method, "method", METHODS),
         "accounting": _check_choice(accounting, "accounting", ACCOUNTINGS),
         "sensitivity": _check_choice(sensitivity, "sensitivity", SENSITIVITIES),
+        "neighboring": _check_choice(neighboring, "neighboring", NEIGHBORINGS),
         "init_fraction": check_float_in_interval(init_fraction, "init_fraction", 0, 1),
         "h_fraction": check_float_in_interval(h_fraction, "h_fraction", 0.0, 1.0),
         "beta": check_float_in_interval(beta, "beta", 0.0, 1.0),
@@ -645,7 +662,8 @@ def calibrate_pca(
     iterations: int | None = None,
     clip_radius: float | None = None,
     accounting: str = "gdp",
-    sensitivity: str = "paper",
+    sensitivity: str = "tight",
+    neighboring: str = "add-remove",
     init_fraction: float = 0.5,
     h_fraction: float = 0.5,
     beta: float = 0.1,
@@ -662,7 +680,7 @@ def calibrate_pca(
     delta : float
         In ``(0, 1)``.
     rank : int
-        ``k``, ``1 <= k < n_features``.
+        ``k``, ``1 <= k <= n_features``.
     n_features : int
         ``d >= 2``.
     method : {"power", "analyze-gauss"}, optional
@@ -675,9 +693,12 @@ def calibrate_pca(
         Public clip radius ``R > 0``, required for ``"power"``.
     accounting : {"gdp", "paper"}, optional
         Exact GDP calibration (default) or [P]'s literal constants.
-    sensitivity : {"paper", "tight"}, optional
-        ``s_gram = 2`` or ``sqrt(2)`` for ``M`` and ``H``; ``Z`` has ``2 R``
-        in both modes.
+    sensitivity : {"tight", "paper"}, optional
+        Under replacement ``s_gram = sqrt(2)`` (the supremum) or [P]'s 2 for
+        ``M`` and ``H``; ``Z`` has ``2 R`` in both modes. Under add/remove
+        both modes give 1 and ``R`` (:mod:`pipeline.accounting.pca_sensitivity`).
+    neighboring : {"add-remove", "replace"}, optional
+        The neighbouring relation (default add/remove, as ``factorize``).
     init_fraction : float, optional
         ``f0`` in ``(0, 1)``: share of ``rho = mu^2/2`` spent on ``M``
         (must be 0.5 in paper mode; unused by Analyze Gauss).
@@ -709,9 +730,10 @@ def calibrate_pca(
 
     Notes
     -----
-    Privacy. Replacement adjacency on rows with norm <= 1. ``M`` and ``H``
-    have Frobenius sensitivity ``s_gram`` and isotropic ``sym`` noise (spec
-    3.2); ``Z`` has sensitivity ``2 R_eff`` [P, Lemma 12]. In gdp mode
+    Privacy. Rows with norm <= 1, add/remove or replacement of one row.
+    ``M`` and ``H`` have Frobenius sensitivity ``s_gram`` and isotropic
+    ``sym`` noise (spec 3.2); ``Z`` has sensitivity ``R_eff`` (add/remove) or
+    ``2 R_eff`` (replacement) [P, Lemma 12]. In gdp mode
     ``rho = mu^2 / 2`` is split as ``rho_init = f0 rho``, per iteration
     ``rho_H = fH (1 - f0) rho / T``, ``rho_Z = (1 - fH) (1 - f0) rho / T``,
     and ``sigma = s / sqrt(2 rho)`` per release (spec 3.4). Capping ``R``
@@ -722,11 +744,15 @@ def calibrate_pca(
     Examples
     --------
     >>> cal = calibrate_pca(epsilon=1.0, delta=1e-6, rank=2, n_features=64,
-    ...                     iterations=10, clip_radius=0.05)
+    ...     iterations=10, clip_radius=0.05, sensitivity="paper", neighboring="replace")
     >>> [(m.label, m.shape, m.count) for m in cal.mechanisms]
     [('M', (64, 64), 1), ('H', (2, 2), 10), ('Z', (64, 2), 10)]
     >>> round(cal.mu, 4), round(cal.noise_init, 2), round(cal.noise_H, 1)
     (0.2367, 11.95, 53.4)
+    >>> tight = calibrate_pca(epsilon=1.0, delta=1e-6, rank=2, n_features=64,
+    ...     iterations=10, clip_radius=0.05)
+    >>> round(tight.noise_init, 2), tight.neighboring
+    (5.97, 'add-remove')
     """
     eps, dlt = check_privacy_pair(epsilon, delta)
     a = _check_pca_args(
@@ -737,6 +763,7 @@ def calibrate_pca(
         clip_radius=clip_radius,
         accounting=accounting,
         sensitivity=sensitivity,
+        neighboring=neighboring,
         init_fraction=init_fraction,
         h_fraction=h_fraction,
         beta=beta,
@@ -744,7 +771,8 @@ def calibrate_pca(
         cap_radius=cap_radius,
     )
     t, d, k = a["iterations"], a["n_features"], a["rank"]
-    s_gram = gram_sensitivity(a["sensitivity"])
+    sens = pca_sensitivities(a["sensitivity"], a["neighboring"])
+    s_gram = sens.gram
     if a["accounting"] == "paper":
         c = paper_constants(eps, dlt, t)
         noise_init, noise_h = float(c["noise_init"]), c["noise_iter"]
@@ -752,7 +780,7 @@ def calibrate_pca(
     else:
         mu = 1.0 / gaussian_noise_multiplier(eps, dlt)
         noise_init, noise_h, noise_z = _gdp_noise(
-            mu, s_gram, t, a["init_fraction"], a["h_fraction"]
+            mu, sens, t, a["init_fraction"], a["h_fraction"]
         )
     mechanisms = [
         PcaMechanism(
@@ -791,7 +819,7 @@ def calibrate_pca(
                 label="Z",
                 shape=(d, k),
                 symmetric=False,
-                sensitivity=2.0 * r_eff,
+                sensitivity=sens.clip * r_eff,
                 sigma=noise_z * r_eff,
                 count=t,
             ),
@@ -815,6 +843,7 @@ def calibrate_pca(
         noise_Z=noise_z,
         gamma=gamma,
         mechanisms=tuple(mechanisms),
+        neighboring=a["neighboring"],
     )
 
 
@@ -848,25 +877,25 @@ def pld_epsilon_of(calibration: PcaCalibration) -> float:
 # --------------------------------------------------------------------------
 # Private selection of (R, T) [P, App. C, Alg. 5]
 # --------------------------------------------------------------------------
-def _trial_rho(chi: float, zeta: float, s_gram: float) -> float:
+def _trial_rho(chi: float, zeta: float, sens: PcaSensitivities) -> float:
     """zCDP cost of one trial, the same for every ``t`` (spec 2.5, 3.5)."""
-    # t iterations x (H: s_gram^2 / (2 chi^2 t) + Z: (2R)^2 / (2 chi^2 t R^2)),
+    # t iterations x (H: s_gram^2 / (2 chi^2 t) + Z: (c R)^2 / (2 chi^2 t R^2)),
     # plus the score: std s_score zeta for sensitivity s_score.
-    return s_gram**2 / (2.0 * chi**2) + 2.0 / chi**2 + 1.0 / (2.0 * zeta**2)
+    return (sens.gram**2 + sens.clip**2) / (2.0 * chi**2) + 1.0 / (2.0 * zeta**2)
 
 
 def _selection_event(
-    noise_init: float, chi: float, zeta: float, theta: float, s_gram: float
+    noise_init: float, chi: float, zeta: float, theta: float, sens: PcaSensitivities
 ) -> dp_accounting.ComposedDpEvent:
     import dp_accounting  # lazy: importing it costs 2-3 s
     from dp_accounting import dp_event
 
     base = dp_accounting.GaussianDpEvent(
-        noise_multiplier=1.0 / math.sqrt(2.0 * _trial_rho(chi, zeta, s_gram))
+        noise_multiplier=1.0 / math.sqrt(2.0 * _trial_rho(chi, zeta, sens))
     )
     return dp_accounting.ComposedDpEvent(
         events=[
-            dp_accounting.GaussianDpEvent(noise_multiplier=noise_init / s_gram),
+            dp_accounting.GaussianDpEvent(noise_multiplier=noise_init / sens.gram),
             # shape=1: the number of trials is geometric with mean 1/theta.
             dp_event.RepeatAndSelectDpEvent(event=base, mean=1.0 / theta, shape=1.0),
         ]
@@ -878,13 +907,13 @@ def _rdp_epsilon_and_order(
     chi: float,
     zeta: float,
     theta: float,
-    s_gram: float,
+    sens: PcaSensitivities,
     delta: float,
 ) -> tuple[float, float]:
     from dp_accounting import rdp  # lazy: importing it costs 2-3 s
 
     accountant = rdp.RdpAccountant(orders=list(_RDP_ORDERS))
-    accountant.compose(_selection_event(noise_init, chi, zeta, theta, s_gram))
+    accountant.compose(_selection_event(noise_init, chi, zeta, theta, sens))
     eps, order = accountant.get_epsilon_and_optimal_order(delta)
     return float(eps), float(order)
 
@@ -897,6 +926,7 @@ def selection_rdp_epsilon(
     theta: float,
     delta: float,
     sensitivity: str = "paper",
+    neighboring: str = "replace",
 ) -> float:
     """RDP epsilon of the (untruncated) selection procedure by dp_accounting.
 
@@ -915,6 +945,8 @@ def selection_rdp_epsilon(
         In ``(0, 1)``.
     sensitivity : {"paper", "tight"}, optional
         ``s_gram`` of ``M`` and ``H``.
+    neighboring : {"replace", "add-remove"}, optional
+        The relation of the sensitivities ([P]'s replacement by default here).
 
     Returns
     -------
@@ -936,8 +968,8 @@ def selection_rdp_epsilon(
         check_float_in_interval(v, name, 0.0, math.inf, privacy=True)
         for v, name in ((noise_init, "noise_init"), (chi, "chi"), (zeta, "zeta"))
     ]
-    s_gram = gram_sensitivity(sensitivity)
-    return _rdp_epsilon_and_order(*sig, th, s_gram, dlt)[0]
+    sens = pca_sensitivities(sensitivity, neighboring)
+    return _rdp_epsilon_and_order(*sig, th, sens, dlt)[0]
 
 
 def paper_selection_constants(
@@ -980,7 +1012,7 @@ def paper_selection_constants(
     log_d = math.log(1.0 / (theta * dlt))
     nu = eps**2 / (100.0 * log_d)
     noise_init, chi, zeta = (math.sqrt(c / nu) for c in (6.0, 12.0, 1.5))
-    rho_trial = _trial_rho(chi, zeta, 2.0)
+    rho_trial = _trial_rho(chi, zeta, pca_sensitivities("paper", "replace"))
     rho_total = 2.0 / noise_init**2 + rho_trial
     bound = (
         rho_total
@@ -1011,8 +1043,9 @@ class SelectionCalibration:
         composition of Gaussians, so a ledger composes it by basic
         composition).
     rank, n_features, n_rows : int
-        ``k``, ``d``, ``n`` (``n`` is public under replacement adjacency).
-    sensitivity_mode : {"paper", "tight"}
+        ``k``, ``d``, ``n`` (shapes are public under both relations).
+    sensitivity_mode : {"tight", "paper"}
+    neighboring : {"add-remove", "replace"}
     beta : float
         Utility failure probability; sets ``theta`` (by default) and ``gamma``.
     radii : tuple of float
@@ -1034,8 +1067,8 @@ class SelectionCalibration:
         A trial with ``t`` iterations uses ``Delta(t) = chi sqrt(t)`` for
         ``H`` (sym noise) and for ``Z`` (times ``R_eff``).
     zeta : float
-        The score's noise std is ``s_score zeta`` with ``s_score = 2/h``
-        (paper) or ``sqrt(2)/h`` (tight); see :meth:`score_noise`.
+        The score's noise std is ``s_score zeta`` with ``s_score = s_gram/h``;
+        see :meth:`score_noise`.
     rdp_epsilon : float
         dp_accounting RDP epsilon of the untruncated procedure at
         ``delta_rdp``; ``<= epsilon``.
@@ -1068,6 +1101,12 @@ class SelectionCalibration:
     delta_rdp: float
     rdp_order: float
     gamma_scale: float = 1.0
+    neighboring: str = "add-remove"
+
+    @property
+    def sensitivities(self) -> PcaSensitivities:
+        """The bounds of ``sensitivity_mode`` under ``neighboring``."""
+        return pca_sensitivities(self.sensitivity_mode, self.neighboring)
 
     @property
     def n_grid(self) -> int:
@@ -1077,12 +1116,12 @@ class SelectionCalibration:
     @property
     def rho_init(self) -> float:
         """zCDP cost of ``M``."""
-        return gram_sensitivity(self.sensitivity_mode) ** 2 / (2.0 * self.noise_init**2)
+        return self.sensitivities.gram ** 2 / (2.0 * self.noise_init**2)
 
     @property
     def rho_trial(self) -> float:
         """zCDP cost of one trial (its ``H``, ``Z`` and score), whatever its ``t``."""
-        return _trial_rho(self.chi, self.zeta, gram_sensitivity(self.sensitivity_mode))
+        return _trial_rho(self.chi, self.zeta, self.sensitivities)
 
     def noise_iter(self, t: int) -> float:
         """``Delta(t) = chi sqrt(t)``, the std of ``H`` (and of ``Z`` over ``R``).
@@ -1133,7 +1172,7 @@ class SelectionCalibration:
         """
         gap = check_float_in_interval(h, "h", 0.0, math.inf)
         # Lemma 35: f_{a,b} is 1/h-Lipschitz, so the score moves by s_gram / h.
-        return gram_sensitivity(self.sensitivity_mode) / gap * self.zeta
+        return self.sensitivities.score(gap) * self.zeta
 
     def truncated_delta(self, delta_rdp: float | None = None) -> float:
         """``(delta_rdp + e^epsilon q) / (1 - q)``: delta of the capped procedure."""
@@ -1146,9 +1185,8 @@ class SelectionCalibration:
 
     def to_dp_event(self) -> dp_accounting.ComposedDpEvent:
         """The untruncated procedure as a dp_accounting event (RDP only)."""
-        s_gram = gram_sensitivity(self.sensitivity_mode)
         return _selection_event(
-            self.noise_init, self.chi, self.zeta, self.theta, s_gram
+            self.noise_init, self.chi, self.zeta, self.theta, self.sensitivities
         )
 
     def check(self) -> None:
@@ -1185,7 +1223,7 @@ class SelectionCalibration:
             self.chi,
             self.zeta,
             self.theta,
-            gram_sensitivity(self.sensitivity_mode),
+            self.sensitivities,
             self.delta_rdp,
         )
         if not eps <= self.epsilon * (1 + _SELECTION_RTOL):
@@ -1205,6 +1243,7 @@ class SelectionCalibration:
             "n_features": self.n_features,
             "n_rows": self.n_rows,
             "sensitivity_mode": self.sensitivity_mode,
+            "neighboring": self.neighboring,
             "beta": self.beta,
             "radii": list(self.radii),
             "iteration_grid": list(self.iteration_grid),
@@ -1258,7 +1297,11 @@ def _check_grids(
 
 
 def _solve_nu(
-    target: float, nu0: float, theta: float, s_gram: float, delta_rdp: float
+    target: float,
+    nu0: float,
+    theta: float,
+    sens: PcaSensitivities,
+    delta_rdp: float,
 ) -> tuple[float, float, float]:
     """Largest ``nu`` (to ~1e-10 relative) whose RDP epsilon is ``<= target``.
 
@@ -1274,7 +1317,7 @@ def _solve_nu(
         if log_nu not in cache:
             nu = math.exp(log_nu)
             sig = (math.sqrt(6.0 / nu), math.sqrt(12.0 / nu), math.sqrt(1.5 / nu))
-            cache[log_nu] = _rdp_epsilon_and_order(*sig, theta, s_gram, delta_rdp)
+            cache[log_nu] = _rdp_epsilon_and_order(*sig, theta, sens, delta_rdp)
         return cache[log_nu]
 
     def excess(log_nu: float) -> float:
@@ -1312,8 +1355,9 @@ def calibrate_selection(
     beta: float = 0.1,
     expected_trials: float | None = None,
     max_trials: int | None = None,
-    sensitivity: str = "paper",
+    sensitivity: str = "tight",
     gamma_scale: float = 1.0,
+    neighboring: str = "add-remove",
 ) -> SelectionCalibration:
     """Calibrate the noise of the private selection of ``(R, T)`` [P, Alg. 5].
 
@@ -1341,10 +1385,12 @@ def calibrate_selection(
         ``N_max >= 1``; default ``ceil(L / theta)`` with
         ``L = max(20, epsilon + log(100 / delta))`` (``q ~ e^-L``; the cap then
         costs at most 1% of delta, for any epsilon).
-    sensitivity : {"paper", "tight"}, optional
+    sensitivity : {"tight", "paper"}, optional
         ``s_gram`` of ``M`` and ``H`` and ``s_score = s_gram / h``.
     gamma_scale : float, optional
         Public ``> 0`` multiplier of the eigenvalue floor.
+    neighboring : {"add-remove", "replace"}, optional
+        The neighbouring relation of the sensitivities.
 
     Returns
     -------
@@ -1386,6 +1432,7 @@ def calibrate_selection(
     n = check_int_in_range(n_rows, "n_rows", 1)
     b = check_float_in_interval(beta, "beta", 0.0, 1.0)
     mode = _check_choice(sensitivity, "sensitivity", SENSITIVITIES)
+    relation = _check_choice(neighboring, "neighboring", NEIGHBORINGS)
     g_scale = check_float_in_interval(gamma_scale, "gamma_scale", 0.0, math.inf)
     rs, ts = _check_grids(radii, iteration_grid)
     m = len(rs) * len(ts)
@@ -1412,10 +1459,10 @@ def calibrate_selection(
             f"(q={q:.3g}, theta={theta:.3g}); e.g. max_trials={hint} costs 1% "
             "of delta."
         )
-    s_gram = gram_sensitivity(mode)
+    sens = pca_sensitivities(mode, relation)
     # Start from [P]'s setting (23); keep its ratios, scale the common nu.
     nu0 = eps**2 / (100.0 * math.log(1.0 / (theta * dlt)))
-    nu, rdp_eps, order = _solve_nu(eps, nu0, theta, s_gram, delta_rdp)
+    nu, rdp_eps, order = _solve_nu(eps, nu0, theta, sens, delta_rdp)
     if not rdp_eps <= eps * (1 + _SELECTION_RTOL):  # pragma: no cover - a bug
         raise PrivacyConfigError(
             f"selection calibration failed: RDP epsilon={rdp_eps!r} > {eps!r}."
@@ -1441,4 +1488,5 @@ def calibrate_selection(
         delta_rdp=delta_rdp,
         rdp_order=order,
         gamma_scale=g_scale,
+        neighboring=relation,
     )

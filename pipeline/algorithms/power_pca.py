@@ -608,7 +608,7 @@ class PcaParams:
     Attributes
     ----------
     rank : int
-        ``k``, ``1 <= k < d``.
+        ``k``, ``1 <= k <= d``.
     epsilon, delta : float or None
         Budget (None only when ``private`` is False).
     method : {"power", "analyze-gauss"}
@@ -618,8 +618,11 @@ class PcaParams:
         ``R`` for the power method (required when private).
     accounting : {"gdp", "paper"}
         Exact Gaussian (GDP) calibration, or the paper's literal constants.
-    sensitivity : {"paper", "tight"}
-        Gram/``H`` sensitivity 2 (the paper's) or sqrt(2) (the true sup).
+    sensitivity : {"tight", "paper"}
+        The exact sensitivities (default) or [P]'s (Gram and ``H``: 2 instead
+        of sqrt(2) under replacement; the same under add/remove).
+    neighboring : {"add-remove", "replace"}
+        One row present or zero (default, as ``factorize``), or replaced.
     init_fraction, h_fraction : float
         Budget split: initialisation vs iterations, ``H`` vs ``Z`` (spec 3.4).
     beta : float
@@ -641,7 +644,8 @@ class PcaParams:
     iterations: int | None = None
     clip_radius: float | None = None
     accounting: str = "gdp"
-    sensitivity: str = "paper"
+    sensitivity: str = "tight"
+    neighboring: str = "add-remove"
     init_fraction: float = 0.5
     h_fraction: float = 0.5
     beta: float = 0.1
@@ -700,11 +704,14 @@ def plan_pca(params: PcaParams, shape: Shape2D) -> PcaPlan:
     n, d = int(shape[0]), int(shape[1])
     if d < 2:
         raise InvalidParameterError(
-            f"PCA needs at least 2 columns (rank k < d), got shape ({n}, {d})."
+            f"PCA needs at least 2 columns, got shape ({n}, {d})."
         )
-    k = check_int_in_range(params.rank, "rank", 1, d - 1)
+    # k = d is allowed: the components are then an orthonormal basis ordered
+    # by the released eigenvalues (eigenvalues has d entries, not k + 1)
+    k = check_int_in_range(params.rank, "rank", 1, d, what="[1, n_features]")
     method = _choice(params.method, "method", METHODS)
     route = _choice(params.route, "route", ROUTES)
+    _choice(params.neighboring, "neighboring", ("add-remove", "replace"))
     check_float_in_interval(params.row_norm_bound, "row_norm_bound", 0.0, math.inf)
     if route == "auto":
         route = "gram" if 8 * d * d <= GRAM_CLIENT_BYTES else "two-pass"
@@ -764,6 +771,7 @@ def plan_pca(params: PcaParams, shape: Shape2D) -> PcaPlan:
         clip_radius=params.clip_radius if method == "power" else None,
         accounting=params.accounting,
         sensitivity=params.sensitivity,
+        neighboring=params.neighboring,
         init_fraction=params.init_fraction,
         h_fraction=params.h_fraction,
         beta=params.beta,
@@ -794,7 +802,7 @@ class PcaResult:
     ----------
     components : ndarray of shape (d, k)
         Orthonormal estimate of the top-k right singular subspace.
-    eigenvalues : ndarray of shape (k + 1,)
+    eigenvalues : ndarray of shape (min(k + 1, d),)
         Top eigenvalues of the released ``M`` (noisy estimates of the top
         eigenvalues of ``A^T A`` of the clipped rows).
     n_passes : int

@@ -149,10 +149,13 @@ def test_pca_publishes_a_private_release(store: Path, tmp_path: Path) -> None:
     for m in mech.values():
         assert m["sensitivity"] > 0
         assert m["sigma"] > 0
-    # Z = sum_i a_i Clip_R(...) has sensitivity 2R under replacement (spec 3.1)
+    # Z = sum_i a_i Clip_R(...) has sensitivity R under add/remove, the default
+    # relation (2R under replacement, spec 3.1); M and H have 1
+    assert rep["parameters"]["neighboring"] == "add-remove"
     assert mech["Z"]["sensitivity"] == pytest.approx(
-        2 * rep["parameters"]["clip_radius"], rel=1e-12
+        rep["parameters"]["clip_radius"], rel=1e-12
     )
+    assert mech["M"]["sensitivity"] == mech["H"]["sensitivity"] == 1.0
     assert {"dplr", "numpy", "scipy", "dask", "distributed", "zarr"} <= set(
         rep["versions"]
     )
@@ -286,7 +289,7 @@ DEFAULTS: dict[str, str | None] = {
 }
 
 CASES = {
-    "rank = d": Case("good", "rank must be in [1, 15], got rank=16", {"--rank": "16"}),
+    "rank > d": Case("good", "rank must be in [1, n_features] = [1, 16], got rank=17", {"--rank": "17"}),
     "power without --iterations": Case(
         "good", "iterations must be given for method='power'", {"--iterations": None}
     ),

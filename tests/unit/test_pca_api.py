@@ -263,3 +263,38 @@ def test_selection_trials_share_passes_in_lockstep(data: np.ndarray) -> None:
     assert serial.n_passes > one_batch.n_passes
     # same trials, same noise: batching changes the passes, not the release
     np.testing.assert_allclose(serial.components, one_batch.components, atol=1e-10)
+
+
+def test_pipeline_pca_is_exported_lazily() -> None:
+    """``pipeline.pca`` is the README's entry point, loaded on first use (PEP 562)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, pipeline; assert 'pipeline.api' not in sys.modules; "
+        "from pipeline.api import pca; assert pipeline.pca is pca; "
+        "assert 'pca' in pipeline.__all__; print('ok')"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.stdout.strip() == "ok", proc.stderr
+
+
+@pytest.mark.parametrize("method", ["analyze-gauss", "power"])
+def test_rank_equal_to_d_gives_a_full_orthonormal_basis(
+    data: np.ndarray, method: str
+) -> None:
+    """k = d is a PCA too: every component, ordered by the released eigenvalues."""
+    fixed = {"iterations": 2, "clip_radius": 0.5} if method == "power" else {}
+    rel = api.pca(
+        data, D, epsilon=1.0, delta=1e-6, method=method, insecure_noise_seed=3, **fixed
+    )
+    X = rel.components
+    assert X.shape == (D, D)
+    np.testing.assert_allclose(X.T @ X, np.eye(D), atol=1e-10)
+    assert rel.eigenvalues.shape == (D,)
+    assert np.all(np.diff(rel.eigenvalues) <= 0)
+
+
+def test_selection_refuses_rank_equal_to_d(data: np.ndarray) -> None:
+    with pytest.raises(InvalidParameterError, match="select=True needs rank < n_features"):
+        api.pca(data, D, epsilon=1.0, delta=1e-6, select=True)

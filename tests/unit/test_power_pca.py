@@ -737,8 +737,8 @@ def test_preconditioner_reads_released_h_only(
 @pytest.mark.parametrize(
     ("kw", "needle"),
     [
-        ({"rank": 6}, "rank"),  # rank == d
-        ({"rank": 9}, "rank"),  # rank > d
+        ({"rank": 7}, "rank"),  # rank > d
+        ({"rank": 9}, "rank"),
         ({"rank": 0}, "rank"),
         ({"rank": 2.0}, "rank"),
         ({"iterations": None}, "iterations"),
@@ -771,10 +771,10 @@ def test_plan_validation_names_the_parameter(kw: dict[str, Any], needle: str) ->
 
 
 def test_plan_validation_accepts_the_boundary() -> None:
-    """Negative control of the table above: ``rank = d - 1`` and a valid route pass."""
+    """Negative control of the table above: ``rank = d`` and a valid route pass."""
     plan = plan_pca(
         PcaParams(
-            rank=5,
+            rank=6,
             epsilon=1.0,
             delta=1e-6,
             iterations=1,
