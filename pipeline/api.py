@@ -591,7 +591,7 @@ def pca(
     *,
     epsilon: float | None = None,
     delta: float | None = None,
-    method: str = "power",
+    method: str = "auto",
     iterations: int | None = None,
     clip_radius: float | None = None,
     accounting: str = "gdp",
@@ -630,9 +630,14 @@ def pca(
     epsilon, delta : float
         Budget of this release (one row, under ``neighboring``); required
         unless ``private=False``.
-    method : {"power", "analyze-gauss"}
-        The clipped, preconditioned power method (Analyze Gauss start, then
-        ``iterations`` steps) or Analyze Gauss alone with the whole budget.
+    method : {"auto", "power", "analyze-gauss"}
+        ``"auto"`` (default): Analyze Gauss, or the power method with public
+        ``T = 3`` and ``R = 2 sqrt(k log(n) / n)`` when ``n / d`` exceeds 4
+        eigenvalue floors ``gamma`` (:mod:`pipeline.algorithms.pca_auto`; public
+        quantities only; given ``iterations``/``clip_radius`` mean the power
+        method). ``"power"``: the clipped, preconditioned power method
+        (Analyze Gauss start, then ``iterations`` steps). ``"analyze-gauss"``:
+        Analyze Gauss alone with the whole budget.
     iterations : int
         Public ``T`` (power method): 1 + T passes over the data.
     clip_radius : float
@@ -759,10 +764,12 @@ class Selection:
                 f"select must be True or False, got select={select!r}."
             )
         fixed = params.iterations is not None or params.clip_radius is not None
-        if select and (fixed or not params.private or params.method != "power"):
+        method_ok = params.method in ("auto", "power")
+        if select and (fixed or not params.private or not method_ok):
             raise InvalidParameterError(
-                "select=True chooses the clip radius and the number of iterations privately; "
-                "do not pass iterations or clip_radius, and use method='power' with private=True."
+                "select=True chooses the method, the clip radius and the number of iterations "
+                "privately; do not pass iterations or clip_radius, and use method='auto' (or "
+                "'power') with private=True."
             )
         grids = (radius_grid, iterations_grid, expected_trials)
         if not select:
@@ -1019,6 +1026,7 @@ def build_pca_report(
             "gamma_scale": p.gamma_scale,
             "centred": False,
         },
+        "auto": plan.auto,
         "n_passes": result.n_passes,
         "n_passes_planned": plan.n_passes,
         "releases": list(result.releases),

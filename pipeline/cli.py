@@ -227,9 +227,11 @@ def _parser() -> argparse.ArgumentParser:
     pc.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     pc.add_argument(
         "--method",
-        choices=("power", "analyze-gauss"),
-        default="power",
-        help="default: power (Analyze Gauss start + T clipped power iterations)",
+        choices=("auto", "power", "analyze-gauss"),
+        default="auto",
+        help="auto (default): Analyze Gauss, or the power method (T=3, R=2*sqrt(k*log(n)/n)) "
+        "when n/d exceeds 4 eigenvalue floors, from public quantities only; power: Analyze "
+        "Gauss start + T clipped power iterations",
     )
     pc.add_argument("--iterations", "-T", type=int, help="public number of power iterations T (required for power)")
     pc.add_argument(

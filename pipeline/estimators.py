@@ -331,28 +331,34 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
 
     Parameters
     ----------
-    n_components : int
+    n_components : int or None, default=None
         ``k``, the number of components, ``1 <= k <= n_features``. Public.
+        None keeps every component (``k = n_features``), as scikit-learn's
+        ``PCA``.
     epsilon : float, default=1.0
         Privacy budget of the release (of the DP mean and the PCA together when
         ``centre=True``); ignored when ``private=False``.
     delta : float, default=1e-6
         In (0, 1); ignored when ``private=False``.
-    method : {"power", "analyze-gauss"}, default="power"
-        The clipped, preconditioned power method, or Analyze Gauss alone with
-        the whole budget (no ``n_iter``, no ``clip_radius``).
+    method : {"auto", "power", "analyze-gauss"}, default="auto"
+        ``"auto"``: Analyze Gauss, or the power method with public ``T = 3``
+        and ``R = 2 sqrt(k log(n) / n)`` when ``n / d`` exceeds 4 eigenvalue
+        floors (a rule on public quantities only,
+        :mod:`pipeline.algorithms.pca_auto`; a given ``n_iter`` or
+        ``clip_radius`` means the power method). ``"power"``: the clipped,
+        preconditioned power method. ``"analyze-gauss"``: Analyze Gauss alone
+        with the whole budget (no ``n_iter``, no ``clip_radius``).
     n_iter : int or None, default=None
         Public number of power iterations ``T`` (``1 + T`` passes over the
-        data). Required for ``method="power"`` unless ``select=True``: there is
-        no default, because ``T`` is a privacy-relevant choice and is never
+        data). Required for ``method="power"`` unless ``select=True``; never
         chosen from the data; 3 to 10 is typical after the Analyze Gauss warm
         start (spec power-pca D5).
     clip_radius : float or None, default=None
         Public clip radius ``R`` of the power iterations. Required for a
-        private ``method="power"`` run unless ``select=True`` (no silent
-        default; ``private=False`` without it does not clip). For
-        near-i.i.d. rows ``2 sqrt(k log(n) / n)`` is a reasonable *public*
-        guess; never choose it by looking at the data.
+        private ``method="power"`` run unless ``select=True``
+        (``private=False`` without it does not clip). For near-i.i.d. rows
+        ``2 sqrt(k log(n) / n)`` is a reasonable *public* guess; never choose
+        it by looking at the data.
     select : bool, default=False
         Choose ``(R, T)`` privately over :func:`pipeline.api.pca`'s default
         public grids (spec power-pca 2.5), inside the same budget; ``n_iter``
@@ -499,11 +505,11 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
 
     def __init__(
         self,
-        n_components: int,
+        n_components: int | None = None,
         *,
         epsilon: float = 1.0,
         delta: float = 1e-6,
-        method: str = "power",
+        method: str = "auto",
         n_iter: int | None = None,
         clip_radius: float | None = None,
         select: bool = False,
@@ -558,7 +564,8 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     # -- parameters --------------------------------------------------------
     def _pca_kwargs(self) -> dict[str, Any]:
         """Validate the parameters (no data) into keyword arguments of :func:`pca`."""
-        check_int_in_range(self.n_components, "n_components", 1)
+        if self.n_components is not None:
+            check_int_in_range(self.n_components, "n_components", 1)
         private = _check_bool(self.private, "private")
         insecure = _check_bool(self.insecure_noise, "insecure_noise")
         _check_bool(self.centre, "centre")
@@ -599,7 +606,7 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
 
     def _check_iterations(self) -> bool:
         """Check ``method``, ``select``, ``n_iter``, ``clip_radius``; True to select."""
-        method = _choice(self.method, "method", ("power", "analyze-gauss"))
+        method = _choice(self.method, "method", ("auto", "power", "analyze-gauss"))
         if self.n_iter is not None:
             check_int_in_range(self.n_iter, "n_iter", 1)
         if self.clip_radius is not None:
@@ -613,9 +620,9 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
                     "select=True is not available yet: this version of pipeline.api.pca "
                     "has no private selection of (R, T); give n_iter and clip_radius."
                 )
-            if self.centre or not self.private or method != "power":
+            if self.centre or not self.private or method == "analyze-gauss":
                 raise InvalidParameterError(
-                    "select=True needs method='power', private=True and centre=False "
+                    "select=True needs method='auto' or 'power', private=True and centre=False "
                     "(the selection is accounted in Renyi DP, not as a Gaussian "
                     "mechanism that composes with the DP mean)."
                 )
@@ -630,6 +637,8 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
                 raise InvalidParameterError(
                     f"n_iter and clip_radius apply to method='power' only, got {given}."
                 )
+            return False
+        if method == "auto":  # the public rule fills what is not given
             return False
         # a non-private run may leave R unset (no clipping), never T
         required = ("n_iter", "clip_radius") if self.private else ("n_iter",)
@@ -677,7 +686,7 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
             rel, mean, extra = self._fit_centred(X, kw)
             report = _centring_report(dict(rel.report), extra)
         else:
-            rel, mean = pca(X, int(self.n_components), **kw), None
+            rel, mean = pca(X, self._rank(X), **kw), None
             report = dict(rel.report)
         n, d = (int(s) for s in report["shape"])
         scale = float(self.row_norm_bound) ** 2 if kw["private"] else 1.0
@@ -696,6 +705,18 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         self.clip_radius_ = report["parameters"].get("clip_radius")
         self.privacy_report_ = report
         return self
+
+    def _rank(self, X: Any) -> int:
+        """``n_components``, or the number of columns of ``X`` (a shape) if None."""
+        if self.n_components is not None:
+            return int(self.n_components)
+        if isinstance(X, tuple):
+            return int(X[1])
+        if not hasattr(X, "shape"):  # a Zarr path: its shape from the metadata
+            from pipeline.io import open_input
+
+            X = open_input(X, unit=None, band_bytes=PCA_BAND_BYTES)[1]
+        return int(X.shape[1])
 
     def _fit_centred(
         self, X: Any, kw: dict[str, Any]
@@ -740,7 +761,7 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         if isinstance(array, np.ndarray):
             mean = _row_total(array, None, C, clip=False).value / n
             centred = self._centred_rows(array, mean, C, clip=False)
-            return pca(centred, int(self.n_components), **kw), mean, extra
+            return pca(centred, self._rank(array), **kw), mean, extra
         from pipeline.execution import cluster_client
 
         with cluster_client(kw["scheduler"]) as (client, cinfo):
@@ -750,7 +771,7 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
                 run_kw["scheduler"] = client.scheduler.address
             mean = _row_total(array, client, C, clip=False).value / n
             centred = self._centred_rows(array, mean, C, clip=False)
-            return pca(centred, int(self.n_components), **run_kw), mean, extra
+            return pca(centred, self._rank(array), **run_kw), mean, extra
 
     def _centred_plan(
         self, kw: dict[str, Any], shape: tuple[int, int]
@@ -760,7 +781,7 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         f = float(self.mean_fraction)
         mu_total, eps_pca = split_mean_budget(eps, dlt, f)
         params = PcaParams(
-            rank=int(self.n_components),
+            rank=self._rank(shape),
             epsilon=eps_pca,
             delta=dlt,
             method=kw["method"],

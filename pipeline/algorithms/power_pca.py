@@ -45,6 +45,7 @@ References
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -93,7 +94,7 @@ NONPRIVATE_GAMMA = 1e-12
 #: Client memory allowed for the d x d Gram matrix before the two-pass route is used.
 GRAM_CLIENT_BYTES = 4 * 2**30
 
-METHODS = ("power", "analyze-gauss")
+METHODS = ("auto", "power", "analyze-gauss")
 ROUTES = ("auto", "gram", "two-pass")
 
 
@@ -611,7 +612,9 @@ class PcaParams:
         ``k``, ``1 <= k <= d``.
     epsilon, delta : float or None
         Budget (None only when ``private`` is False).
-    method : {"power", "analyze-gauss"}
+    method : {"auto", "power", "analyze-gauss"}
+        ``"auto"`` picks one of the two (and ``T``, ``R``) from public
+        quantities (:mod:`pipeline.algorithms.pca_auto`).
     iterations : int or None
         ``T`` for the power method (required; never chosen from the data).
     clip_radius : float or None
@@ -640,7 +643,7 @@ class PcaParams:
     rank: int
     epsilon: float | None = None
     delta: float | None = None
-    method: str = "power"
+    method: str = "auto"
     iterations: int | None = None
     clip_radius: float | None = None
     accounting: str = "gdp"
@@ -673,6 +676,7 @@ class PcaPlan:
     gamma: float
     clip_radius: float
     n_passes: int
+    auto: dict[str, Any] | None = None
 
     @property
     def iterations(self) -> int:
@@ -709,7 +713,10 @@ def plan_pca(params: PcaParams, shape: Shape2D) -> PcaPlan:
     # k = d is allowed: the components are then an orthonormal basis ordered
     # by the released eigenvalues (eigenvalues has d entries, not k + 1)
     k = check_int_in_range(params.rank, "rank", 1, d, what="[1, n_features]")
-    method = _choice(params.method, "method", METHODS)
+    if _choice(params.method, "method", METHODS) == "auto":
+        params, auto = _resolve_auto(params, (n, d))
+        return dataclasses.replace(plan_pca(params, shape), auto=auto)
+    method = params.method
     route = _choice(params.route, "route", ROUTES)
     _choice(params.neighboring, "neighboring", ("add-remove", "replace"))
     check_float_in_interval(params.row_norm_bound, "row_norm_bound", 0.0, math.inf)
@@ -789,6 +796,30 @@ def plan_pca(params: PcaParams, shape: Shape2D) -> PcaPlan:
         clip_radius=cal.clip_radius if cal.clip_radius is not None else math.inf,
         n_passes=passes,
     )
+
+
+def _resolve_auto(
+    params: PcaParams, shape: Shape2D
+) -> tuple[PcaParams, dict[str, Any]]:
+    """``method="auto"`` replaced by the rule's method, ``T`` and ``R``."""
+    from pipeline.algorithms.pca_auto import choose_method
+
+    if not params.private:
+        # the exact eigenvectors of A^T A, unless T is given for a power run
+        method = "analyze-gauss" if params.iterations is None else "power"
+        out = dataclasses.replace(params, method=method)
+        return out, {"chosen": method, "rule": "non-private run"}
+    if params.epsilon is None or params.delta is None:
+        raise InvalidParameterError(
+            "epsilon and delta are required for a private PCA "
+            f"(got epsilon={params.epsilon!r}, delta={params.delta!r})."
+        )
+    choice = choose_method(params, shape)
+    out = dataclasses.replace(
+        params, method=choice.method, iterations=choice.iterations,
+        clip_radius=choice.clip_radius,
+    )  # fmt: skip
+    return out, choice.to_dict()
 
 
 # --------------------------------------------------------------------------

@@ -21,13 +21,15 @@ import numpy as np
 import pytest
 
 README = Path(__file__).resolve().parents[2] / "README.md"
-_FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+_FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.DOTALL | re.MULTILINE)
 
 #: Blocks not run here, pinned by their exact text.
 INSTALL_BLOCKS = (
     "python3 -m venv .venv && . .venv/bin/activate && pip install . && dplr demo\n",
-    'python3 -m venv .venv && . .venv/bin/activate && pip install -e ".[test]" '
-    "&& python -m pytest -q\n",
+    (
+        'python3 -m venv .venv && . .venv/bin/activate && pip install -e ".[test]" '
+        "&& python -m pytest -q\n"
+    ),
 )
 
 pytestmark = pytest.mark.cli
@@ -85,7 +87,8 @@ def test_block_parser_finds_a_failing_example(tmp_path: Path) -> None:
     """Negative control: an example that fails is reported as failing."""
     (lang, code), = readme_blocks("text\n```python\nres.U\n```\n")
     proc = _run(lang, code, tmp_path)
-    assert proc.returncode != 0 and "NameError" in proc.stderr
+    assert proc.returncode != 0
+    assert "NameError" in proc.stderr
 
 
 @pytest.mark.timeout(1500)

@@ -40,15 +40,15 @@ from pipeline.accounting.pca_sensitivity import pca_sensitivities
 from pipeline.algorithms.power_pca import (
     PcaParams,
     Secret,
-    exact_score,
-    score_basis,
     band_gram,
     band_products,
     band_update,
     clip_rows,
     eig_floor_inv_sqrt,
+    exact_score,
     plan_pca,
     prep_rows,
+    score_basis,
     sym,
 )
 

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 from scipy import optimize, stats
 
+from pipeline.accounting import pca as pca_accounting
 from pipeline.accounting.calibration import SketchRequest, calibrate_release
 from pipeline.accounting.contract import PrivacyContract
 from pipeline.accounting.ledger import Ledger
-from pipeline.accounting import pca as pca_accounting
 from pipeline.accounting.pca import (
     ACCOUNTINGS,
     SENSITIVITIES,

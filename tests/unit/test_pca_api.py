@@ -275,7 +275,9 @@ def test_pipeline_pca_is_exported_lazily() -> None:
         "from pipeline.api import pca; assert pipeline.pca is pca; "
         "assert 'pca' in pipeline.__all__; print('ok')"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], check=False, capture_output=True, text=True
+    )
     assert proc.stdout.strip() == "ok", proc.stderr
 
 
@@ -298,3 +300,36 @@ def test_rank_equal_to_d_gives_a_full_orthonormal_basis(
 def test_selection_refuses_rank_equal_to_d(data: np.ndarray) -> None:
     with pytest.raises(InvalidParameterError, match="select=True needs rank < n_features"):
         api.pca(data, D, epsilon=1.0, delta=1e-6, select=True)
+
+
+def test_auto_is_the_default_and_records_its_public_choice(data: np.ndarray) -> None:
+    """``pca(A, k, epsilon=, delta=)`` runs with no T or R: the rule picks Analyze
+    Gauss here (n / d is below 4 eigenvalue floors) and says why in the report."""
+    rel = api.pca(data, K, epsilon=1.0, delta=1e-6, insecure_noise_seed=1)
+    auto = rel.report["auto"]
+    assert auto["chosen"] == rel.report["parameters"]["method"] == "analyze-gauss"
+    assert auto["n_over_d_gamma"] == pytest.approx(N / (D * auto["gamma"]))
+    assert auto["n_over_d_gamma"] < auto["margin"]
+    ag = api.pca(data, K, epsilon=1.0, delta=1e-6, method="analyze-gauss",
+                 insecure_noise_seed=1)  # fmt: skip
+    np.testing.assert_array_equal(rel.components, ag.components)
+
+
+def test_auto_picks_the_power_method_when_n_over_d_is_large() -> None:
+    """Negative control of the test above: the same rule at n = 2^19, d = 64."""
+    from pipeline.algorithms.pca_auto import AUTO_ITERATIONS, auto_radius
+
+    plan = power_pca.plan_pca(
+        power_pca.PcaParams(rank=2, epsilon=1.0, delta=1e-6), (2**19, 64)
+    )
+    assert plan.params.method == "power"
+    assert plan.auto["chosen"] == "power"
+    assert plan.iterations == AUTO_ITERATIONS
+    assert plan.params.clip_radius == pytest.approx(auto_radius(2**19, 2))
+    assert plan.auto["n_over_d_gamma"] >= plan.auto["margin"]
+    # the rule reads public values only: it is the same for any data of that shape
+    given = power_pca.plan_pca(
+        power_pca.PcaParams(rank=2, epsilon=1.0, delta=1e-6, iterations=5), (4096, 16)
+    )
+    assert given.params.method == "power"
+    assert given.iterations == 5
