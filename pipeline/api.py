@@ -814,19 +814,24 @@ def release_pca(
 
 
 def _pca_plan(params: Any, shape: tuple[int, int], selection: Selection | None) -> Any:
-    """The plan of a fixed run, or of a selection with its RDP calibration."""
+    """The plan of a fixed run, or of a selection with its calibration."""
     from pipeline.accounting.pca import calibrate_selection
     from pipeline.algorithms.power_pca import default_selection_grids, plan_pca
 
     if selection is None:
         return plan_pca(params, shape)
     # validated as a fixed run first (rank, budget, route, bounds), then calibrated
+    params = dataclasses.replace(params, method="power")
     plan = plan_pca(dataclasses.replace(params, iterations=1, clip_radius=1.0), shape)
     if params.rank >= shape[1]:
         raise InvalidParameterError(
             f"select=True needs rank < n_features (with k = d every candidate spans the "
             f"whole space, so there is nothing to select), got rank={params.rank} for "
             f"{shape[1]} columns."
+        )
+    if selection.expected_trials is None:
+        return dataclasses.replace(
+            plan, calibration=_candidates_of(params, shape, selection), n_passes=-1
         )
     radii, grid = default_selection_grids(shape[0], params.rank)
     radii = selection.radii if selection.radii is not None else radii
@@ -843,6 +848,26 @@ def _pca_plan(params: Any, shape: tuple[int, int], selection: Selection | None) 
     return dataclasses.replace(plan, calibration=cal, n_passes=-1)
 
 
+def _candidates_of(params: Any, shape: tuple[int, int], selection: Selection) -> Any:
+    """Exhaustive selection: Analyze Gauss and the public (R, T) candidates.
+
+    Default candidates: Analyze Gauss and the power method at the ``auto``
+    rule's ``T`` and ``R``; given grids: Analyze Gauss and their product.
+    """
+    from pipeline.accounting.pca_selection import calibrate_candidates
+    from pipeline.algorithms.pca_auto import AUTO_ITERATIONS, auto_radius
+
+    radii = selection.radii or (auto_radius(shape[0], params.rank),)
+    iterations = selection.iterations or (AUTO_ITERATIONS,)
+    candidates = [(None, 0)] + [(float(r), int(t)) for t in iterations for r in radii]
+    return calibrate_candidates(
+        epsilon=params.epsilon, delta=params.delta, rank=params.rank,
+        n_rows=shape[0], n_features=shape[1], candidates=candidates,
+        sensitivity=params.sensitivity, neighboring=params.neighboring,
+        h_fraction=params.h_fraction, beta=params.beta, gamma_scale=params.gamma_scale,
+    )  # fmt: skip
+
+
 def _pca_release(
     params: Any, source: Any, selection: Selection | None, options: ReleaseOptions
 ) -> tuple[ReleaseSpec, _PcaJob]:
@@ -852,21 +877,25 @@ def _pca_release(
     array, info = open_input(source, unit=None, band_bytes=PCA_BAND_BYTES)
     plan = _pca_plan(params, info.shape, selection)
     cal, select = plan.calibration, selection is not None
+    random_stopping = select and selection.expected_trials is not None
     contract = None
     if cal is not None:
         contract = PrivacyContract(
             unit=PrivacyUnit.ROW, neighboring=Neighboring(params.neighboring),
             clip_norm=params.row_norm_bound, epsilon=cal.epsilon, delta=cal.delta,
-            accountant=Accountant.RDP if select else Accountant(params.accounting),
+            accountant=Accountant.RDP if random_stopping
+            else Accountant.GDP if select else Accountant(params.accounting),
             shape=info.shape, secret_noise=options.insecure_noise_seed is None,
         )  # fmt: skip
     parameters = dataclasses.asdict(params)
-    if select:
+    if random_stopping:
         parameters["grids"] = {
             "radii": list(cal.radii),
             "iterations": list(cal.iteration_grid),
             "expected_trials": cal.expected_trials,
         }
+    elif select:
+        parameters["candidates"] = [list(c) for c in cal.candidates]
     spec = ReleaseSpec(
         kind="pca-select" if select else "pca", contract=contract, calibration=cal,
         parameters=parameters, input=InputRef.of(info, array), **options.spec_fields(),
@@ -1075,16 +1104,23 @@ def _selection_report(report: dict[str, Any], result: Any, cal: Any) -> dict[str
     labels, task counts, the run's time), stays in the trusted zone, as the
     random-stopping analysis requires (spec 3.5).
     """
+    exhaustive = hasattr(cal, "candidates")
+    if result.iterations == 0:
+        gamma = None
+    elif exhaustive:
+        gamma = cal.gamma_of(cal.candidates.index((result.clip_radius, result.iterations)))
+    else:
+        gamma = cal.gamma(result.iterations)
     report["parameters"].update(
         {
-            "method": "power (private selection of R and T)",
-            "accounting": "rdp",
+            "method": "private selection of the method, R and T"
+            if exhaustive
+            else "power (private selection of R and T)",
+            "accounting": "gdp" if exhaustive else "rdp",
             "iterations": result.iterations,
             "clip_radius": result.clip_radius,
             "requested_clip_radius": None,
-            "gamma": None
-            if result.iterations == 0
-            else cal.gamma(result.iterations),
+            "gamma": gamma,
         }
     )
     report.update(
@@ -1099,18 +1135,24 @@ def _selection_report(report: dict[str, Any], result: Any, cal: Any) -> dict[str
                 "selected_clip_radius": result.clip_radius,
                 "selected_iterations": result.iterations,
                 "score_gap": result.gap,
-                "warm_start_gap_test_passed": result.iterations > 0,
-                "withheld": "number of trials, passes and per-trial values (they would void the random-stopping analysis)",
+                "warm_start_gap_test_passed": result.gap > 0,
+                "withheld": "passes and per-trial values"
+                if exhaustive
+                else "number of trials, passes and per-trial values (they would void the random-stopping analysis)",
             },
-            "mechanism": "Analyze Gauss warm start + Papernot-Steinke random stopping over (R, T) trials; RDP accountant",
+            "mechanism": "Analyze Gauss and power-method candidates, each run once, the best noisy score released; composed exactly (mu-GDP)"
+            if exhaustive
+            else "Analyze Gauss warm start + Papernot-Steinke random stopping over (R, T) trials; RDP accountant",
             "epsilon": cal.epsilon,
             "delta": cal.delta,
-            "realised_epsilon": cal.rdp_epsilon,
-            "accountant": "rdp (dp_accounting RepeatAndSelectDpEvent), capped number of trials",
+            "realised_epsilon": cal.realised_epsilon() if exhaustive else cal.rdp_epsilon,
+            "accountant": "gdp (every candidate once)"
+            if exhaustive
+            else "rdp (dp_accounting RepeatAndSelectDpEvent), capped number of trials",
             "neighboring": _relation_text(cal.neighboring),
             "idealized_numerics": True,
             "calibration": cal.to_dict(),
-            "mechanisms": [],
+            "mechanisms": [m.to_dict() for m in cal.mechanisms] if exhaustive else [],
         }
     )
     return report

@@ -582,14 +582,13 @@ def _pca_summary(report: dict[str, Any], out: str) -> str:
         lines.append("  resumed journaled release(s) of an interrupted run")
     sel = report.get("selection")
     if sel:
-        lines.append(
-            "  private selection: "
-            + (
-                "warm-start gap test failed, Analyze Gauss estimate released"
-                if not sel["warm_start_gap_test_passed"]
-                else f"selected R={sel['selected_clip_radius']:.4g} T={sel['selected_iterations']}"
-            )
-        )
+        if not sel["warm_start_gap_test_passed"]:
+            chosen = "warm-start gap test failed, Analyze Gauss estimate released"
+        elif sel["selected_iterations"] == 0:
+            chosen = "selected Analyze Gauss"
+        else:
+            chosen = f"selected R={sel['selected_clip_radius']:.4g} T={sel['selected_iterations']}"
+        lines.append("  private selection: " + chosen)
         lines.append(f"  time={report['timings_seconds'].get('total', float('nan')):.2f}s")
         return "\n".join(lines)
     radius = p["clip_radius"]

@@ -1046,11 +1046,12 @@ class SelectionResult:
     components : ndarray of shape (d, k)
     eigenvalues : ndarray of shape (k + 1,)
         Top eigenvalues of the released ``M``.
-    clip_radius : float
-        The selected ``R`` (from the public grid).
+    clip_radius : float or None
+        The selected ``R`` (from the public grid; None when Analyze Gauss, a
+        candidate of the exhaustive selection, is selected).
     iterations : int
-        The selected ``T`` (0 when the warm-start gap test failed and ``X0`` is
-        returned).
+        The selected ``T`` (0 for Analyze Gauss: when it is selected, or when
+        the warm-start gap test failed and ``X0`` is returned).
     gap : float
         The public score gap ``h`` (from released values only).
     n_passes : int
@@ -1061,7 +1062,7 @@ class SelectionResult:
 
     components: FloatArray
     eigenvalues: FloatArray
-    clip_radius: float
+    clip_radius: float | None
     iterations: int
     gap: float
     n_passes: int
@@ -1127,6 +1128,42 @@ def _draw_trials(key: NoiseKey | None, cal: Any) -> list[tuple[int, int]]:
     return [(int(rng.integers(J)), int(rng.integers(L))) for _ in range(n_trials)]
 
 
+@dataclass(frozen=True, slots=True)
+class _Trial:
+    """One trial's public settings: requested and effective R, T, noises, floor."""
+
+    radius: float | None
+    r_eff: float
+    T: int
+    h_sigma: float
+    z_sigma: float
+    gamma: float
+
+
+def _trials(key: NoiseKey | None, cal: Any) -> list[_Trial]:
+    """The trials of a selection, fixed before any data is read.
+
+    An exhaustive selection (a ``CandidateSelection``) runs each candidate
+    once, in order; a random-stopping one (a ``SelectionCalibration``) draws
+    ``N`` and the grid points from the secret stream (:func:`_draw_trials`).
+    """
+    if hasattr(cal, "candidates"):
+        out = []
+        for j, (R, T) in enumerate(cal.candidates):
+            r = cal.radius_of(j)
+            out.append(
+                _Trial(R, r or 0.0, T, cal.h_noise(j),
+                       cal.z_noise(j, r) if r else 0.0, cal.gamma_of(j) if T else 0.0)
+            )  # fmt: skip
+        return out
+    out = []
+    for j, l in _draw_trials(key, cal):
+        R, T = float(cal.radii[j]), int(cal.iteration_grid[l])
+        r = cal.effective_clip_radius(R, T)
+        out.append(_Trial(R, r, T, cal.noise_iter(T), cal.noise_iter(T) * r, cal.gamma(T)))
+    return out
+
+
 def run_selection(
     source: RowSource,
     cal: Any,
@@ -1186,7 +1223,7 @@ def run_selection(
         return SelectionResult(
             components=X0,
             eigenvalues=lam,
-            clip_radius=float(cal.radii[-1]),
+            clip_radius=None,
             iterations=0,
             gap=h,
             n_passes=rel.n_passes,
@@ -1203,10 +1240,11 @@ def run_selection(
 
         return f
 
-    trials = _draw_trials(noise_key, cal)
+    trials = _trials(noise_key, cal)
     # Lockstep (spec 4.6): a batch's trials start together and each leaves after
     # its own T, so a batch costs max T passes; sorting by T keeps equal T together.
-    T_of = {i: int(cal.iteration_grid[trials[i][1]]) for i in range(len(trials))}
+    # A trial with T = 0 is Analyze Gauss: X0, scored like the others.
+    T_of = {i: trials[i].T for i in range(len(trials))}
     order = sorted(range(len(trials)), key=lambda i: (T_of[i], i))
     batches = [
         order[j : j + max_concurrent_trials]
@@ -1214,10 +1252,7 @@ def run_selection(
     ]
     best: tuple[float, int, FloatArray] | None = None
     for bno, batch in enumerate(batches):
-        radii = {
-            i: cal.effective_clip_radius(cal.radii[trials[i][0]], T_of[i])
-            for i in batch
-        }
+        radii = {i: trials[i].r_eff for i in batch}
         Xs = {i: X0 for i in batch}
         T_max = max(T_of[i] for i in batch)
         for t in range(T_max):
@@ -1229,11 +1264,11 @@ def run_selection(
                 H = release(
                     f"H{i}_{t}",
                     lambda Xi=Xi: Secret(sym(Xi.T @ exact_gram().value @ Xi)),
-                    cal.noise_iter(T_of[i]),
+                    trials[i].h_sigma,
                     (k, k),
                     True,
                 )
-                Bs[i] = eig_floor_inv_sqrt(H, cal.gamma(T_of[i]))
+                Bs[i] = eig_floor_inv_sqrt(H, trials[i].gamma)
             todo = [i for i in active if rel.journal.load(f"Z{i}_{t}") is None]
             exact_Z: dict[int, FloatArray] = {}
             if todo:  # one pass for every active trial (each block clipped on its own)
@@ -1245,7 +1280,7 @@ def run_selection(
                 Z = release(
                     f"Z{i}_{t}",
                     lambda i=i, ez=exact_Z: Secret(ez[i]),
-                    cal.noise_iter(T_of[i]) * radii[i],
+                    trials[i].z_sigma,
                     (d, k),
                     False,
                 )
@@ -1263,8 +1298,8 @@ def run_selection(
     return SelectionResult(
         components=X,
         eigenvalues=lam,
-        clip_radius=float(cal.radii[trials[win][0]]),
-        iterations=int(cal.iteration_grid[trials[win][1]]),
+        clip_radius=trials[win].radius,
+        iterations=trials[win].T,
         gap=h,
         n_passes=rel.n_passes,
         releases=tuple(rel.labels),

@@ -333,3 +333,74 @@ def test_auto_picks_the_power_method_when_n_over_d_is_large() -> None:
     )
     assert given.params.method == "power"
     assert given.iterations == 5
+
+
+def test_default_selection_runs_every_candidate_once_composed_exactly(
+    data: np.ndarray, tmp_path: os.PathLike[str]
+) -> None:
+    """``select=True``: Analyze Gauss and the auto rule's power candidate, each run
+    once, charged to the ledger as one mu-GDP composition at exactly (epsilon, delta)."""
+    from pipeline.accounting.pca_selection import CandidateSelection
+    from pipeline.algorithms.pca_auto import AUTO_ITERATIONS, auto_radius
+
+    book = _ledger(tmp_path)
+    rel = api.pca(data, K, epsilon=1.0, delta=1e-6, select=True, ledger=book,
+                  insecure_noise_seed=4)  # fmt: skip
+    cal = rel.report["calibration"]
+    assert [(c["clip_radius"], c["iterations"]) for c in cal["candidates"]] == [
+        (None, 0), (pytest.approx(auto_radius(N, K)), AUTO_ITERATIONS)
+    ]
+    assert rel.report["realised_epsilon"] == pytest.approx(1.0, rel=1e-9)
+    assert [m["label"] for m in rel.report["mechanisms"]] == ["M", "H[1]", "Z[1]", "s"]
+    (record,) = book.releases
+    assert record["contract"]["accountant"] == "gdp"
+    sel = rel.report["selection"]
+    assert sel["selected_iterations"] in (0, AUTO_ITERATIONS)
+    plan = api._pca_plan(
+        power_pca.PcaParams(rank=K, epsilon=1.0, delta=1e-6), (N, D), api.Selection()
+    )
+    assert isinstance(plan.calibration, CandidateSelection)
+
+
+def test_selection_check_catches_an_under_noised_candidate() -> None:
+    """Negative control: a candidate whose Z noise is below its accounted sigma."""
+    import dataclasses
+
+    from pipeline.accounting.pca_selection import calibrate_candidates
+    from pipeline.errors import PrivacyConfigError
+
+    cal = calibrate_candidates(epsilon=1.0, delta=1e-6, rank=2, n_rows=N, n_features=D,
+                               candidates=[(None, 0), (0.05, 3)])  # fmt: skip
+    cal.check()
+    low = dataclasses.replace(cal, chi_z=(0.0, cal.chi_z[1] * 0.9))
+    with pytest.raises(PrivacyConfigError, match=r"'Z\[1\]'"):
+        low.check()
+    fewer = dataclasses.replace(cal, mechanisms=cal.mechanisms[:-1])
+    with pytest.raises(PrivacyConfigError, match="releases"):
+        fewer.check()
+
+
+def test_selection_returns_the_candidate_with_the_smallest_noisy_score(
+    data: np.ndarray,
+) -> None:
+    """Every candidate runs once (M released once, shared); the winner is the
+    arg-min of the journaled noisy scores, for several noise keys."""
+    from pipeline.accounting.pca_selection import calibrate_candidates
+    from pipeline.mechanisms.noise import NoiseKey
+
+    cal = calibrate_candidates(epsilon=2.0, delta=1e-6, rank=K, n_rows=N, n_features=D,
+                               candidates=[(None, 0), (0.05, 2), (0.4, 1)])  # fmt: skip
+    winners = set()
+    for seed in range(6):
+        journal = power_pca.MemoryJournal()
+        res = power_pca.run_selection(
+            power_pca.ArrayRowSource(data), cal,
+            noise_key=NoiseKey.insecure_from_seed(seed), journal=journal,
+        )  # fmt: skip
+        assert res.releases.count("M") == 1
+        assert {"H1_0", "Z1_0", "H1_1", "Z1_1", "H2_0", "Z2_0"} <= set(res.releases)
+        scores = [float(journal.load(f"s{i}")[0, 0]) for i in range(3)]
+        win = int(np.argmin(scores))
+        assert (res.clip_radius, res.iterations) == cal.candidates[win]
+        winners.add(win)
+    assert len(winners) >= 1
