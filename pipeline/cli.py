@@ -229,7 +229,7 @@ def _parser() -> argparse.ArgumentParser:
         "--method",
         choices=("auto", "power", "analyze-gauss"),
         default="auto",
-        help="auto (default): Analyze Gauss, or the power method (T=3, R=2*sqrt(k*log(n)/n)) "
+        help="auto (default): Analyze Gauss, or the power method (T=3, R=sqrt(k/n)) "
         "when n/d exceeds 4 eigenvalue floors, from public quantities only; power: Analyze "
         "Gauss start + T clipped power iterations",
     )

@@ -87,6 +87,11 @@ class CandidateSelection(PcaCalibration):
         The score's noise std is ``s_score zeta`` with ``s_score = s_gram / h``.
     score_fraction : float
     gamma_scale : float
+    margin : float
+        Public: a power candidate is selected only if its noisy score is below
+        Analyze Gauss's by ``margin`` standard deviations of the difference of
+        two scores (post-processing; Analyze Gauss is the safer candidate on
+        data the scores cannot tell apart).
     """
 
     candidates: tuple[tuple[float | None, int], ...]
@@ -96,6 +101,7 @@ class CandidateSelection(PcaCalibration):
     zeta: float
     score_fraction: float
     gamma_scale: float
+    margin: float = 2.0
 
     # -- the interface of the selection run (shared with SelectionCalibration)
     def h_noise(self, j: int) -> float:
@@ -200,6 +206,7 @@ class CandidateSelection(PcaCalibration):
             "noise_H": list(self.chi_h),
             "noise_Z_per_radius": list(self.chi_z),
             "zeta": self.zeta,
+            "margin": self.margin,
             "beta": self.beta,
             "gamma_scale": self.gamma_scale,
             "mechanisms": [m.to_dict() for m in self.mechanisms],

@@ -1291,6 +1291,9 @@ def run_selection(
                     0, 0
                 ]
             )
+            # post-processing of the noisy scores: a power trial must beat Analyze
+            # Gauss by `margin` standard deviations of a difference of two scores
+            s += getattr(cal, "margin", 0.0) * math.sqrt(2.0) * cal.score_noise(h) * (T_of[i] > 0)
             if best is None or (s, i) < (best[0], best[1]):
                 best = (s, i, Xs[i])
     assert best is not None
@@ -1319,37 +1322,3 @@ def default_selection_grids(
     r_min = math.sqrt(rank / n_rows)
     J = min(10, max(0, math.ceil(math.log2(1.0 / r_min))))
     return tuple(r_min * 2.0**j for j in range(J + 1)), (1, 2, 4, 8, 16)
-
-
-def release_mean(
-    total: Secret, n_rows: int, sigma: float, noise_key: NoiseKey | None
-) -> FloatArray:
-    """DP mean of the prepared rows: ``(sum_i a_i + N(0, sigma^2 I_d)) / n``.
-
-    Parameters
-    ----------
-    total : Secret
-        ``sum_i a_i`` of rows clipped to norm 1 (L2 sensitivity 2 under
-        replacement of one row).
-    n_rows : int
-        The public ``n``.
-    sigma : float
-        Noise std from the calibration (``2 / mu_mean``).
-    noise_key : NoiseKey or None
-        The release's key (its ``"pca-dp-mean"`` stream); None only for a
-        non-private baseline (no noise).
-
-    Returns
-    -------
-    ndarray of shape (d,)
-        Released; centring with it is a per-row map that is the same for
-        neighbouring datasets (spec power-pca 7, D8).
-    """
-    s = total.value
-    if noise_key is None:
-        return s / n_rows
-    d = s.shape[0]
-    noise = GaussianNoise(
-        key=noise_key.derive("pca-dp-mean"), sigma=sigma, length=d, dim=1
-    ).dense()[:, 0]
-    return (s + noise) / n_rows

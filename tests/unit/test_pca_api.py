@@ -384,7 +384,8 @@ def test_selection_returns_the_candidate_with_the_smallest_noisy_score(
     data: np.ndarray,
 ) -> None:
     """Every candidate runs once (M released once, shared); the winner is the
-    arg-min of the journaled noisy scores, for several noise keys."""
+    arg-min of the journaled noisy scores, a power candidate's raised by the
+    public margin, for several noise keys."""
     from pipeline.accounting.pca_selection import calibrate_candidates
     from pipeline.mechanisms.noise import NoiseKey
 
@@ -399,7 +400,9 @@ def test_selection_returns_the_candidate_with_the_smallest_noisy_score(
         )  # fmt: skip
         assert res.releases.count("M") == 1
         assert {"H1_0", "Z1_0", "H1_1", "Z1_1", "H2_0", "Z2_0"} <= set(res.releases)
-        scores = [float(journal.load(f"s{i}")[0, 0]) for i in range(3)]
+        # a power candidate must win by `margin` std of a difference of two scores
+        penalty = cal.margin * math.sqrt(2.0) * cal.score_noise(res.gap)
+        scores = [float(journal.load(f"s{i}")[0, 0]) + penalty * (i > 0) for i in range(3)]
         win = int(np.argmin(scores))
         assert (res.clip_radius, res.iterations) == cal.candidates[win]
         winners.add(win)
