@@ -804,9 +804,9 @@ def test_update_kernel_matches_the_definition(
     rows far outside ``[-1, 1]``, a zero row, a non-finite row and an unclipped
     trial (``R = inf``).
     """
-    from pipeline.algorithms import power_pca
+    from pipeline.algorithms import pca_kernels
 
-    monkeypatch.setattr(power_pca, "SUB_BLOCK_BYTES", sub_block_bytes)
+    monkeypatch.setattr(pca_kernels, "SUB_BLOCK_BYTES", sub_block_bytes)
     n, d, k = 301, 7, 2
     A = rng.standard_normal((n, d)) * rng.choice([0.01, 1.0, 1e3], size=(n, 1))
     A[5] = 0.0
