@@ -632,7 +632,7 @@ def pca(
         unless ``private=False``.
     method : {"auto", "power", "analyze-gauss"}
         ``"auto"`` (default): Analyze Gauss, or the power method with public
-        ``T = 3`` and ``R = sqrt(k / n)`` when ``n / d`` exceeds 4
+        ``T = 3`` and ``R = sqrt(k / n)`` when ``n / d`` exceeds 8
         eigenvalue floors ``gamma`` (:mod:`pipeline.algorithms.pca_auto`; public
         quantities only; given ``iterations``/``clip_radius`` mean the power
         method). ``"power"``: the clipped, preconditioned power method

@@ -230,7 +230,7 @@ def _parser() -> argparse.ArgumentParser:
         choices=("auto", "power", "analyze-gauss"),
         default="auto",
         help="auto (default): Analyze Gauss, or the power method (T=3, R=sqrt(k/n)) "
-        "when n/d exceeds 4 eigenvalue floors, from public quantities only; power: Analyze "
+        "when n/d exceeds 8 eigenvalue floors, from public quantities only; power: Analyze "
         "Gauss start + T clipped power iterations",
     )
     pc.add_argument("--iterations", "-T", type=int, help="public number of power iterations T (required for power)")

@@ -200,7 +200,7 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         In (0, 1); ignored when ``private=False``.
     method : {"auto", "power", "analyze-gauss"}, default="auto"
         ``"auto"``: Analyze Gauss, or the power method with public ``T = 3``
-        and ``R = sqrt(k / n)`` when ``n / d`` exceeds 4 eigenvalue
+        and ``R = sqrt(k / n)`` when ``n / d`` exceeds 8 eigenvalue
         floors (a rule on public quantities only,
         :mod:`pipeline.algorithms.pca_auto`; a given ``n_iter`` or
         ``clip_radius`` means the power method). ``"power"``: the clipped,

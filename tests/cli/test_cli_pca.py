@@ -455,7 +455,7 @@ def test_the_default_command_needs_no_iterations_or_radius(
     store: Path, tmp_path: Path, scheduler: str
 ) -> None:
     """``dplr pca INPUT -k K --epsilon E --delta D --out OUT``: method auto picks from
-    public quantities (here Analyze Gauss: n / d is below 4 eigenvalue floors)."""
+    public quantities (here Analyze Gauss: n / d is below 8 eigenvalue floors)."""
     out = tmp_path / "auto.zarr"
     proc = run_dplr(
         "pca", store, "-k", str(RANK), *PRIVACY, "--out", out, "--json",

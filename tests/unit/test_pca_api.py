@@ -304,7 +304,7 @@ def test_selection_refuses_rank_equal_to_d(data: np.ndarray) -> None:
 
 def test_auto_is_the_default_and_records_its_public_choice(data: np.ndarray) -> None:
     """``pca(A, k, epsilon=, delta=)`` runs with no T or R: the rule picks Analyze
-    Gauss here (n / d is below 4 eigenvalue floors) and says why in the report."""
+    Gauss here (n / d is below 8 eigenvalue floors) and says why in the report."""
     rel = api.pca(data, K, epsilon=1.0, delta=1e-6, insecure_noise_seed=1)
     auto = rel.report["auto"]
     assert auto["chosen"] == rel.report["parameters"]["method"] == "analyze-gauss"
