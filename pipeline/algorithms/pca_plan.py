@@ -124,6 +124,23 @@ def _choice(value: Any, name: str, allowed: Sequence[str]) -> str:
     return str(value)
 
 
+def _iterations(method: str, iterations: Any) -> int:
+    """``T`` of a fixed run: required for the power method, none for Analyze Gauss."""
+    if method == "power":
+        if iterations is None:
+            raise InvalidParameterError(
+                "iterations must be given for method='power' (a public T, e.g. 3 to 10); "
+                "it is never chosen from the data."
+            )
+        return check_int_in_range(iterations, "iterations", 1, 10_000)
+    if iterations not in (None, 0):
+        raise InvalidParameterError(
+            f"iterations applies to method='power' only, got iterations={iterations!r} "
+            "with method='analyze-gauss'."
+        )
+    return 0
+
+
 def plan_pca(params: PcaParams, shape: Shape2D) -> PcaPlan:
     """Validate ``params`` against the public ``shape`` and calibrate the noise.
 
@@ -151,19 +168,7 @@ def plan_pca(params: PcaParams, shape: Shape2D) -> PcaPlan:
     check_float_in_interval(params.row_norm_bound, "row_norm_bound", 0.0, math.inf)
     if route == "auto":
         route = "gram" if 8 * d * d <= GRAM_CLIENT_BYTES else "two-pass"
-    T = 0
-    if method == "power":
-        if params.iterations is None:
-            raise InvalidParameterError(
-                "iterations must be given for method='power' (a public T, e.g. 3 to 10); "
-                "it is never chosen from the data."
-            )
-        T = check_int_in_range(params.iterations, "iterations", 1, 10_000)
-    elif params.iterations not in (None, 0):
-        raise InvalidParameterError(
-            f"iterations applies to method='power' only, got iterations={params.iterations!r} "
-            "with method='analyze-gauss'."
-        )
+    T = _iterations(method, params.iterations)
     passes = 1 + (T if route == "gram" else 2 * T)
     if not params.private and (params.epsilon is not None or params.delta is not None):
         raise PrivacyConfigError(

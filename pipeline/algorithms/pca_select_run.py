@@ -174,6 +174,52 @@ def _trials(key: NoiseKey | None, cal: Any) -> list[_Trial]:
     return out
 
 
+def _lockstep_step(
+    rel: Any,
+    source: RowSource,
+    trials: list[_Trial],
+    Xs: dict[int, FloatArray],
+    active: list[int],
+    t: int,
+    shape: tuple[int, int],
+) -> None:
+    """Step ``t`` of every active trial: release ``H``, one shared pass, release ``Z``.
+
+    Each trial's ``H`` comes from the client's Gram matrix; one pass computes
+    every active trial's clipped sum (each block clipped on its own), unless
+    its ``Z`` is already journaled; ``Xs`` is updated in place.
+    """
+    d, k = shape
+    exact_gram = rel.gram
+    Bs = {}
+    for i in active:
+        Xi = Xs[i]
+        H = rel.release(
+            f"H{i}_{t}",
+            lambda Xi=Xi: Secret(sym(Xi.T @ exact_gram().value @ Xi)),
+            trials[i].h_sigma,
+            (k, k),
+            True,
+        )
+        Bs[i] = eig_floor_inv_sqrt(H, trials[i].gamma)
+    todo = [i for i in active if rel.journal.load(f"Z{i}_{t}") is None]
+    exact_Z: dict[int, FloatArray] = {}
+    if todo:  # one pass for every active trial (each block clipped on its own)
+        Xcat = np.hstack([Xs[i] for i in todo])
+        Zcat = source.power_step(Xcat, [(Bs[i], trials[i].r_eff) for i in todo]).value
+        for j, i in enumerate(todo):
+            exact_Z[i] = Zcat[:, j * k : (j + 1) * k]
+    for i in active:
+        Z = rel.release(
+            f"Z{i}_{t}",
+            lambda i=i, ez=exact_Z: Secret(ez[i]),
+            trials[i].z_sigma,
+            (d, k),
+            False,
+        )
+        Xs[i] = qr_pos(Z)
+
+
 def run_selection(
     source: RowSource,
     cal: Any,
@@ -264,39 +310,12 @@ def run_selection(
     ]
     best: tuple[float, int, FloatArray] | None = None
     for bno, batch in enumerate(batches):
-        radii = {i: trials[i].r_eff for i in batch}
         Xs = {i: X0 for i in batch}
         T_max = max(T_of[i] for i in batch)
         for t in range(T_max):
             say(f"selection batch {bno + 1}/{len(batches)}: step {t + 1}/{T_max}")
             active = [i for i in batch if T_of[i] > t]
-            Bs = {}
-            for i in active:
-                Xi = Xs[i]
-                H = release(
-                    f"H{i}_{t}",
-                    lambda Xi=Xi: Secret(sym(Xi.T @ exact_gram().value @ Xi)),
-                    trials[i].h_sigma,
-                    (k, k),
-                    True,
-                )
-                Bs[i] = eig_floor_inv_sqrt(H, trials[i].gamma)
-            todo = [i for i in active if rel.journal.load(f"Z{i}_{t}") is None]
-            exact_Z: dict[int, FloatArray] = {}
-            if todo:  # one pass for every active trial (each block clipped on its own)
-                Xcat = np.hstack([Xs[i] for i in todo])
-                Zcat = source.power_step(Xcat, [(Bs[i], radii[i]) for i in todo]).value
-                for j, i in enumerate(todo):
-                    exact_Z[i] = Zcat[:, j * k : (j + 1) * k]
-            for i in active:
-                Z = release(
-                    f"Z{i}_{t}",
-                    lambda i=i, ez=exact_Z: Secret(ez[i]),
-                    trials[i].z_sigma,
-                    (d, k),
-                    False,
-                )
-                Xs[i] = qr_pos(Z)
+            _lockstep_step(rel, source, trials, Xs, active, t, (d, k))
         for i in batch:
             s = float(
                 release(f"s{i}", score_of(Xs[i]), cal.score_noise(h), (1, 1), False)[
