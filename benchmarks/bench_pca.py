@@ -3,7 +3,7 @@
 Usage::
 
     python benchmarks/bench_pca.py                    # all parts: sb, eps, diffprivlib, perf (in this order)
-    python benchmarks/bench_pca.py --part sb          # or eps, diffprivlib, perf; repeatable
+    python benchmarks/bench_pca.py --part sb          # or eps, diffprivlib, perf, real; repeatable
     python benchmarks/bench_pca.py --quick            # small sizes, one seed: a smoke run
 
 Parts (spec power-pca 5.4 and 6; results in benchmarks/results/pca_<part>[_quick].json|md):
@@ -19,6 +19,11 @@ Parts (spec power-pca 5.4 and 6; results in benchmarks/results/pca_<part>[_quick
   is stored with its negative), so the centred and the uncentred top-k subspaces coincide
   and one ground truth serves both. See the Markdown output for the details of the
   comparison and for what we found in diffprivlib's Bingham sampler.
+* ``real`` real matrices installed on this machine (scikit-learn's digits, a 10-pixel crop,
+  breast cancer, wine; a bag of words of the installed Python source): the default
+  ``DPPCA`` (method auto), Analyze Gauss, the power method at the auto rule's (T, R),
+  ``select=True`` and diffprivlib (d <= 10), epsilon in {0.5, 1, 2}; table, JSON and the plot
+  ``pca_real.png`` (``pca_real_part.py``). Default 5 seeds.
 * ``perf`` one power iteration against one plain read pass of a 1,000,000 x 64 float32
   Zarr store on a 2-worker LocalCluster, measured side by side in one run: the read pass
   (a 1x1 statistic per row band, and ``A.sum(axis=0)``), the bare Gram and power-iteration
@@ -53,7 +58,7 @@ sys.path.insert(1, os.path.dirname(HERE))
 import _common as C
 import numpy as np
 
-PARTS = ("sb", "eps", "diffprivlib", "perf")
+PARTS = ("sb", "eps", "diffprivlib", "real", "perf")
 DELTA = 1e-6
 RANK = 2
 N_COLS = 64
@@ -110,6 +115,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     a = p.parse_args(argv)
     a.part = [x for x in PARTS if x in (a.part or PARTS)]  # perf always last
+    a.seeds_given = a.seeds is not None
     a.seeds = a.seeds or (1 if a.quick else 3)
     a.repeat = a.repeat or (2 if a.quick else 3)
     a.hang_timeout = a.hang_timeout or (15.0 if a.quick else 60.0)
@@ -287,6 +293,38 @@ SB_CONFIGS = [
 ]
 
 
+def part_real(args: argparse.Namespace) -> None:
+    import pca_real_part as real
+
+    seeds = list(range(args.seeds if args.seeds_given else 5))
+    t0 = time.perf_counter()
+    cache = os.path.join(args.workdir, "pca_real")
+    os.makedirs(cache, exist_ok=True)
+    try:
+        dpl = import_diffprivlib()
+    except ImportError as exc:  # reported, not fatal: the other columns still run
+        print(f"diffprivlib unavailable: {exc}", flush=True)
+        dpl = None
+    with single_threaded_blas():
+        res = real.run(seeds, cache, dpl)
+    res.update(
+        {
+            "part": "real",
+            "seeds": seeds,
+            "machine": C.machine(),
+            "load": load_info(),
+            "versions": C.versions(),
+            "wall_s": round(time.perf_counter() - t0, 1),
+        }
+    )
+    command = "python benchmarks/bench_pca.py --part real" + (
+        f" --seeds {args.seeds}" if args.seeds_given else ""
+    )
+    md = real.markdown(res, command)
+    real.plot(res, os.path.join(args.results, "pca_real.png"))
+    write(args, "real", res, md)
+
+
 def part_sb(args: argparse.Namespace, bench: Bench) -> None:
     eps = 1.0
     t0 = time.perf_counter()
@@ -310,7 +348,8 @@ def part_sb(args: argparse.Namespace, bench: Bench) -> None:
             "iterations": bench.T,
             "seeds": bench.seeds,
             "accounting_baseline": "gdp",
-            "sensitivity": "paper",
+            "sensitivity": "tight",
+            "neighboring": "add-remove",
             "quick": args.quick,
         },
         "data": bench.data_facts(),
@@ -1379,6 +1418,9 @@ def main(argv: list[str] | None = None) -> int:
         elif part == "diffprivlib":
             bench._data.clear()  # free the S-B matrices
             part_diffprivlib(args)
+        elif part == "real":
+            bench._data.clear()
+            part_real(args)
         else:
             part_perf(args)
     print(f"total {time.perf_counter() - t0:.0f} s", flush=True)

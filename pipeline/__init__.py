@@ -5,6 +5,9 @@ Public API
 factorize
     One-pass (epsilon, delta)-DP factorization ``A ~ U diag(S) V^T`` of a Zarr
     path, zarr array, dask array or numpy array.
+pca
+    (epsilon, delta)-DP top-k principal subspace of a matrix whose rows are
+    individuals.
 Factorization
     Its result (``U``, ``S``, ``V``, ``report``).
 Ledger
@@ -32,7 +35,7 @@ from pipeline.errors import (
 if TYPE_CHECKING:
     from pipeline.accounting.ledger import Ledger
     from pipeline.algorithms.base import Factorization
-    from pipeline.api import factorize
+    from pipeline.api import factorize, pca
     from pipeline.estimators import DPPCA, DPLowRank
     from pipeline.io import generate_store, read_release
 
@@ -53,6 +56,7 @@ __all__ = [
     "__version__",
     "factorize",
     "generate_store",
+    "pca",
     "read_release",
 ]
 
@@ -62,10 +66,10 @@ def __getattr__(name: str) -> Any:
     # imports the module that started it (``dplr``, so ``pipeline``) before it
     # runs anything: it should not pay for the accounting (scipy.optimize),
     # the API, zarr or scikit-learn it will never use.
-    if name == "factorize":
-        from pipeline.api import factorize
+    if name in ("factorize", "pca"):
+        from pipeline import api
 
-        return factorize
+        return getattr(api, name)
     if name == "Ledger":
         from pipeline.accounting.ledger import Ledger
 

@@ -598,11 +598,12 @@ def pca(
     *,
     epsilon: float | None = None,
     delta: float | None = None,
-    method: str = "power",
+    method: str = "auto",
     iterations: int | None = None,
     clip_radius: float | None = None,
     accounting: str = "gdp",
-    sensitivity: str = "paper",
+    sensitivity: str = "tight",
+    neighboring: str = "add-remove",
     init_fraction: float = 0.5,
     h_fraction: float = 0.5,
     beta: float = 0.1,
@@ -632,13 +633,18 @@ def pca(
         The private matrix, one individual per row. Zarr paths and dask arrays
         run on a Dask cluster (as in :func:`factorize`); numpy arrays in memory.
     rank : int
-        ``k``, ``1 <= k < d``.
+        ``k``, ``1 <= k <= d`` (``k < d`` with ``select``).
     epsilon, delta : float
-        Budget of this release (replacement of one row); required unless
-        ``private=False``.
-    method : {"power", "analyze-gauss"}
-        The clipped, preconditioned power method (Analyze Gauss start, then
-        ``iterations`` steps) or Analyze Gauss alone with the whole budget.
+        Budget of this release (one row, under ``neighboring``); required
+        unless ``private=False``.
+    method : {"auto", "power", "analyze-gauss"}
+        ``"auto"`` (default): Analyze Gauss, or the power method with public
+        ``T = 3`` and ``R = sqrt(k / n)`` when ``n / d`` exceeds 8
+        eigenvalue floors ``gamma`` (:mod:`pipeline.algorithms.pca_auto`; public
+        quantities only; given ``iterations``/``clip_radius`` mean the power
+        method). ``"power"``: the clipped, preconditioned power method
+        (Analyze Gauss start, then ``iterations`` steps). ``"analyze-gauss"``:
+        Analyze Gauss alone with the whole budget.
     iterations : int
         Public ``T`` (power method): 1 + T passes over the data.
     clip_radius : float
@@ -648,8 +654,12 @@ def pca(
     accounting : {"gdp", "paper"}
         Exact Gaussian (GDP) calibration, or the paper's constants (reproduction
         only: about 30x more noise per iteration).
-    sensitivity : {"paper", "tight"}
-        Gram sensitivity 2 (the paper's) or sqrt(2) (the exact supremum).
+    sensitivity : {"tight", "paper"}
+        The exact sensitivities (default) or the paper's constants (Gram and
+        ``H``: 2 instead of sqrt(2) under replacement), for comparison.
+    neighboring : {"add-remove", "replace"}
+        One row present or a zero row (default, as :func:`factorize`), or one
+        row replaced by another: sensitivities 1, 1, R or sqrt(2), sqrt(2), 2R.
     init_fraction, h_fraction, beta, gamma_scale : float
         Budget split and eigenvalue-floor parameters (public; spec 3.4, 7 D3-D4).
     row_norm_bound : float
@@ -700,10 +710,12 @@ def pca(
 
     Notes
     -----
-    Privacy. (epsilon, delta)-DP under replacement of one row (rows clipped to
-    norm 1): a composition of Gaussian releases ``M``, ``H_t``, ``Z_t`` with
-    sensitivities 2 (or sqrt 2), 2 (or sqrt 2) and 2R, calibrated exactly as
-    one ``mu``-GDP mechanism [spec power-pca 3.4].
+    Privacy. (epsilon, delta)-DP for one row (rows clipped to norm 1), added
+    or removed (default) or replaced: a composition of Gaussian releases
+    ``M``, ``H_t``, ``Z_t`` with sensitivities 1, 1, R (add/remove) or
+    sqrt(2), sqrt(2), 2R (replace; [P]'s 2, 2, 2R with
+    ``sensitivity="paper"``), calibrated exactly as one ``mu``-GDP mechanism
+    [spec power-pca 3.4].
 
     Examples
     --------
@@ -722,7 +734,7 @@ def pca(
     params = PcaParams(
         rank=rank, epsilon=epsilon, delta=delta, method=method, iterations=iterations,
         clip_radius=clip_radius, accounting=accounting, sensitivity=sensitivity,
-        init_fraction=init_fraction, h_fraction=h_fraction, beta=beta,
+        neighboring=neighboring, init_fraction=init_fraction, h_fraction=h_fraction, beta=beta,
         gamma_scale=gamma_scale, row_norm_bound=row_norm_bound, route=route,
         private=private,
     )  # fmt: skip
@@ -759,10 +771,12 @@ class Selection:
                 f"select must be True or False, got select={select!r}."
             )
         fixed = params.iterations is not None or params.clip_radius is not None
-        if select and (fixed or not params.private or params.method != "power"):
+        method_ok = params.method in ("auto", "power")
+        if select and (fixed or not params.private or not method_ok):
             raise InvalidParameterError(
-                "select=True chooses the clip radius and the number of iterations privately; "
-                "do not pass iterations or clip_radius, and use method='power' with private=True."
+                "select=True chooses the method, the clip radius and the number of iterations "
+                "privately; do not pass iterations or clip_radius, and use method='auto' (or "
+                "'power') with private=True."
             )
         grids = (radius_grid, iterations_grid, expected_trials)
         if not select:
@@ -807,14 +821,25 @@ def release_pca(
 
 
 def _pca_plan(params: Any, shape: tuple[int, int], selection: Selection | None) -> Any:
-    """The plan of a fixed run, or of a selection with its RDP calibration."""
+    """The plan of a fixed run, or of a selection with its calibration."""
     from pipeline.accounting.pca import calibrate_selection
     from pipeline.algorithms.power_pca import default_selection_grids, plan_pca
 
     if selection is None:
         return plan_pca(params, shape)
     # validated as a fixed run first (rank, budget, route, bounds), then calibrated
+    params = dataclasses.replace(params, method="power")
     plan = plan_pca(dataclasses.replace(params, iterations=1, clip_radius=1.0), shape)
+    if params.rank >= shape[1]:
+        raise InvalidParameterError(
+            f"select=True needs rank < n_features (with k = d every candidate spans the "
+            f"whole space, so there is nothing to select), got rank={params.rank} for "
+            f"{shape[1]} columns."
+        )
+    if selection.expected_trials is None:
+        return dataclasses.replace(
+            plan, calibration=_candidates_of(params, shape, selection), n_passes=-1
+        )
     radii, grid = default_selection_grids(shape[0], params.rank)
     radii = selection.radii if selection.radii is not None else radii
     grid = selection.iterations if selection.iterations is not None else grid
@@ -825,8 +850,29 @@ def _pca_plan(params: Any, shape: tuple[int, int], selection: Selection | None) 
         beta=params.beta,
         expected_trials=expected if expected is not None else 4.0 * len(radii) * len(grid),
         sensitivity=params.sensitivity, gamma_scale=params.gamma_scale,
+        neighboring=params.neighboring,
     )  # fmt: skip
     return dataclasses.replace(plan, calibration=cal, n_passes=-1)
+
+
+def _candidates_of(params: Any, shape: tuple[int, int], selection: Selection) -> Any:
+    """Exhaustive selection: Analyze Gauss and the public (R, T) candidates.
+
+    Default candidates: Analyze Gauss and the power method at the ``auto``
+    rule's ``T`` and ``R``; given grids: Analyze Gauss and their product.
+    """
+    from pipeline.accounting.pca_selection import calibrate_candidates
+    from pipeline.algorithms.pca_auto import AUTO_ITERATIONS, auto_radius
+
+    radii = selection.radii or (auto_radius(shape[0], params.rank),)
+    iterations = selection.iterations or (AUTO_ITERATIONS,)
+    candidates = [(None, 0)] + [(float(r), int(t)) for t in iterations for r in radii]
+    return calibrate_candidates(
+        epsilon=params.epsilon, delta=params.delta, rank=params.rank,
+        n_rows=shape[0], n_features=shape[1], candidates=candidates,
+        sensitivity=params.sensitivity, neighboring=params.neighboring,
+        h_fraction=params.h_fraction, beta=params.beta, gamma_scale=params.gamma_scale,
+    )  # fmt: skip
 
 
 def _pca_release(
@@ -838,21 +884,25 @@ def _pca_release(
     array, info = open_input(source, unit=None, band_bytes=PCA_BAND_BYTES)
     plan = _pca_plan(params, info.shape, selection)
     cal, select = plan.calibration, selection is not None
+    random_stopping = select and selection.expected_trials is not None
     contract = None
     if cal is not None:
         contract = PrivacyContract(
-            unit=PrivacyUnit.ROW, neighboring=Neighboring.REPLACE,
+            unit=PrivacyUnit.ROW, neighboring=Neighboring(params.neighboring),
             clip_norm=params.row_norm_bound, epsilon=cal.epsilon, delta=cal.delta,
-            accountant=Accountant.RDP if select else Accountant(params.accounting),
+            accountant=Accountant.RDP if random_stopping
+            else Accountant.GDP if select else Accountant(params.accounting),
             shape=info.shape, secret_noise=options.insecure_noise_seed is None,
         )  # fmt: skip
     parameters = dataclasses.asdict(params)
-    if select:
+    if random_stopping:
         parameters["grids"] = {
             "radii": list(cal.radii),
             "iterations": list(cal.iteration_grid),
             "expected_trials": cal.expected_trials,
         }
+    elif select:
+        parameters["candidates"] = [list(c) for c in cal.candidates]
     spec = ReleaseSpec(
         kind="pca-select" if select else "pca", contract=contract, calibration=cal,
         parameters=parameters, input=InputRef.of(info, array), **options.spec_fields(),
@@ -1005,12 +1055,14 @@ def build_pca_report(
             "row_norm_bound": p.row_norm_bound,
             "accounting": p.accounting,
             "sensitivity": p.sensitivity,
+            "neighboring": p.neighboring,
             "init_fraction": p.init_fraction,
             "h_fraction": p.h_fraction,
             "beta": p.beta,
             "gamma_scale": p.gamma_scale,
             "centred": False,
         },
+        "auto": plan.auto,
         "n_passes": result.n_passes,
         "n_passes_planned": plan.n_passes,
         "releases": list(result.releases),
@@ -1037,13 +1089,19 @@ def build_pca_report(
             "delta": cal.delta,
             "realised_epsilon": cal.realised_epsilon(),
             "accountant": p.accounting,
-            "neighboring": "replace one row (rows clipped to norm 1)",
+            "neighboring": _relation_text(p.neighboring),
             "idealized_numerics": True,
             "calibration": cd,
             "mechanisms": cd.get("mechanisms"),
         }
     )
     return report
+
+
+def _relation_text(neighboring: str) -> str:
+    """The report's words for a PCA's neighbouring relation."""
+    what = "add or remove" if neighboring == "add-remove" else "replace"
+    return f"{what} one row (rows clipped to norm 1)"
 
 
 def _selection_report(report: dict[str, Any], result: Any, cal: Any) -> dict[str, Any]:
@@ -1053,16 +1111,23 @@ def _selection_report(report: dict[str, Any], result: Any, cal: Any) -> dict[str
     labels, task counts, the run's time), stays in the trusted zone, as the
     random-stopping analysis requires (spec 3.5).
     """
+    exhaustive = hasattr(cal, "candidates")
+    if result.iterations == 0:
+        gamma = None
+    elif exhaustive:
+        gamma = cal.gamma_of(cal.candidates.index((result.clip_radius, result.iterations)))
+    else:
+        gamma = cal.gamma(result.iterations)
     report["parameters"].update(
         {
-            "method": "power (private selection of R and T)",
-            "accounting": "rdp",
+            "method": "private selection of the method, R and T"
+            if exhaustive
+            else "power (private selection of R and T)",
+            "accounting": "gdp" if exhaustive else "rdp",
             "iterations": result.iterations,
             "clip_radius": result.clip_radius,
             "requested_clip_radius": None,
-            "gamma": None
-            if result.iterations == 0
-            else cal.gamma(result.iterations),
+            "gamma": gamma,
         }
     )
     report.update(
@@ -1077,18 +1142,24 @@ def _selection_report(report: dict[str, Any], result: Any, cal: Any) -> dict[str
                 "selected_clip_radius": result.clip_radius,
                 "selected_iterations": result.iterations,
                 "score_gap": result.gap,
-                "warm_start_gap_test_passed": result.iterations > 0,
-                "withheld": "number of trials, passes and per-trial values (they would void the random-stopping analysis)",
+                "warm_start_gap_test_passed": result.gap > 0,
+                "withheld": "passes and per-trial values"
+                if exhaustive
+                else "number of trials, passes and per-trial values (they would void the random-stopping analysis)",
             },
-            "mechanism": "Analyze Gauss warm start + Papernot-Steinke random stopping over (R, T) trials; RDP accountant",
+            "mechanism": "Analyze Gauss and power-method candidates, each run once, the best noisy score released; composed exactly (mu-GDP)"
+            if exhaustive
+            else "Analyze Gauss warm start + Papernot-Steinke random stopping over (R, T) trials; RDP accountant",
             "epsilon": cal.epsilon,
             "delta": cal.delta,
-            "realised_epsilon": cal.rdp_epsilon,
-            "accountant": "rdp (dp_accounting RepeatAndSelectDpEvent), capped number of trials",
-            "neighboring": "replace one row (rows clipped to norm 1)",
+            "realised_epsilon": cal.realised_epsilon() if exhaustive else cal.rdp_epsilon,
+            "accountant": "gdp (every candidate once)"
+            if exhaustive
+            else "rdp (dp_accounting RepeatAndSelectDpEvent), capped number of trials",
+            "neighboring": _relation_text(cal.neighboring),
             "idealized_numerics": True,
             "calibration": cal.to_dict(),
-            "mechanisms": [],
+            "mechanisms": [m.to_dict() for m in cal.mechanisms] if exhaustive else [],
         }
     )
     return report

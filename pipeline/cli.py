@@ -220,19 +220,22 @@ def _parser() -> argparse.ArgumentParser:
         "pca",
         help="DP top-k PCA subspace of a Zarr matrix whose rows are individuals",
         description=(
-            "Private top-k principal subspace (uncentred) under replacement of one row: "
-            "the clipped, preconditioned block power method (1 + T passes) or Analyze Gauss (1 pass)."
+            "Private top-k principal subspace (uncentred) for one row added or removed "
+            "(or replaced): Analyze Gauss (1 pass) or the clipped, preconditioned block "
+            "power method (1 + T passes)."
         ),
     )
     pc.add_argument("input", metavar="INPUT", help="path of a 2-D Zarr array (rows = individuals)")
-    pc.add_argument("--rank", "-k", type=int, required=True, help="number of components k (< columns)")
+    pc.add_argument("--rank", "-k", type=int, required=True, help="number of components k (<= columns)")
     pc.add_argument("--out", "-o", required=True, help="Zarr group to publish components and the report to")
     pc.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     pc.add_argument(
         "--method",
-        choices=("power", "analyze-gauss"),
-        default="power",
-        help="default: power (Analyze Gauss start + T clipped power iterations)",
+        choices=("auto", "power", "analyze-gauss"),
+        default="auto",
+        help="auto (default): Analyze Gauss, or the power method (T=3, R=sqrt(k/n)) "
+        "when n/d exceeds 8 eigenvalue floors, from public quantities only; power: Analyze "
+        "Gauss start + T clipped power iterations",
     )
     pc.add_argument("--iterations", "-T", type=int, help="public number of power iterations T (required for power)")
     pc.add_argument(
@@ -270,8 +273,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     pc.add_argument("--accounting", choices=("gdp", "paper"), default="gdp",
                     help="gdp: exact Gaussian calibration (default); paper: the paper's constants")
-    pc.add_argument("--sensitivity", choices=("paper", "tight"), default="paper",
-                    help="Gram sensitivity 2 (paper, default) or sqrt(2) (tight)")
+    pc.add_argument("--sensitivity", choices=("tight", "paper"), default="tight",
+                    help="tight: exact sensitivities (default); paper: the paper's constants "
+                    "(Gram 2 instead of sqrt(2) under --neighboring replace)")
+    pc.add_argument("--neighboring", choices=("add-remove", "replace"), default="add-remove",
+                    help="one row added or removed (default, as factorize) or replaced")
     pc.add_argument("--route", choices=("auto", "gram", "two-pass"), default="auto",
                     help="H from the client's Gram matrix (1+T passes) or from the data (1+2T)")
     pc.add_argument("--journal", help="release journal for crash recovery (default: .OUT.dplr-journal beside OUT)")
@@ -564,7 +570,8 @@ def _pca_summary(report: dict[str, Any], out: str) -> str:
         lines.append("  NOT PRIVATE: non-private run (no clipping, no noise)")
     else:
         lines.append(
-            f"  privacy: ({report['epsilon']:g}, {report['delta']:g})-DP, replace-one-row, "
+            f"  privacy: ({report['epsilon']:g}, {report['delta']:g})-DP, "
+            f"{report['parameters']['neighboring']} one row, "
             f"accountant={report['accountant']} (noise used is exactly epsilon={report['realised_epsilon']:.4g})"
         )
         for m in report["mechanisms"]:
@@ -579,14 +586,13 @@ def _pca_summary(report: dict[str, Any], out: str) -> str:
         lines.append("  resumed journaled release(s) of an interrupted run")
     sel = report.get("selection")
     if sel:
-        lines.append(
-            "  private selection: "
-            + (
-                "warm-start gap test failed, Analyze Gauss estimate released"
-                if not sel["warm_start_gap_test_passed"]
-                else f"selected R={sel['selected_clip_radius']:.4g} T={sel['selected_iterations']}"
-            )
-        )
+        if not sel["warm_start_gap_test_passed"]:
+            chosen = "warm-start gap test failed, Analyze Gauss estimate released"
+        elif sel["selected_iterations"] == 0:
+            chosen = "selected Analyze Gauss"
+        else:
+            chosen = f"selected R={sel['selected_clip_radius']:.4g} T={sel['selected_iterations']}"
+        lines.append("  private selection: " + chosen)
         lines.append(f"  time={report['timings_seconds'].get('total', float('nan')):.2f}s")
         return "\n".join(lines)
     radius = p["clip_radius"]
@@ -606,7 +612,7 @@ def _pca_params_of(args: argparse.Namespace) -> tuple[Any, Any]:
         rank=args.rank, epsilon=args.epsilon, delta=args.delta, method=args.method,
         iterations=args.iterations, clip_radius=args.clip_radius,
         accounting=args.accounting, sensitivity=args.sensitivity,
-        row_norm_bound=args.row_norm_bound, route=args.route,
+        neighboring=args.neighboring, row_norm_bound=args.row_norm_bound, route=args.route,
         private=not args.non_private,
     )  # fmt: skip
     selection = Selection.of(params, args.select, args.radius_grid,

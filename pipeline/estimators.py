@@ -19,7 +19,8 @@ Centring (spec power-pca section 7, D8). The PCA is uncentred by default.
 ``DPPCA(centre=True)`` releases the mean of the clipped rows with the Gaussian
 mechanism, centres the rows with that *released* mean, re-clips them and runs
 the PCA on them; the two releases are composed exactly as Gaussian mechanisms
-(mu-GDP) so that together they satisfy the requested ``(epsilon, delta)``.
+(mu-GDP) so that together they satisfy the requested ``(epsilon, delta)``
+(:mod:`pipeline.pca_centred`; the estimators only hand off to functions).
 
 References
 ----------
@@ -32,13 +33,10 @@ References
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import inspect
 import math
 import os
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -49,49 +47,29 @@ from sklearn.base import (
 )
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from pipeline._types import FloatArray
 from pipeline._validation import (
     check_float_in_interval,
     check_int_in_range,
     check_privacy_pair,
 )
-from pipeline.accounting.calibration import ReleaseCalibration, SketchNoise
-from pipeline.accounting.contract import Accountant, PrivacyContract
-from pipeline.accounting.gaussian import (
-    gaussian_delta,
-    gaussian_epsilon,
-    gaussian_noise_multiplier,
-)
 from pipeline.algorithms.lrf import LrfParams
-from pipeline.algorithms.power_pca import (
-    PcaParams,
-    Secret,
-    plan_pca,
-    prep_rows,
-    release_mean,
-)
 from pipeline.api import (
     PCA_BAND_BYTES,
-    _JobJournal,
-    _PcaJob,
     pca,
     release_factorization,
 )
-from pipeline.errors import InvalidParameterError, PrivacyConfigError
+from pipeline.errors import InvalidParameterError
+from pipeline.pca_centred import (  # noqa: F401 - re-exported for existing callers
+    MEAN_SENSITIVITY,
+    centred_pca,
+    split_mean_budget,
+)
 from pipeline.release import (
-    InputRef,
-    ReleaseJob,
     ReleaseOptions,
-    ReleaseSpec,
     Runtime,
-    run_release,
 )
 
 __all__ = ["DPPCA", "DPLowRank"]
-
-#: L2 sensitivity of the sum of rows of norm <= 1 under replacement of one row
-#: (spec power-pca 7, D8: ``||a_i - a'_i|| <= 2``).
-MEAN_SENSITIVITY = 2.0
 
 
 # --------------------------------------------------------------------------
@@ -195,126 +173,6 @@ def _validate_transform_input(est: BaseEstimator, X: Any, *, allow_nan: bool) ->
     )
 
 
-def _gaussian_release_calibration(
-    name: str,
-    shape: tuple[int, int],
-    *,
-    sensitivity: float,
-    sigma: float,
-    epsilon: float,
-    delta: float,
-) -> ReleaseCalibration:
-    """One plain Gaussian release in the ledger's terms (no sketch, ``delta_JL = 0``)."""
-    return ReleaseCalibration(
-        epsilon=epsilon,
-        delta=delta,
-        delta_mechanism=delta,
-        delta_jl=0.0,
-        n_sketch_matrices=0,
-        beta=0.0,
-        frobenius_bound=sensitivity,
-        noise_multiplier=sigma / sensitivity,
-        tree_levels=1,
-        sketches=(
-            SketchNoise(
-                name=name,
-                shape=shape,
-                sensitivity=sensitivity,
-                jl_factor=1.0,
-                weight=1.0,
-                sigma=sigma,
-            ),
-        ),
-    )
-
-
-def split_mean_budget(
-    epsilon: float, delta: float, mean_fraction: float
-) -> tuple[float, float]:
-    """Split ``(epsilon, delta)`` between a DP mean and a PCA, in mu-GDP.
-
-    Parameters
-    ----------
-    epsilon, delta : float
-        Budget of the two releases together.
-    mean_fraction : float
-        Share of ``mu^2`` given to the mean, in (0, 1).
-
-    Returns
-    -------
-    mu_total : float
-        ``1 / s(epsilon, delta)``: the largest ``mu`` such that a ``mu``-GDP
-        mechanism is ``(epsilon, delta)``-DP [BW18, Thm 8].
-    epsilon_pca : float
-        The epsilon at ``delta`` of a ``sqrt(1 - mean_fraction) mu_total``-GDP
-        mechanism: the budget to calibrate the PCA with.
-
-    Examples
-    --------
-    >>> mu, eps_pca = split_mean_budget(1.0, 1e-6, 0.1)
-    >>> 0 < eps_pca < 1.0
-    True
-    """
-    eps, dlt = check_privacy_pair(epsilon, delta)
-    f = check_float_in_interval(mean_fraction, "mean_fraction", 0.0, 1.0)
-    mu_total = 1.0 / gaussian_noise_multiplier(eps, dlt)
-    # [DRS22, Cor. 3.3]: mu^2 of composed Gaussians add, so shares split mu^2
-    mu_pca = math.sqrt(1.0 - f) * mu_total
-    return mu_total, gaussian_epsilon(1.0 / mu_pca, dlt)
-
-
-def _mean_mu(
-    mu_total: float, mu_pca: float, mean_fraction: float, epsilon: float, delta: float
-) -> float:
-    """The mean's ``mu``: its share, lowered until the composition fits exactly.
-
-    Returns ``mu_m <= sqrt(mean_fraction) mu_total`` with
-    ``gaussian_delta(1 / sqrt(mu_m^2 + mu_pca^2), epsilon) <= delta``: the PCA's
-    ``mu`` comes from its own calibration (rounded up there, and far below its
-    share under ``accounting="paper"``), so the check is done on the actual
-    values rather than assumed.
-
-    Raises
-    ------
-    PrivacyConfigError
-        If the PCA alone already uses the whole budget (a calibration bug).
-    """
-    mu_m = math.sqrt(mean_fraction) * mu_total
-
-    def fits(m: float) -> bool:
-        return gaussian_delta(1.0 / math.hypot(m, mu_pca), epsilon) <= delta
-
-    step = 1e-15
-    while mu_m > 0.0 and not fits(mu_m):
-        # the shortfall is rounding in the calibrations: shrink by growing steps
-        mu_m *= 1.0 - step
-        step *= 2.0
-        if step > 0.5:
-            mu_m = 0.0
-    if mu_m <= 0.0:
-        raise PrivacyConfigError(
-            "the PCA's calibration leaves no budget for the DP mean "
-            f"(mu_pca={mu_pca!r}, mu_total={mu_total!r})."
-        )
-    return mu_m
-
-
-def _block_centre(
-    block: Any, mean: FloatArray, row_norm_bound: float, clip: bool
-) -> FloatArray:
-    """Prepared rows minus the released mean (in the scaled units of ``prep_rows``)."""
-    return prep_rows(block, row_norm_bound, clip=clip) - mean
-
-
-def _row_total(array: Any, client: Any, row_norm_bound: float, clip: bool) -> Secret:
-    """``sum_i prep(a_i)``, the exact sum of the prepared rows, shape (d,)."""
-    if client is None:
-        return Secret(prep_rows(array, row_norm_bound, clip=clip).sum(axis=0))
-    rows = array.map_blocks(prep_rows, row_norm_bound, clip=clip, dtype=np.float64)
-    total = client.compute(rows.sum(axis=0), sync=True)
-    return Secret(np.asarray(total, dtype=np.float64))
-
-
 def _pca_accepts(name: str) -> bool:
     return name in inspect.signature(pca).parameters
 
@@ -331,28 +189,34 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
 
     Parameters
     ----------
-    n_components : int
-        ``k``, the number of components, ``1 <= k < n_features``. Public.
+    n_components : int or None, default=None
+        ``k``, the number of components, ``1 <= k <= n_features``. Public.
+        None keeps every component (``k = n_features``), as scikit-learn's
+        ``PCA``.
     epsilon : float, default=1.0
         Privacy budget of the release (of the DP mean and the PCA together when
         ``centre=True``); ignored when ``private=False``.
     delta : float, default=1e-6
         In (0, 1); ignored when ``private=False``.
-    method : {"power", "analyze-gauss"}, default="power"
-        The clipped, preconditioned power method, or Analyze Gauss alone with
-        the whole budget (no ``n_iter``, no ``clip_radius``).
+    method : {"auto", "power", "analyze-gauss"}, default="auto"
+        ``"auto"``: Analyze Gauss, or the power method with public ``T = 3``
+        and ``R = sqrt(k / n)`` when ``n / d`` exceeds 8 eigenvalue
+        floors (a rule on public quantities only,
+        :mod:`pipeline.algorithms.pca_auto`; a given ``n_iter`` or
+        ``clip_radius`` means the power method). ``"power"``: the clipped,
+        preconditioned power method. ``"analyze-gauss"``: Analyze Gauss alone
+        with the whole budget (no ``n_iter``, no ``clip_radius``).
     n_iter : int or None, default=None
         Public number of power iterations ``T`` (``1 + T`` passes over the
-        data). Required for ``method="power"`` unless ``select=True``: there is
-        no default, because ``T`` is a privacy-relevant choice and is never
+        data). Required for ``method="power"`` unless ``select=True``; never
         chosen from the data; 3 to 10 is typical after the Analyze Gauss warm
         start (spec power-pca D5).
     clip_radius : float or None, default=None
         Public clip radius ``R`` of the power iterations. Required for a
-        private ``method="power"`` run unless ``select=True`` (no silent
-        default; ``private=False`` without it does not clip). For
-        near-i.i.d. rows ``2 sqrt(k log(n) / n)`` is a reasonable *public*
-        guess; never choose it by looking at the data.
+        private ``method="power"`` run unless ``select=True``
+        (``private=False`` without it does not clip). For near-i.i.d. rows
+        ``2 sqrt(k log(n) / n)`` is a reasonable *public* guess; never choose
+        it by looking at the data.
     select : bool, default=False
         Choose ``(R, T)`` privately over :func:`pipeline.api.pca`'s default
         public grids (spec power-pca 2.5), inside the same budget; ``n_iter``
@@ -363,8 +227,13 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     accounting : {"gdp", "paper"}, default="gdp"
         Exact Gaussian (GDP) calibration, or the paper's literal constants
         (reproduction only; far more noise).
-    sensitivity : {"paper", "tight"}, default="paper"
-        Gram sensitivity 2 (the paper's) or sqrt(2) (the exact supremum).
+    sensitivity : {"tight", "paper"}, default="tight"
+        The exact sensitivities, or the paper's constants for comparison (Gram
+        and ``H``: 2 instead of sqrt(2) under replacement).
+    neighboring : {"add-remove", "replace"}, default="add-remove"
+        Neighbouring datasets: one row present or a zero row (as
+        :class:`DPLowRank` and :func:`pipeline.api.factorize`), or one row
+        replaced.
     init_fraction, h_fraction : float, default=0.5
         Public budget split: initialisation vs iterations, ``H`` vs ``Z``.
     beta : float, default=0.1
@@ -437,8 +306,9 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
 
     Notes
     -----
-    Privacy. (epsilon, delta)-DP under replacement of one row of norm at most
-    ``row_norm_bound``, for everything ``fit`` stores (all attributes are
+    Privacy. (epsilon, delta)-DP for one row of norm at most
+    ``row_norm_bound`` added or removed (or replaced, with
+    ``neighboring="replace"``), for everything ``fit`` stores (all attributes are
     released values or post-processing of them) [spec power-pca 1.2, 3.4].
     ``transform`` and ``inverse_transform`` are post-processing of the release
     and apply to any data; their outputs on private rows are of course not
@@ -446,10 +316,11 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
 
     Centring (``centre=True``, spec power-pca D8). Rows are scaled by ``1/C``
     and clipped to norm 1; the mean ``(sum_i a_i + N(0, sigma_m^2 I_d)) / n``
-    is released with L2 sensitivity 2 (replacement) and
-    ``sigma_m = 2 / mu_m``; the rows are centred with this released mean,
-    re-clipped to norm 1 (centred rows can reach norm 2) and the PCA runs on
-    them. With ``mu_total = 1 / s(epsilon, delta)``, the mean gets
+    is released with L2 sensitivity 1 (add/remove) or 2 (replacement) and
+    ``sigma_m = sensitivity / mu_m``; the rows are centred with this released
+    mean, re-clipped to norm 1 (centred rows can reach norm 2) and the PCA runs
+    on them, calibrated with its replacement sensitivities under both relations
+    (a removed row is a zero row, which centring turns into ``-mean``). With ``mu_total = 1 / s(epsilon, delta)``, the mean gets
     ``mu_m = sqrt(mean_fraction) mu_total`` (lowered if the rounding of the
     calibrations requires it) and the PCA is calibrated to the
     epsilon at which ``sqrt(1 - mean_fraction) mu_total``-GDP is
@@ -492,16 +363,17 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
 
     def __init__(
         self,
-        n_components: int,
+        n_components: int | None = None,
         *,
         epsilon: float = 1.0,
         delta: float = 1e-6,
-        method: str = "power",
+        method: str = "auto",
         n_iter: int | None = None,
         clip_radius: float | None = None,
         select: bool = False,
         accounting: str = "gdp",
-        sensitivity: str = "paper",
+        sensitivity: str = "tight",
+        neighboring: str = "add-remove",
         init_fraction: float = 0.5,
         h_fraction: float = 0.5,
         beta: float = 0.1,
@@ -525,6 +397,7 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         self.select = select
         self.accounting = accounting
         self.sensitivity = sensitivity
+        self.neighboring = neighboring
         self.init_fraction = init_fraction
         self.h_fraction = h_fraction
         self.beta = beta
@@ -549,12 +422,14 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     # -- parameters --------------------------------------------------------
     def _pca_kwargs(self) -> dict[str, Any]:
         """Validate the parameters (no data) into keyword arguments of :func:`pca`."""
-        check_int_in_range(self.n_components, "n_components", 1)
+        if self.n_components is not None:
+            check_int_in_range(self.n_components, "n_components", 1)
         private = _check_bool(self.private, "private")
         insecure = _check_bool(self.insecure_noise, "insecure_noise")
         _check_bool(self.centre, "centre")
         _choice(self.accounting, "accounting", ("gdp", "paper"))
-        _choice(self.sensitivity, "sensitivity", ("paper", "tight"))
+        _choice(self.sensitivity, "sensitivity", ("tight", "paper"))
+        _choice(self.neighboring, "neighboring", ("add-remove", "replace"))
         for name in ("init_fraction", "h_fraction", "beta", "mean_fraction"):
             check_float_in_interval(getattr(self, name), name, 0.0, 1.0)
         for name in ("gamma_scale", "row_norm_bound"):
@@ -566,6 +441,7 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
             "clip_radius": self.clip_radius,
             "accounting": self.accounting,
             "sensitivity": self.sensitivity,
+            "neighboring": self.neighboring,
             "init_fraction": self.init_fraction,
             "h_fraction": self.h_fraction,
             "beta": self.beta,
@@ -588,7 +464,7 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
 
     def _check_iterations(self) -> bool:
         """Check ``method``, ``select``, ``n_iter``, ``clip_radius``; True to select."""
-        method = _choice(self.method, "method", ("power", "analyze-gauss"))
+        method = _choice(self.method, "method", ("auto", "power", "analyze-gauss"))
         if self.n_iter is not None:
             check_int_in_range(self.n_iter, "n_iter", 1)
         if self.clip_radius is not None:
@@ -602,9 +478,9 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
                     "select=True is not available yet: this version of pipeline.api.pca "
                     "has no private selection of (R, T); give n_iter and clip_radius."
                 )
-            if self.centre or not self.private or method != "power":
+            if self.centre or not self.private or method == "analyze-gauss":
                 raise InvalidParameterError(
-                    "select=True needs method='power', private=True and centre=False "
+                    "select=True needs method='auto' or 'power', private=True and centre=False "
                     "(the selection is accounted in Renyi DP, not as a Gaussian "
                     "mechanism that composes with the DP mean)."
                 )
@@ -619,6 +495,8 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
                 raise InvalidParameterError(
                     f"n_iter and clip_radius apply to method='power' only, got {given}."
                 )
+            return False
+        if method == "auto":  # the public rule fills what is not given
             return False
         # a non-private run may leave R unset (no clipping), never T
         required = ("n_iter", "clip_radius") if self.private else ("n_iter",)
@@ -657,16 +535,18 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
 
         Notes
         -----
-        Privacy. See the class Notes: one (epsilon, delta)-DP release under
-        replacement of one row.
+        Privacy. See the class Notes: one (epsilon, delta)-DP release for one
+        row (``neighboring``).
         """
         kw = self._pca_kwargs()
         X = _validate_fit_input(self, X, allow_nan=bool(self.private), min_samples=1)
-        if self.centre:
-            rel, mean, extra = self._fit_centred(X, kw)
-            report = _centring_report(dict(rel.report), extra)
+        if self.centre:  # the DP mean, then the PCA: pipeline.pca_centred
+            rel, mean, report = centred_pca(
+                X, self.n_components, kw, mean_fraction=float(self.mean_fraction),
+                row_norm_bound=float(self.row_norm_bound),
+            )  # fmt: skip
         else:
-            rel, mean = pca(X, int(self.n_components), **kw), None
+            rel, mean = pca(X, self._rank(X), **kw), None
             report = dict(rel.report)
         n, d = (int(s) for s in report["shape"])
         scale = float(self.row_norm_bound) ** 2 if kw["private"] else 1.0
@@ -686,119 +566,17 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         self.privacy_report_ = report
         return self
 
-    def _fit_centred(
-        self, X: Any, kw: dict[str, Any]
-    ) -> tuple[Any, FloatArray, dict[str, Any]]:
-        """DP mean, centre, re-clip, PCA (spec power-pca D8); see the class Notes."""
-        from pipeline.io import open_input
+    def _rank(self, X: Any) -> int:
+        """``n_components``, or the number of columns of ``X`` (a shape) if None."""
+        if self.n_components is not None:
+            return int(self.n_components)
+        if isinstance(X, tuple):
+            return int(X[1])
+        if not hasattr(X, "shape"):  # a Zarr path: its shape from the metadata
+            from pipeline.io import open_input
 
-        array, info = open_input(X, unit=None, band_bytes=PCA_BAND_BYTES)
-        shape = (int(info.shape[0]), int(info.shape[1]))
-        extra: dict[str, Any] = {"path": info.path, "n": shape[0], "plan": None}
-        if not isinstance(array, np.ndarray) and array.numblocks[1] > 1:
-            array = array.rechunk({1: -1})  # a row's norm needs all its columns
-        if not kw["private"]:
-            return self._fit_centred_exactly(array, kw, extra)
-        # public values only: refused by the job (bad split, over budget) before any read
-        plan = extra["plan"] = self._centred_plan(kw, shape)
-        contract = PrivacyContract(
-            unit="row", neighboring="replace", clip_norm=float(self.row_norm_bound),
-            epsilon=plan["epsilon"], delta=plan["delta"], accountant=Accountant.GDP,
-            shape=shape, secret_noise=kw["insecure_noise_seed"] is None,
-        )  # fmt: skip
-        params = dataclasses.asdict(plan["pca_plan"].params)
-        spec = ReleaseSpec(
-            kind="pca-centred", contract=contract,
-            calibration=plan["joint_calibration"],
-            parameters={**params, "mean_fraction": float(self.mean_fraction),
-                        "row_norm_bound": float(self.row_norm_bound)},
-            input=InputRef.of(info, array), ledger=kw["ledger"], budget=kw["budget"],
-            insecure_noise_seed=kw["insecure_noise_seed"],
-        )  # fmt: skip
-        job = _CentredPca(self, array=array, info=info, plan=plan)
-        rel = run_release(spec, job, Runtime(scheduler=kw["scheduler"]))
-        extra["mean_release_id"] = rel.report["release_id"]
-        assert job.mean is not None
-        return rel, job.mean * float(self.row_norm_bound), extra
-
-    def _fit_centred_exactly(
-        self, array: Any, kw: dict[str, Any], extra: dict[str, Any]
-    ) -> tuple[Any, FloatArray, dict[str, Any]]:
-        """The non-private baseline: the exact mean of the raw rows."""
-        C, n = float(self.row_norm_bound), extra["n"]
-        if isinstance(array, np.ndarray):
-            mean = _row_total(array, None, C, clip=False).value / n
-            centred = self._centred_rows(array, mean, C, clip=False)
-            return pca(centred, int(self.n_components), **kw), mean, extra
-        from pipeline.execution import cluster_client
-
-        with cluster_client(kw["scheduler"]) as (client, cinfo):
-            run_kw = dict(kw)
-            if cinfo.kind == "local":
-                # the embedded cluster is not the default client: point pca at it
-                run_kw["scheduler"] = client.scheduler.address
-            mean = _row_total(array, client, C, clip=False).value / n
-            centred = self._centred_rows(array, mean, C, clip=False)
-            return pca(centred, int(self.n_components), **run_kw), mean, extra
-
-    def _centred_plan(
-        self, kw: dict[str, Any], shape: tuple[int, int]
-    ) -> dict[str, Any]:
-        """Budget split, the PCA's calibration, the ledger -- public values only."""
-        eps, dlt = kw["epsilon"], kw["delta"]
-        f = float(self.mean_fraction)
-        mu_total, eps_pca = split_mean_budget(eps, dlt, f)
-        params = PcaParams(
-            rank=int(self.n_components),
-            epsilon=eps_pca,
-            delta=dlt,
-            method=kw["method"],
-            iterations=kw["iterations"],
-            clip_radius=kw["clip_radius"],
-            accounting=kw["accounting"],
-            sensitivity=kw["sensitivity"],
-            init_fraction=kw["init_fraction"],
-            h_fraction=kw["h_fraction"],
-            beta=kw["beta"],
-            gamma_scale=kw["gamma_scale"],
-            row_norm_bound=1.0,
-        )
-        pca_plan = plan_pca(params, shape)
-        mu_pca = float(pca_plan.calibration.mu)
-        mu_m = _mean_mu(mu_total, mu_pca, f, eps, dlt)
-        sigma_m = MEAN_SENSITIVITY / mu_m
-        mu_joint = math.hypot(mu_m, mu_pca)
-        mean_cal = _gaussian_release_calibration(
-            "dp-mean",
-            (1, shape[1]),
-            sensitivity=MEAN_SENSITIVITY,
-            sigma=sigma_m,
-            epsilon=gaussian_epsilon(1.0 / mu_m, dlt),
-            delta=dlt,
-        )
-        # the two releases as one unit-sensitivity Gaussian, for the ledger check
-        joint_cal = _gaussian_release_calibration(
-            "dp-mean+pca", (1, 1), sensitivity=1.0, sigma=1.0 / mu_joint,
-            epsilon=eps, delta=dlt,
-        )  # fmt: skip
-        return {
-            "epsilon": eps,
-            "delta": dlt,
-            "epsilon_pca": eps_pca,
-            "mu_pca": mu_pca,
-            "mu_mean": mu_m,
-            "mu_joint": mu_joint,
-            "sigma_mean": sigma_m,
-            "pca_plan": pca_plan,
-            "mean_calibration": mean_cal,
-            "joint_calibration": joint_cal,
-        }
-
-    @staticmethod
-    def _centred_rows(array: Any, mean: FloatArray, C: float, *, clip: bool) -> Any:
-        if isinstance(array, np.ndarray):
-            return _block_centre(array, mean, C, clip)
-        return array.map_blocks(_block_centre, mean, C, clip, dtype=np.float64)
+            X = open_input(X, unit=None, band_bytes=PCA_BAND_BYTES)[1]
+        return int(X.shape[1])
 
     # -- post-processing ---------------------------------------------------
     def transform(self, X: Any) -> Any:
@@ -835,112 +613,6 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
             X = np.asarray(X, dtype=np.float64)
         out = X @ self.components_
         return out if self.mean_ is None else out + self.mean_
-
-
-class _CentredPca:
-    """A centred DPPCA fit as one release: the DP mean, then the PCA of the centred rows.
-
-    One release id, one charge (the two Gaussian releases composed exactly,
-    ``sqrt(mu_m^2 + mu_pca^2)``-GDP [DRS22, Cor. 3.3]), one journal: a retry
-    of a failed fit reuses the journaled mean and PCA releases, the same noise,
-    and is not charged again.
-
-    Notes
-    -----
-    Privacy. The exact sum of the clipped rows stays a :class:`Secret`: only
-    ``sum + N(0, sigma_m^2 I)`` is used afterwards (L2 sensitivity 2 under
-    replacement of a row of norm <= 1). The centring map uses that released
-    mean only, so it is the same per-row map for neighbouring datasets and the
-    PCA's guarantee holds for the centred, re-clipped rows.
-    """
-
-    def __init__(
-        self, est: DPPCA, *, array: Any, info: Any, plan: dict[str, Any]
-    ) -> None:
-        self.est, self.array, self.info, self.plan = est, array, info, plan
-        self.local = isinstance(array, np.ndarray)
-        self.client: Any = None
-        self.cluster: dict[str, Any] | None = None
-        self.mean: FloatArray | None = None
-
-    @contextlib.contextmanager
-    def open_source(
-        self, job: ReleaseJob, client: Any, cluster: dict[str, Any] | None
-    ) -> Iterator[None]:
-        self.client, self.cluster = client, cluster
-        yield None
-
-    def _released_mean(self, job: ReleaseJob, journal: _JobJournal) -> FloatArray:
-        old = journal.load("dp-mean")
-        if old is not None:
-            return old[0]
-        C, n = float(self.est.row_norm_bound), int(self.info.shape[0])
-        total = _row_total(self.array, self.client, C, clip=True)
-        job.charge(
-            algorithm="pca-centred",
-            details={"mean_fraction": float(self.est.mean_fraction),
-                     "sigma_mean": self.plan["sigma_mean"]},
-        )  # fmt: skip
-        # spec power-pca D8: the released sum divided by the public n
-        mean = release_mean(total, n, self.plan["sigma_mean"], job.noise_key)
-        journal.record("dp-mean", mean[None, :])
-        return mean
-
-    def compute(self, job: ReleaseJob, _: None) -> Any:
-        journal = _JobJournal(job)
-        self.mean = self._released_mean(job, journal)
-        C = float(self.est.row_norm_bound)
-        centred = self.est._centred_rows(self.array, self.mean, C, clip=True)
-        pca_job = _PcaJob(
-            plan=self.plan["pca_plan"], array=centred, info=self.info, select=False
-        )
-        with pca_job.open_source(job, self.client, self.cluster) as src:
-            return pca_job.compute(job, src)  # charged already: no second charge
-
-    def publish(self, job: ReleaseJob, rel: Any, client: Any) -> Any:
-        job.publish(None)
-        return rel
-
-    def read(self, out: str) -> Any:  # pragma: no cover - a fit publishes nothing
-        raise AssertionError("a DPPCA fit has no output to read")
-
-
-def _centring_report(report: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    """The PCA's report extended by the mean release and the composed guarantee."""
-    report["parameters"] = dict(report["parameters"], centred=True)
-    # the PCA ran on centred rows derived from the input: name the input itself
-    report["input"] = dict(report["input"], path=extra["path"])
-    plan = extra["plan"]
-    if plan is None:
-        report["centring"] = {"mechanism": None, "note": "exact mean; NOT PRIVATE"}
-        return report
-    dlt = plan["delta"]
-    report["pca_release"] = {
-        "epsilon": plan["epsilon_pca"],
-        "delta": dlt,
-        "mu": plan["mu_pca"],
-        "realised_epsilon": report.get("realised_epsilon"),
-    }
-    report["centring"] = {
-        "mechanism": "Gaussian mean of the clipped rows, divided by the public n; "
-        "rows centred with it and re-clipped to norm 1",
-        "sensitivity": MEAN_SENSITIVITY,
-        "sigma": plan["sigma_mean"],
-        "mu": plan["mu_mean"],
-        "epsilon": plan["mean_calibration"].epsilon,
-        "delta": dlt,
-        "n": extra["n"],
-        "ledger_release_id": extra["mean_release_id"],
-    }
-    report["epsilon"] = plan["epsilon"]
-    report["delta"] = dlt
-    report["mu_total"] = plan["mu_joint"]
-    report["realised_epsilon"] = gaussian_epsilon(1.0 / plan["mu_joint"], dlt)
-    report["mechanism"] = (
-        f"DP mean (Gaussian), then {report.get('mechanism')}; the two composed "
-        "exactly as Gaussian mechanisms (mu-GDP)"
-    )
-    return report
 
 
 # --------------------------------------------------------------------------

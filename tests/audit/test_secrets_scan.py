@@ -552,8 +552,8 @@ def _pca_run(
         with pytest.raises(BudgetExceededError) as e4:
             pca(a, 3, epsilon=1000.0, progress=watch, **common)
         errors.append(f"{e4.value!r} {e4.value}")
-        with pytest.raises(PipelineError) as e5:
-            pca(a, 12, epsilon=1.0, progress=watch, **common)
+        with pytest.raises(PipelineError) as e5:  # k > d (k = d is a valid PCA)
+            pca(a, 13, epsilon=1.0, progress=watch, **common)
         errors.append(f"{e5.value!r} {e5.value}")
     finally:
         mp.undo()

@@ -149,10 +149,13 @@ def test_pca_publishes_a_private_release(store: Path, tmp_path: Path) -> None:
     for m in mech.values():
         assert m["sensitivity"] > 0
         assert m["sigma"] > 0
-    # Z = sum_i a_i Clip_R(...) has sensitivity 2R under replacement (spec 3.1)
+    # Z = sum_i a_i Clip_R(...) has sensitivity R under add/remove, the default
+    # relation (2R under replacement, spec 3.1); M and H have 1
+    assert rep["parameters"]["neighboring"] == "add-remove"
     assert mech["Z"]["sensitivity"] == pytest.approx(
-        2 * rep["parameters"]["clip_radius"], rel=1e-12
+        rep["parameters"]["clip_radius"], rel=1e-12
     )
+    assert mech["M"]["sensitivity"] == mech["H"]["sensitivity"] == 1.0
     assert {"dplr", "numpy", "scipy", "dask", "distributed", "zarr"} <= set(
         rep["versions"]
     )
@@ -286,12 +289,14 @@ DEFAULTS: dict[str, str | None] = {
 }
 
 CASES = {
-    "rank = d": Case("good", "rank must be in [1, 15], got rank=16", {"--rank": "16"}),
+    "rank > d": Case("good", "rank must be in [1, n_features] = [1, 16], got rank=17", {"--rank": "17"}),
     "power without --iterations": Case(
-        "good", "iterations must be given for method='power'", {"--iterations": None}
+        "good", "iterations must be given for method='power'", {"--iterations": None},
+        ("--method", "power"),
     ),
     "power without --clip-radius": Case(
-        "good", "clip_radius must be given for method='power'", {"--clip-radius": None}
+        "good", "clip_radius must be given for method='power'", {"--clip-radius": None},
+        ("--method", "power"),
     ),
     "--iterations with analyze-gauss": Case(
         "good",
@@ -443,3 +448,21 @@ def test_a_nan_row_counts_as_a_zero_row(
     for key in ("components", "eigenvalues"):
         np.testing.assert_array_equal(releases["bad"][key], releases["zero"][key])
         assert np.isfinite(releases["bad"][key]).all()
+
+
+@pytest.mark.timeout(180)
+def test_the_default_command_needs_no_iterations_or_radius(
+    store: Path, tmp_path: Path, scheduler: str
+) -> None:
+    """``dplr pca INPUT -k K --epsilon E --delta D --out OUT``: method auto picks from
+    public quantities (here Analyze Gauss: n / d is below 8 eigenvalue floors)."""
+    out = tmp_path / "auto.zarr"
+    proc = run_dplr(
+        "pca", store, "-k", str(RANK), *PRIVACY, "--out", out, "--json",
+        "--ledger", tmp_path / "ledger.json", *BUDGET, "--scheduler", scheduler,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rep = read_group(out, ("components",))[1]
+    assert rep["auto"]["chosen"] == rep["parameters"]["method"] == "analyze-gauss"
+    assert rep["parameters"]["neighboring"] == "add-remove"
+    assert rep["n_passes"] == 1

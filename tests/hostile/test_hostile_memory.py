@@ -372,7 +372,7 @@ def test_invalid_ranks_and_shapes_are_refused(
 
 
 def test_pca_single_row_single_column_and_ranks(ledger: Path) -> None:
-    """PCA needs k < d only: one row is a valid (if useless) input; one column is not."""
+    """PCA needs 1 <= k <= d only: one row is a valid (if useless) input; one column is not."""
     r = pca(np.full((1, N), 3.0), 1, epsilon=1.0, delta=1e-6, ledger=ledger, **PCA_KW)
     assert_release(r.components, None, r.eigenvalues)
     r = pca(_matrix(), N - 1, epsilon=1.0, delta=1e-6, ledger=ledger, **PCA_KW)
@@ -382,9 +382,9 @@ def test_pca_single_row_single_column_and_ranks(ledger: Path) -> None:
     before = ledger.read_bytes()
     for shape, rank, phrase in [
         ((M, 1), 1, "at least 2 columns"),
-        ((M, N), 0, "rank must be in [1, 19]"),
-        ((M, N), N, "rank must be in [1, 19]"),
-        ((M, N), -3, "rank must be in [1, 19]"),
+        ((M, N), 0, "rank must be in [1, n_features] = [1, 20]"),
+        ((M, N), N + 1, "rank must be in [1, n_features] = [1, 20]"),
+        ((M, N), -3, "rank must be in [1, n_features] = [1, 20]"),
         ((M, N), 1.5, "rank must be an integer"),
     ]:
         with pytest.raises(InvalidParameterError) as info:

@@ -14,6 +14,11 @@ Bounds (spec 3.1, replacement adjacency, rows of norm <= 1):
   norm ``|a_i| |Clip_R(.)| <= R``, so the change is ``<= 2 R``, and the bound is
   approached (not ``R``).
 
+Under add/remove (one row present or a zero row; the default relation) each
+change is one summand: Gram and ``H`` 1, ``Z`` ``R``, score ``1/h``, row sum 1,
+each attained by a unit row (section "add/remove" below). The declared
+sensitivities of every calibration are checked against these values.
+
 No slack is added to these bounds: prep_rows clips to ``1 - 1e-9`` and
 clip_rows to ``R (1 - 1e-9)``, so the exact change is below the bound by a
 relative ``2e-9``, six orders of magnitude above the float64 rounding of these
@@ -31,15 +36,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pipeline.accounting.pca_sensitivity import pca_sensitivities
 from pipeline.algorithms.power_pca import (
     PcaParams,
+    Secret,
     band_gram,
     band_products,
     band_update,
     clip_rows,
     eig_floor_inv_sqrt,
+    exact_score,
     plan_pca,
     prep_rows,
+    score_basis,
     sym,
 )
 
@@ -116,8 +125,8 @@ def test_gram_change_at_most_sqrt2(pair: tuple[np.ndarray, np.ndarray]) -> None:
 
 def test_gram_bound_is_attained_and_declared() -> None:
     """The orthogonal unit pair attains sqrt(2) (to the prep slack 2e-9, relative);
-    the declared sensitivities of M and H (from the calibration) are >= sqrt(2) in
-    both modes, and Z declares 2 R for the radius actually used."""
+    under replacement the declared sensitivities of M and H (from the calibration)
+    are >= sqrt(2) in both modes, and Z declares 2 R for the radius actually used."""
     A, A2 = np.zeros((3, 4)), np.zeros((3, 4))
     A[1, 0], A2[1, 2] = 1.0, 1.0
     change = np.linalg.norm(band_gram(prep_rows(A)) - band_gram(prep_rows(A2)))
@@ -131,6 +140,7 @@ def test_gram_bound_is_attained_and_declared() -> None:
                 iterations=3,
                 clip_radius=0.05,
                 sensitivity=mode,
+                neighboring="replace",
             ),
             (1000, 6),
         )
@@ -376,3 +386,142 @@ def test_prep_rows_banding_invariance(A: np.ndarray, data: st.DataObject) -> Non
     bands = np.split(A, cuts)
     banded = np.concatenate([_prep_no_warning(b) for b in bands], axis=0)
     np.testing.assert_array_equal(banded, _prep_no_warning(A))
+
+
+# ------------------------------------------------------ add/remove (the default)
+@st.composite
+def add_remove_neighbours(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray]:
+    """(A, A') where one row of A is a zero row in A' (present or absent)."""
+    d = draw(st.integers(2, 8))
+    n = draw(st.integers(1, 16))
+    A = np.stack([draw(rows(d)) for _ in range(n)])
+    A2 = A.copy()
+    A2[draw(st.integers(0, n - 1))] = 0.0
+    return A, A2
+
+
+def _statistics(
+    A: np.ndarray, X: np.ndarray, B: np.ndarray, R: float, basis_args: tuple
+) -> dict[str, np.ndarray]:
+    """Every statistic the PCA releases, from the prepared rows of A."""
+    a = prep_rows(A)
+    S = sym(band_gram(a))
+    lo, h = basis_args
+    return {
+        "M": S,
+        "H": sym(X.T @ S @ X),
+        "Z": band_update(a, X, [(B, R)]),
+        "score": exact_score(X, score_basis(Secret(S), lo, h)).value,
+        "mean": a.sum(axis=0),
+    }
+
+
+def _declared(neighboring: str, R: float, h: float) -> dict[str, float]:
+    """The sensitivities the calibration declares (tight mode)."""
+    s = pca_sensitivities("tight", neighboring)
+    return {"M": s.gram, "H": s.gram, "Z": s.clip * R, "score": s.score(h), "mean": s.mean}
+
+
+@given(
+    st.one_of(add_remove_neighbours().map(lambda p: ("add-remove", p)),
+              neighbours().map(lambda p: ("replace", p))),
+    st.integers(0, 2**32 - 1),
+    st.integers(1, 3),
+    st.floats(0.0, 4.0),
+    st.floats(1e-3, 2.0),
+    st.floats(-1.0, 2.0),
+    st.floats(1e-2, 4.0),
+)  # fmt: skip
+def test_every_statistic_moves_at_most_its_declared_sensitivity(
+    case: tuple[str, tuple[np.ndarray, np.ndarray]],
+    seed: int,
+    k: int,
+    log_cond: float,
+    R: float,
+    lo: float,
+    h: float,
+) -> None:
+    """One row added, removed or replaced moves M, H, Z, the score and the row
+    sum by at most the sensitivity the calibration declares for that relation."""
+    neighboring, (A, A2) = case
+    d = A.shape[1]
+    k = min(k, d - 1)
+    X = orthonormal(seed, d, k)
+    B = preconditioner(seed + 1, k, log_cond, 1.0)
+    s1 = _statistics(A, X, B, R, (lo, h))
+    s2 = _statistics(A2, X, B, R, (lo, h))
+    for name, bound in _declared(neighboring, R, h).items():
+        change = float(np.linalg.norm(np.atleast_1d(s1[name] - s2[name])))
+        # score: spectral norms and eigh of the 2-row sums, rounding ~1e-15 / h
+        slack = 1e-12 / h if name == "score" else 0.0
+        assert change <= bound + slack, (name, neighboring, change, bound)
+
+
+def test_add_remove_bounds_are_attained() -> None:
+    """A unit row present or absent attains every add/remove sensitivity (to the
+    prep and radius slack 2e-9): Gram and H 1, Z R (its whitened projection is
+    clipped), score 1/h (its eigenvalue on the ramp, orthogonal to X), row sum 1."""
+    d, R, lo, h = 4, 0.05, 0.5, 3.0
+    A = np.zeros((3, d))
+    A[0, 0], A[1, 0] = 1.0, 1.0  # S = 2 e1 e1^T; X = e1
+    A[2, 1] = 1.0  # the row that is added or removed: e2, orthogonal to X
+    A2 = A.copy()
+    A2[2] = 0.0
+    X = np.eye(d)[:, :1]
+    B = np.eye(1)
+    # the e2 row projects to 0 on X: use X = (e1 + e2)/sqrt(2) for H and Z
+    Xz = np.zeros((d, 1))
+    Xz[0, 0] = Xz[1, 0] = 1 / SQRT2
+    s1 = _statistics(A, X, B, R, (lo, h))
+    s2 = _statistics(A2, X, B, R, (lo, h))
+    z1 = _statistics(A, Xz, B, R, (lo, h))
+    z2 = _statistics(A2, Xz, B, R, (lo, h))
+    got = {
+        "M": np.linalg.norm(s1["M"] - s2["M"]),
+        "H": np.linalg.norm(z1["H"] - z2["H"]) * 2.0,  # |X^T e2|^2 = 1/2
+        "Z": np.linalg.norm(z1["Z"] - z2["Z"]),
+        # S has eigenvalue 1 on e2 (f = (1 - 0.5)/3) or 0 (f = 0): s moves by 0.5/h
+        "score": abs(float(s1["score"] - s2["score"])) * 2.0,
+        "mean": np.linalg.norm(s1["mean"] - s2["mean"]),
+    }
+    declared = _declared("add-remove", R, h)
+    for name in ("M", "Z", "mean"):
+        np.testing.assert_allclose(got[name], declared[name], rtol=3e-9, err_msg=name)
+    # H: a unit row along X moves H by exactly 1 (here by 1/2 for |X^T e2|^2 = 1/2)
+    np.testing.assert_allclose(got["H"], declared["H"], rtol=3e-9)
+    # score: the ramp slope 1/h times the eigenvalue change 1 (here 0.5 above a)
+    np.testing.assert_allclose(got["score"], declared["score"], rtol=5e-9)
+
+
+def test_replace_bounds_are_attained_for_the_mean() -> None:
+    """Replacement: a unit row replaced by its opposite moves the row sum by 2."""
+    A = np.zeros((2, 3))
+    A[0, 0] = 1.0
+    A2 = A.copy()
+    A2[0, 0] = -1.0
+    change = np.linalg.norm(prep_rows(A).sum(0) - prep_rows(A2).sum(0))
+    np.testing.assert_allclose(change, pca_sensitivities("tight", "replace").mean, rtol=3e-9)
+
+
+@pytest.mark.parametrize("mode", ["tight", "paper"])
+@pytest.mark.parametrize("neighboring", ["add-remove", "replace"])
+def test_every_calibration_declares_at_least_the_supremum(
+    mode: str, neighboring: str
+) -> None:
+    """Each plan's mechanisms declare >= the supremum of their relation (and the
+    tight mode declares exactly it): a calibration to 1 under replacement would
+    be under-noised, the negative control below shows that it is caught."""
+    plan = plan_pca(
+        PcaParams(rank=2, epsilon=1.0, delta=1e-6, iterations=3, clip_radius=0.05,
+                  sensitivity=mode, neighboring=neighboring),
+        (1000, 6),
+    )  # fmt: skip
+    sup = _declared(neighboring, plan.clip_radius, 1.0)
+    declared = {m.label: m.sensitivity for m in plan.calibration.mechanisms}
+    for label in ("M", "H", "Z"):
+        assert declared[label] >= sup[label] * (1 - 1e-12)
+        if mode == "tight" or neighboring == "add-remove":
+            assert declared[label] == pytest.approx(sup[label], rel=1e-12)
+    under = {**sup, "M": 1.0, "H": 1.0}  # add/remove values claimed for replace
+    if neighboring == "replace":
+        assert any(under[lbl] < sup[lbl] for lbl in ("M", "H"))

@@ -31,7 +31,7 @@ import pytest
 from threadpoolctl import threadpool_limits
 
 from pipeline.accounting.pca import calibrate_selection
-from pipeline.algorithms import power_pca
+from pipeline.algorithms import pca_select_run
 from pipeline.algorithms.power_pca import (
     ArrayRowSource,
     MemoryJournal,
@@ -315,7 +315,8 @@ def grid_errors(
     radii, grid = cal.radii, cal.iteration_grid
     points = [(j, ell) for ell in range(len(grid)) for j in range(len(radii))]
     journal = MemoryJournal()
-    with mock.patch.object(power_pca, "_draw_trials", return_value=list(points)):
+    # the selection run lives in pca_select_run (re-exported by power_pca)
+    with mock.patch.object(pca_select_run, "_draw_trials", return_value=list(points)):
         res = run_selection(
             ArrayRowSource(data.A),
             cal,

@@ -53,13 +53,14 @@ NON_DETERMINISTIC_SKIPS = {
 
 #: Test-only configurations: noise from a public seed, so fits are deterministic.
 REPRODUCIBLE = [
+    DPPCA(insecure_noise=True, random_state=0),  # the defaults: auto, k = d
     DPPCA(1, method="analyze-gauss", insecure_noise=True, random_state=0),
     DPPCA(1, n_iter=2, clip_radius=0.5, insecure_noise=True, random_state=0),
     DPPCA(1, method="analyze-gauss", centre=True, insecure_noise=True, random_state=0),
     DPLowRank(1, insecure_noise=True, random_state=0),
 ]
 #: The real thing: secret noise.
-PRIVATE = [DPPCA(1, method="analyze-gauss"), DPLowRank(1)]
+PRIVATE = [DPPCA(), DPPCA(1, method="analyze-gauss"), DPLowRank(1)]
 
 
 def _expected_failures(est: Any) -> dict[str, str]:
@@ -322,8 +323,8 @@ class _Untouchable:
     [
         (DPPCA(0, method="analyze-gauss"), "n_components"),
         (DPPCA(2, method="svd"), "method"),
-        (DPPCA(2), "n_iter and clip_radius must be given"),
-        (DPPCA(2, n_iter=3), "clip_radius must be given"),
+        (DPPCA(2, method="power"), "n_iter and clip_radius must be given"),
+        (DPPCA(2, method="power", n_iter=3), "clip_radius must be given"),
         (DPPCA(2, method="analyze-gauss", n_iter=3), "method='power' only"),
         (DPPCA(2, n_iter=0, clip_radius=0.5), "n_iter"),
         (DPPCA(2, n_iter=3, clip_radius=-1.0), "clip_radius"),
@@ -433,3 +434,16 @@ def test_numpy_dask_and_zarr_path_agree(
             np.testing.assert_allclose(est.mean_, ref.mean_, rtol=0, atol=1e-12)
     assert on_zarr.privacy_report_["ledger"]["n_releases"] >= 1
     assert on_zarr.privacy_report_["input"]["path"] == path
+
+
+def test_dppca_fits_with_its_defaults() -> None:
+    """``DPPCA(n_components)`` fits with no T or R (method="auto"); ``DPPCA()`` keeps
+    every component, as scikit-learn's PCA."""
+    X = _matrix(np.random.default_rng(3))
+    est = DPPCA(2).fit(X)
+    assert est.components_.shape == (2, D)
+    assert est.privacy_report_["auto"]["chosen"] == "analyze-gauss"
+    assert est.privacy_report_["parameters"]["neighboring"] == "add-remove"
+    full = DPPCA().fit(X)
+    assert full.components_.shape == (D, D)
+    np.testing.assert_allclose(full.components_ @ full.components_.T, np.eye(D), atol=1e-10)

@@ -537,11 +537,11 @@ def test_factorize_and_pca_charge_their_contracts(path: pathlib.Path) -> None:
         "entry_reads": ["row"],
     }  # fmt: skip
     assert p_rec["contract"] == {
-        "unit": "row", "neighboring": "replace", "clip_norm": 1.0, "epsilon": 1.0, "delta": 1e-6,
+        "unit": "row", "neighboring": "add-remove", "clip_norm": 1.0, "epsilon": 1.0, "delta": 1e-6,
         "accountant": "gdp", "shape": [60, 20], "secret_noise": False, "public_operators": False,
         "entry_reads": ["row", "column"],
     }  # fmt: skip
-    # entry read at row: sqrt(20); the PCA (replace) read at add/remove: 1
+    # entry read at row: sqrt(20); the PCA (add/remove, its default) at add/remove: 1
     z = (f_rec["noise_multiplier_total"] / math.sqrt(20)) ** -2 + p_rec[
         "noise_multiplier_total"
     ] ** -2
@@ -572,7 +572,7 @@ def test_a_ledger_created_by_a_release_declares_the_release_contract(
         for name in ("p.json", "f.json", "s.json")
     }
     assert declared == {
-        "p.json": {"unit": "row", "neighboring": "replace"},
+        "p.json": {"unit": "row", "neighboring": "add-remove"},
         "f.json": {"unit": "column", "neighboring": "add-remove"},
         "s.json": {"unit": "entity", "neighboring": "replace"},
     }

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from scipy import optimize, stats
 
+from pipeline.accounting import pca as pca_accounting
 from pipeline.accounting.calibration import SketchRequest, calibrate_release
 from pipeline.accounting.contract import PrivacyContract
 from pipeline.accounting.ledger import Ledger
@@ -24,8 +25,6 @@ from pipeline.accounting.pca import (
     SENSITIVITIES,
     PcaCalibration,
     SelectionCalibration,
-    calibrate_pca,
-    calibrate_selection,
     paper_constants,
     paper_selection_constants,
     pld_epsilon_of,
@@ -40,6 +39,22 @@ from pipeline.errors import (
 
 EPS, DELTA = 1.0, 1e-6
 D, K = 64, 2
+#: The spec's oracles are stated for [P]'s relation and constants (spec 3.1,
+#: 3.4, 3.5): replacement of one row, Gram sensitivity 2. The package's defaults
+#: (tight, add/remove) are tested in test_defaults_are_tight_and_add_remove.
+SPEC_SETTING = {"sensitivity": "paper", "neighboring": "replace"}
+
+
+def calibrate_pca(**kw: object) -> PcaCalibration:
+    """:func:`pca_accounting.calibrate_pca` in the spec's setting unless told."""
+    return pca_accounting.calibrate_pca(**{**SPEC_SETTING, **kw})  # type: ignore[arg-type]
+
+
+def calibrate_selection(**kw: object) -> SelectionCalibration:
+    """:func:`pca_accounting.calibrate_selection` in the spec's setting unless told."""
+    if kw.get("sensitivity") == "tight":
+        kw = {"neighboring": "replace", **kw}
+    return pca_accounting.calibrate_selection(**{**SPEC_SETTING, **kw})  # type: ignore[arg-type]
 RECORD_KEYS = {
     "release_id",
     "time",
@@ -449,9 +464,9 @@ def test_to_dict_is_json_and_complete() -> None:
         (
             {"rank": 0},
             InvalidParameterError,
-            r"rank must be in \[1, n_features - 1\] = \[1, 63\], got rank=0",
+            r"rank must be in \[1, n_features\] = \[1, 64\], got rank=0",
         ),
-        ({"rank": 64}, InvalidParameterError, r"got rank=64"),
+        ({"rank": 65}, InvalidParameterError, r"got rank=65"),
         ({"rank": 2.0}, InvalidParameterError, r"rank must be an integer"),
         (
             {"n_features": 1, "rank": 1},
@@ -523,7 +538,7 @@ def test_to_dict_is_json_and_complete() -> None:
         (
             {"sensitivity": "loose"},
             InvalidParameterError,
-            r"sensitivity must be one of 'paper', 'tight'",
+            r"sensitivity must be one of 'tight', 'paper'",
         ),
         (
             {"cap_radius": 1},
@@ -995,3 +1010,42 @@ def test_default_trial_cap_works_for_large_epsilon() -> None:
         )
         assert math.exp(eps) * sel.truncation_q <= 0.01 * 1e-6 * (1 + 1e-9)
         sel.check()
+
+
+def test_defaults_are_tight_and_add_remove() -> None:
+    """The default calibration uses the exact sensitivities under add/remove
+    (as factorize): M and H 1, Z R; [P]'s replacement constants stay available."""
+    cal = pca_accounting.calibrate_pca(
+        epsilon=EPS, delta=DELTA, rank=K, n_features=D, iterations=10, clip_radius=0.05
+    )
+    assert (cal.sensitivity_mode, cal.neighboring) == ("tight", "add-remove")
+    sens = {m.label: m.sensitivity for m in cal.mechanisms}
+    r = cal.clip_radius
+    assert sens == {"M": 1.0, "H": 1.0, "Z": pytest.approx(r, rel=1e-15)}
+    paper = calibrate_pca(iterations=10, clip_radius=0.05, epsilon=EPS, delta=DELTA,
+                          rank=K, n_features=D)  # fmt: skip
+    # the same mu, so the noise scales with the sensitivity: half of [P]'s
+    assert cal.mu == pytest.approx(paper.mu, rel=1e-12)
+    assert cal.noise_init == pytest.approx(paper.noise_init / 2.0, rel=1e-12)
+    assert cal.to_dict()["neighboring"] == "add-remove"
+    cal.check()
+    tight_replace = pca_accounting.calibrate_pca(
+        epsilon=EPS, delta=DELTA, rank=K, n_features=D, method="analyze-gauss",
+        neighboring="replace",
+    )  # fmt: skip
+    assert tight_replace.mechanisms[0].sensitivity == pytest.approx(math.sqrt(2.0))
+    sel = pca_accounting.calibrate_selection(
+        epsilon=EPS, delta=DELTA, rank=K, n_rows=2**12, n_features=D,
+        radii=[0.05], iteration_grid=[2],
+    )  # fmt: skip
+    assert (sel.sensitivity_mode, sel.neighboring) == ("tight", "add-remove")
+    assert sel.sensitivities.clip == 1.0
+
+
+def test_check_refuses_replace_noise_declared_as_add_remove() -> None:
+    """Negative control: add/remove noise relabelled as replace is under-noised."""
+    cal = pca_accounting.calibrate_pca(
+        epsilon=EPS, delta=DELTA, rank=K, n_features=D, iterations=3, clip_radius=0.05
+    )
+    with pytest.raises(PrivacyConfigError, match="below the bound"):
+        dataclasses.replace(cal, neighboring="replace").check()

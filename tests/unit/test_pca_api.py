@@ -263,3 +263,147 @@ def test_selection_trials_share_passes_in_lockstep(data: np.ndarray) -> None:
     assert serial.n_passes > one_batch.n_passes
     # same trials, same noise: batching changes the passes, not the release
     np.testing.assert_allclose(serial.components, one_batch.components, atol=1e-10)
+
+
+def test_pipeline_pca_is_exported_lazily() -> None:
+    """``pipeline.pca`` is the README's entry point, loaded on first use (PEP 562)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, pipeline; assert 'pipeline.api' not in sys.modules; "
+        "from pipeline.api import pca; assert pipeline.pca is pca; "
+        "assert 'pca' in pipeline.__all__; print('ok')"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], check=False, capture_output=True, text=True
+    )
+    assert proc.stdout.strip() == "ok", proc.stderr
+
+
+@pytest.mark.parametrize("method", ["analyze-gauss", "power"])
+def test_rank_equal_to_d_gives_a_full_orthonormal_basis(
+    data: np.ndarray, method: str
+) -> None:
+    """k = d is a PCA too: every component, ordered by the released eigenvalues."""
+    fixed = {"iterations": 2, "clip_radius": 0.5} if method == "power" else {}
+    rel = api.pca(
+        data, D, epsilon=1.0, delta=1e-6, method=method, insecure_noise_seed=3, **fixed
+    )
+    X = rel.components
+    assert X.shape == (D, D)
+    np.testing.assert_allclose(X.T @ X, np.eye(D), atol=1e-10)
+    assert rel.eigenvalues.shape == (D,)
+    assert np.all(np.diff(rel.eigenvalues) <= 0)
+
+
+def test_selection_refuses_rank_equal_to_d(data: np.ndarray) -> None:
+    with pytest.raises(InvalidParameterError, match="select=True needs rank < n_features"):
+        api.pca(data, D, epsilon=1.0, delta=1e-6, select=True)
+
+
+def test_auto_is_the_default_and_records_its_public_choice(data: np.ndarray) -> None:
+    """``pca(A, k, epsilon=, delta=)`` runs with no T or R: the rule picks Analyze
+    Gauss here (n / d is below 8 eigenvalue floors) and says why in the report."""
+    rel = api.pca(data, K, epsilon=1.0, delta=1e-6, insecure_noise_seed=1)
+    auto = rel.report["auto"]
+    assert auto["chosen"] == rel.report["parameters"]["method"] == "analyze-gauss"
+    assert auto["n_over_d_gamma"] == pytest.approx(N / (D * auto["gamma"]))
+    assert auto["n_over_d_gamma"] < auto["margin"]
+    ag = api.pca(data, K, epsilon=1.0, delta=1e-6, method="analyze-gauss",
+                 insecure_noise_seed=1)  # fmt: skip
+    np.testing.assert_array_equal(rel.components, ag.components)
+
+
+def test_auto_picks_the_power_method_when_n_over_d_is_large() -> None:
+    """Negative control of the test above: the same rule at n = 2^19, d = 64."""
+    from pipeline.algorithms.pca_auto import AUTO_ITERATIONS, auto_radius
+
+    plan = power_pca.plan_pca(
+        power_pca.PcaParams(rank=2, epsilon=1.0, delta=1e-6), (2**19, 64)
+    )
+    assert plan.params.method == "power"
+    assert plan.auto["chosen"] == "power"
+    assert plan.iterations == AUTO_ITERATIONS
+    assert plan.params.clip_radius == pytest.approx(auto_radius(2**19, 2))
+    assert plan.auto["n_over_d_gamma"] >= plan.auto["margin"]
+    # the rule reads public values only: it is the same for any data of that shape
+    given = power_pca.plan_pca(
+        power_pca.PcaParams(rank=2, epsilon=1.0, delta=1e-6, iterations=5), (4096, 16)
+    )
+    assert given.params.method == "power"
+    assert given.iterations == 5
+
+
+def test_default_selection_runs_every_candidate_once_composed_exactly(
+    data: np.ndarray, tmp_path: os.PathLike[str]
+) -> None:
+    """``select=True``: Analyze Gauss and the auto rule's power candidate, each run
+    once, charged to the ledger as one mu-GDP composition at exactly (epsilon, delta)."""
+    from pipeline.accounting.pca_selection import CandidateSelection
+    from pipeline.algorithms.pca_auto import AUTO_ITERATIONS, auto_radius
+
+    book = _ledger(tmp_path)
+    rel = api.pca(data, K, epsilon=1.0, delta=1e-6, select=True, ledger=book,
+                  insecure_noise_seed=4)  # fmt: skip
+    cal = rel.report["calibration"]
+    assert [(c["clip_radius"], c["iterations"]) for c in cal["candidates"]] == [
+        (None, 0), (pytest.approx(auto_radius(N, K)), AUTO_ITERATIONS)
+    ]
+    assert rel.report["realised_epsilon"] == pytest.approx(1.0, rel=1e-9)
+    assert [m["label"] for m in rel.report["mechanisms"]] == ["M", "H[1]", "Z[1]", "s"]
+    (record,) = book.releases
+    assert record["contract"]["accountant"] == "gdp"
+    sel = rel.report["selection"]
+    assert sel["selected_iterations"] in (0, AUTO_ITERATIONS)
+    plan = api._pca_plan(
+        power_pca.PcaParams(rank=K, epsilon=1.0, delta=1e-6), (N, D), api.Selection()
+    )
+    assert isinstance(plan.calibration, CandidateSelection)
+
+
+def test_selection_check_catches_an_under_noised_candidate() -> None:
+    """Negative control: a candidate whose Z noise is below its accounted sigma."""
+    import dataclasses
+
+    from pipeline.accounting.pca_selection import calibrate_candidates
+    from pipeline.errors import PrivacyConfigError
+
+    cal = calibrate_candidates(epsilon=1.0, delta=1e-6, rank=2, n_rows=N, n_features=D,
+                               candidates=[(None, 0), (0.05, 3)])  # fmt: skip
+    cal.check()
+    low = dataclasses.replace(cal, chi_z=(0.0, cal.chi_z[1] * 0.9))
+    with pytest.raises(PrivacyConfigError, match=r"'Z\[1\]'"):
+        low.check()
+    fewer = dataclasses.replace(cal, mechanisms=cal.mechanisms[:-1])
+    with pytest.raises(PrivacyConfigError, match="releases"):
+        fewer.check()
+
+
+def test_selection_returns_the_candidate_with_the_smallest_noisy_score(
+    data: np.ndarray,
+) -> None:
+    """Every candidate runs once (M released once, shared); the winner is the
+    arg-min of the journaled noisy scores, a power candidate's raised by the
+    public margin, for several noise keys."""
+    from pipeline.accounting.pca_selection import calibrate_candidates
+    from pipeline.mechanisms.noise import NoiseKey
+
+    cal = calibrate_candidates(epsilon=2.0, delta=1e-6, rank=K, n_rows=N, n_features=D,
+                               candidates=[(None, 0), (0.05, 2), (0.4, 1)])  # fmt: skip
+    winners = set()
+    for seed in range(6):
+        journal = power_pca.MemoryJournal()
+        res = power_pca.run_selection(
+            power_pca.ArrayRowSource(data), cal,
+            noise_key=NoiseKey.insecure_from_seed(seed), journal=journal,
+        )  # fmt: skip
+        assert res.releases.count("M") == 1
+        assert {"H1_0", "Z1_0", "H1_1", "Z1_1", "H2_0", "Z2_0"} <= set(res.releases)
+        # a power candidate must win by `margin` std of a difference of two scores
+        penalty = cal.margin * math.sqrt(2.0) * cal.score_noise(res.gap)
+        scores = [float(journal.load(f"s{i}")[0, 0]) + penalty * (i > 0) for i in range(3)]
+        win = int(np.argmin(scores))
+        assert (res.clip_radius, res.iterations) == cal.candidates[win]
+        winners.add(win)
+    assert len(winners) >= 1

@@ -737,13 +737,13 @@ def test_preconditioner_reads_released_h_only(
 @pytest.mark.parametrize(
     ("kw", "needle"),
     [
-        ({"rank": 6}, "rank"),  # rank == d
-        ({"rank": 9}, "rank"),  # rank > d
+        ({"rank": 7}, "rank"),  # rank > d
+        ({"rank": 9}, "rank"),
         ({"rank": 0}, "rank"),
         ({"rank": 2.0}, "rank"),
-        ({"iterations": None}, "iterations"),
+        ({"iterations": None, "method": "power"}, "iterations"),
         ({"iterations": 0}, "iterations"),
-        ({"clip_radius": None}, "clip_radius"),
+        ({"clip_radius": None, "method": "power"}, "clip_radius"),
         ({"clip_radius": -1.0}, "clip_radius"),
         ({"route": "three-pass"}, "route"),
         ({"method": "svd"}, "method"),
@@ -771,10 +771,10 @@ def test_plan_validation_names_the_parameter(kw: dict[str, Any], needle: str) ->
 
 
 def test_plan_validation_accepts_the_boundary() -> None:
-    """Negative control of the table above: ``rank = d - 1`` and a valid route pass."""
+    """Negative control of the table above: ``rank = d`` and a valid route pass."""
     plan = plan_pca(
         PcaParams(
-            rank=5,
+            rank=6,
             epsilon=1.0,
             delta=1e-6,
             iterations=1,
@@ -804,9 +804,9 @@ def test_update_kernel_matches_the_definition(
     rows far outside ``[-1, 1]``, a zero row, a non-finite row and an unclipped
     trial (``R = inf``).
     """
-    from pipeline.algorithms import power_pca
+    from pipeline.algorithms import pca_kernels
 
-    monkeypatch.setattr(power_pca, "SUB_BLOCK_BYTES", sub_block_bytes)
+    monkeypatch.setattr(pca_kernels, "SUB_BLOCK_BYTES", sub_block_bytes)
     n, d, k = 301, 7, 2
     A = rng.standard_normal((n, d)) * rng.choice([0.01, 1.0, 1e3], size=(n, 1))
     A[5] = 0.0
