@@ -633,58 +633,18 @@ def calibrate_pca(
     )
     t, d, k = a["iterations"], a["n_features"], a["rank"]
     sens = pca_sensitivities(a["sensitivity"], a["neighboring"])
-    s_gram = sens.gram
-    if a["accounting"] == "paper":
-        c = paper_constants(eps, dlt, t)
-        noise_init, noise_h = float(c["noise_init"]), c["noise_iter"]
-        noise_z = noise_h
-    else:
-        mu = 1.0 / gaussian_noise_multiplier(eps, dlt)
-        noise_init, noise_h, noise_z = _gdp_noise(
-            mu, sens, t, a["init_fraction"], a["h_fraction"]
-        )
-    mechanisms = [
-        PcaMechanism(
-            label="M",
-            shape=(d, d),
-            symmetric=True,
-            sensitivity=s_gram,
-            sigma=noise_init,
-            count=1,
-        )
-    ]
+    noise_init, noise_h, noise_z = _noise_levels(eps, dlt, a, sens)
+    init = PcaMechanism(
+        label="M", shape=(d, d), symmetric=True, sensitivity=sens.gram,
+        sigma=noise_init, count=1,
+    )  # fmt: skip
+    mechanisms = [init]
     gamma = r_eff = None
     if t > 0:
         assert noise_h is not None
         assert noise_z is not None
-        # [P, Alg. 2, step 1] with beta/2 from [P, Alg. 3, step 3] (decision D4).
-        gamma = (
-            a["gamma_scale"]
-            * 4.0
-            * noise_h
-            * (2.0 * math.sqrt(k) + math.sqrt(2.0 * math.log(16.0 * t / a["beta"])))
-        )
-        r_eff = a["clip_radius"]
-        if a["cap_radius"]:
-            r_eff = min(r_eff, gamma**-0.5)
-        mechanisms += [
-            PcaMechanism(
-                label="H",
-                shape=(k, k),
-                symmetric=True,
-                sensitivity=s_gram,
-                sigma=noise_h,
-                count=t,
-            ),
-            PcaMechanism(
-                label="Z",
-                shape=(d, k),
-                symmetric=False,
-                sensitivity=sens.clip * r_eff,
-                sigma=noise_z * r_eff,
-                count=t,
-            ),
-        ]
+        gamma, r_eff, per_iteration = _iteration_mechanisms(a, sens, noise_h, noise_z)
+        mechanisms += per_iteration
     return PcaCalibration(
         epsilon=eps,
         delta=dlt,
@@ -706,6 +666,45 @@ def calibrate_pca(
         mechanisms=tuple(mechanisms),
         neighboring=a["neighboring"],
     )
+
+
+def _noise_levels(
+    eps: float, dlt: float, a: dict[str, Any], sens: Any
+) -> tuple[float, float | None, float | None]:
+    """``(noise_init, noise_H, noise_Z)`` in the paper's or the GDP accounting."""
+    t = a["iterations"]
+    if a["accounting"] == "paper":
+        c = paper_constants(eps, dlt, t)
+        return float(c["noise_init"]), c["noise_iter"], c["noise_iter"]
+    mu = 1.0 / gaussian_noise_multiplier(eps, dlt)
+    return _gdp_noise(mu, sens, t, a["init_fraction"], a["h_fraction"])
+
+
+def _iteration_mechanisms(
+    a: dict[str, Any], sens: Any, noise_h: float, noise_z: float
+) -> tuple[float, float, list[PcaMechanism]]:
+    """``(gamma, R_eff, [H, Z])``: the eigenvalue floor, the radius, the T-fold releases."""
+    t, d, k = a["iterations"], a["n_features"], a["rank"]
+    # [P, Alg. 2, step 1] with beta/2 from [P, Alg. 3, step 3] (decision D4).
+    gamma = (
+        a["gamma_scale"]
+        * 4.0
+        * noise_h
+        * (2.0 * math.sqrt(k) + math.sqrt(2.0 * math.log(16.0 * t / a["beta"])))
+    )
+    r_eff = a["clip_radius"]
+    if a["cap_radius"]:
+        r_eff = min(r_eff, gamma**-0.5)
+    return gamma, r_eff, [
+        PcaMechanism(
+            label="H", shape=(k, k), symmetric=True, sensitivity=sens.gram,
+            sigma=noise_h, count=t,
+        ),
+        PcaMechanism(
+            label="Z", shape=(d, k), symmetric=False, sensitivity=sens.clip * r_eff,
+            sigma=noise_z * r_eff, count=t,
+        ),
+    ]  # fmt: skip
 
 
 def pld_epsilon_of(calibration: PcaCalibration) -> float:

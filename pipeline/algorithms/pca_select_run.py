@@ -299,6 +299,32 @@ def run_selection(
         return f
 
     trials = _trials(noise_key, cal)
+    best = _run_trials(
+        rel, source, cal, trials, X0, score_of, h, max_concurrent_trials, (d, k)
+    )
+    assert best is not None
+    _, win, X = best
+    return SelectionResult(
+        components=X,
+        eigenvalues=lam,
+        clip_radius=trials[win].radius,
+        iterations=trials[win].T,
+        gap=h,
+        n_passes=rel.n_passes,
+        releases=tuple(rel.labels),
+        resumed=tuple(rel.resumed),
+    )
+
+
+def _run_trials(
+    rel: Any, source: RowSource, cal: Any, trials: Any, X0: FloatArray,
+    score_of: Callable[[FloatArray], Callable[[], Secret]], h: float,
+    max_concurrent_trials: int, dk: tuple[int, int],
+) -> tuple[float, int, FloatArray] | None:
+    """Every trial's power method in lockstep batches, then its noisy score.
+
+    Returns ``(score, index, X)`` of the lowest noisy score (post-processing).
+    """
     # Lockstep (spec 4.6): a batch's trials start together and each leaves after
     # its own T, so a batch costs max T passes; sorting by T keeps equal T together.
     # A trial with T = 0 is Analyze Gauss: X0, scored like the others.
@@ -313,32 +339,18 @@ def run_selection(
         Xs = {i: X0 for i in batch}
         T_max = max(T_of[i] for i in batch)
         for t in range(T_max):
-            say(f"selection batch {bno + 1}/{len(batches)}: step {t + 1}/{T_max}")
+            rel.say(f"selection batch {bno + 1}/{len(batches)}: step {t + 1}/{T_max}")
             active = [i for i in batch if T_of[i] > t]
-            _lockstep_step(rel, source, trials, Xs, active, t, (d, k))
+            _lockstep_step(rel, source, trials, Xs, active, t, dk)
         for i in batch:
-            s = float(
-                release(f"s{i}", score_of(Xs[i]), cal.score_noise(h), (1, 1), False)[
-                    0, 0
-                ]
-            )
+            noisy = rel.release(f"s{i}", score_of(Xs[i]), cal.score_noise(h), (1, 1), False)
+            s = float(noisy[0, 0])
             # post-processing of the noisy scores: a power trial must beat Analyze
             # Gauss by `margin` standard deviations of a difference of two scores
             s += getattr(cal, "margin", 0.0) * math.sqrt(2.0) * cal.score_noise(h) * (T_of[i] > 0)
             if best is None or (s, i) < (best[0], best[1]):
                 best = (s, i, Xs[i])
-    assert best is not None
-    _, win, X = best
-    return SelectionResult(
-        components=X,
-        eigenvalues=lam,
-        clip_radius=trials[win].radius,
-        iterations=trials[win].T,
-        gap=h,
-        n_passes=rel.n_passes,
-        releases=tuple(rel.labels),
-        resumed=tuple(rel.resumed),
-    )
+    return best
 
 
 def default_selection_grids(
