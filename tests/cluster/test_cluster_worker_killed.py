@@ -61,7 +61,9 @@ def _command(kind: str, store: Path, out: Path, ledger: Path, address: str) -> l
     common = ["--epsilon", "1", "--delta", "1e-6", "--budget-epsilon", "10", "--budget-delta", "1e-4",
               "--ledger", str(ledger), "--out", str(out), "--scheduler", address, "--insecure-noise-seed", "5"]
     if kind in ("factorize", "two-pass"):
-        algorithm = ["--algorithm", "two-pass"] if kind == "two-pass" else []
+        # "factorize": the one-pass path (Spectral-LRF, sparse S); the default
+        # private algorithm is two-pass, which its own case runs
+        algorithm = ["--algorithm", "two-pass" if kind == "two-pass" else "spectral"]
         return [sys.executable, "-m", "pipeline", "factorize", str(store), "--rank", "3", "--seed", "3",
                 *algorithm, *common]
     return [sys.executable, "-m", "pipeline", "pca", str(store), "--rank", "2", "--iterations", "2",
