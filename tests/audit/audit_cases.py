@@ -445,8 +445,11 @@ def pca_plan(
 ) -> PcaPlan:
     """The project's PCA plan with ``T = 1`` and the budget concentrated on ``focus``.
 
-    ``sensitivity="tight"`` (s_gram = sqrt 2, the true supremum, spec 3.1) makes
-    the audits of ``M`` and ``H`` sharp; ``"paper"`` over-noises them by sqrt 2.
+    The audited pairs replace one row (:func:`pca_neighbours`), so the plan is
+    calibrated for replace-one neighbours (PCA's default relation is add/remove,
+    whose pairs are half as far apart). ``sensitivity="tight"`` (s_gram = sqrt 2,
+    the true supremum under replacement, spec 3.1) makes the audits of ``M`` and
+    ``H`` sharp; ``"paper"`` over-noises them by sqrt 2.
     """
     n = PCA_BASE_ROWS + 1
     common: dict[str, Any] = {
@@ -454,6 +457,7 @@ def pca_plan(
         "epsilon": epsilon,
         "delta": delta,
         "sensitivity": sensitivity,
+        "neighboring": "replace",
     }
     if method == "analyze-gauss":
         return plan_pca(PcaParams(method=method, **common), (n, PCA_D))

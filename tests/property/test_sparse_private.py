@@ -125,6 +125,7 @@ def test_negative_control_a_gaussian_s_exceeds_delta_f() -> None:
 
 
 def _plan(unit: str, shape: tuple[int, int], **kw: object):  # type: ignore[no-untyped-def]
+    kw.setdefault("algorithm", "spectral")  # one pass (two-pass: tests/unit/test_two_pass.py)
     return plan_lrf(LrfParams.of(3, epsilon=1.0, delta=1e-6, unit=unit, **kw), shape)
 
 
@@ -158,13 +159,15 @@ def test_a_sparse_s_where_it_is_not_exact_is_refused() -> None:
         _plan("row", (60, 400), operator="sparse-sign")
     with pytest.raises(InvalidParameterError, match="operator='sparse-sign' in a private"):
         plan_lrf(
-            LrfParams.of(3, epsilon=1.0, delta=1e-6, unit="entry", operator="sparse-sign"),
+            LrfParams.of(3, epsilon=1.0, delta=1e-6, unit="entry", operator="sparse-sign",
+                         algorithm="spectral"),
             (400, 60), public_seed=5,
         )  # fmt: skip
 
 
 def test_a_public_seed_with_the_entry_unit_keeps_the_gaussian_s() -> None:
-    plan = plan_lrf(LrfParams.of(3, epsilon=1.0, delta=1e-6, unit="entry"), (400, 60), public_seed=5)
+    one_pass = LrfParams.of(3, epsilon=1.0, delta=1e-6, unit="entry", algorithm="spectral")
+    plan = plan_lrf(one_pass, (400, 60), public_seed=5)
     assert plan.operator is OperatorKind.GAUSSIAN
 
 

@@ -330,13 +330,18 @@ def test_stream_init_with_a_seed_records_the_worst_case(tmp_path: Path) -> None:
 
 def test_factorize_report_states_the_seed_kind() -> None:
     A = np.random.default_rng(2).standard_normal((120, 40))
-    kw = {"epsilon": EPSILON, "delta": DELTA, "insecure_noise_seed": 3}
+    # one pass (the two-pass default is exact for every seed: "exact" both times)
+    kw = {"epsilon": EPSILON, "delta": DELTA, "insecure_noise_seed": 3, "algorithm": "spectral"}
     public = factorize(A, 2, seed=17, **kw).report
     secret = factorize(A, 2, **kw).report
+    default = factorize(A, 2, seed=17, **{**kw, "algorithm": "auto"}).report
+    assert (default["algorithm"], default["sensitivity"]) == ("two-pass", "exact")
     assert (public["public_sketch_seed"], public["sensitivity"]) == (True, "worst-case")
     assert public["calibration"]["delta_jl"] == 0.0
     assert (secret["public_sketch_seed"], secret["sensitivity"]) == (False, "jl-fixed-neighbour")
+    # Phi's tail bound only: the sparse S of a row unit on a tall matrix is exact
     assert secret["calibration"]["delta_jl"] == DELTA / 2
+    assert secret["calibration"]["n_sketch_matrices"] == 1
 
 
 @pytest.mark.cli
@@ -346,7 +351,8 @@ def test_cli_private_factorize_with_seed_reports_a_public_seed(tmp_path: Path) -
     store, out = tmp_path / "A.zarr", tmp_path / "r.zarr"
     gen = run_dplr("generate", store, "--rows", 600, "--cols", 50, "--chunks", "200,-1", "--seed", 1)
     assert gen.returncode == 0, gen.stderr
-    proc = run_dplr("factorize", store, "--rank", 3, "--seed", 4242, "--epsilon", 1, "--delta", "1e-6",
+    proc = run_dplr("factorize", store, "--rank", 3, "--algorithm", "spectral",
+                    "--seed", 4242, "--epsilon", 1, "--delta", "1e-6",
                     "--out", out, "--ledger", tmp_path / "l.json", "--budget-epsilon", 5,
                     "--budget-delta", "1e-5", "--json", "--quiet")
     assert proc.returncode == 0, proc.stderr
