@@ -139,8 +139,9 @@ def _parser() -> argparse.ArgumentParser:
 
     f = sub.add_parser(
         "factorize",
-        help="one-pass DP factorization U, S, V of a Zarr matrix",
-        description="Factorize a Zarr matrix A ~ U diag(S) V^T with (epsilon, delta)-DP, reading it once.",
+        help="DP factorization U, S, V of a Zarr matrix",
+        description="Factorize a Zarr matrix A ~ U diag(S) V^T with (epsilon, delta)-DP, reading it "
+        "twice (the default two-pass release) or once (--algorithm spectral|low-space).",
     )
     f.add_argument("input", metavar="INPUT", help="path of a 2-D Zarr array")
     f.add_argument("--rank", "-k", type=int, required=True, help="target rank k")
