@@ -284,7 +284,9 @@ def factorize(
     -------
     Factorization
         ``U`` (n_rows, rank), ``S`` (rank,), ``V`` (n_cols, rank) as numpy arrays,
-        and ``report``.
+        and ``report``. With ``out``, ``U`` and ``V`` are
+        :class:`~pipeline.io.release.StoredArray` views of the published store,
+        read only when asked (``np.asarray(f.U)``).
 
     Raises
     ------
@@ -558,14 +560,14 @@ class _LrfJob:
                     out, staged, overwrite=job.spec.overwrite, client=client
                 )
             )
-            final = read_release(out)
+            final = read_release(out, load=False)  # U stays in the store
         final.report["timings_seconds"]["total"] = round(time.perf_counter() - total, 4)
         return final
 
     def read(self, out: str) -> Any:
         from pipeline.io import read_release
 
-        return read_release(out)
+        return read_release(out, load=False)
 
 
 def _gather(x: Any, client: Any) -> np.ndarray:

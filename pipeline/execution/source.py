@@ -50,6 +50,11 @@ SPLIT_EVERY = 8
 #: above it they stay on the workers and are combined there.
 LOCAL_QR_GATHER_BYTES = 32 * 2**20
 
+#: Most row blocks whose TSQR ``R_b`` factors are stacked and factored on the
+#: client; with more, they are reduced in a tree of fan-in :data:`SPLIT_EVERY`
+#: on the workers and only the final ``R`` (t x t) reaches the client.
+TSQR_GATHER_BLOCKS = 64
+
 
 def _name(label: str) -> str:
     # random names: never derived from arguments (which may hold key material)
@@ -500,6 +505,8 @@ class DaskSource:
             # fewer after the pass), kept on the workers when they grow with m
             if arrays[f"{r}_left"].nbytes > LOCAL_QR_GATHER_BYTES:
                 tall.add(f"{r}_left")
+            if arrays[f"{r}_R"].numblocks[0] > TSQR_GATHER_BLOCKS:
+                tall.update((f"{r}_R", f"{r}_left"))  # R_b reduced on the workers
         kept, gathered = self._run(
             {n: a for n, a in arrays.items() if n in tall},
             {n: a for n, a in arrays.items() if n not in tall},
@@ -533,11 +540,17 @@ class DaskSource:
         graph = HighLevelGraph.from_collections(qname, layer, dependencies=[Y])
         Q = da.Array(graph, qname, chunks=Y.chunks, dtype=np.float64)
         heights = tuple(min(h, t) for h in Y.chunks[0])
-        R = da.Array(graph, rname, chunks=(heights, (t,)), dtype=np.float64)
+        R = da.Array(
+            HighLevelGraph.from_collections(rname, layer, dependencies=[Y]),
+            rname, chunks=(heights, (t,)), dtype=np.float64,
+        )  # fmt: skip
+        tree = Y.numblocks[0] > TSQR_GATHER_BLOCKS
         kept, gathered = self._run(
-            {"Q": Q}, {"R": R}, "orthonormalising the range sketch (TSQR)"
+            {"Q": Q, "R": R} if tree else {"Q": Q},
+            {} if tree else {"R": R},
+            "orthonormalising the range sketch (TSQR)",
         )
-        blocks, R_final = _q2_blocks(kept["Q"], gathered["R"])
+        blocks, R_final = self._q2(kept["Q"], kept["R"] if tree else gathered["R"])
         Q_local = _LocalQ(kept["Q"], blocks)
         return (Q_local, R_final) if with_r else Q_local
 
@@ -551,13 +564,14 @@ class DaskSource:
         for r in range(blocks.numblocks[0]):
             where = (op, offs[r], offs[r + 1])
             layer[(lname, r)] = (
-                (_block_left_local, (blocks.name, r, 0), Q.blocks[r], *where)
+                (_block_left_local, (blocks.name, r, 0), _q2_ref(Q.blocks, r), *where)
                 if local
                 else (_block_left, (blocks.name, r, 0), *where)
             )
             leaves.append((lname, r))
         _tree(layer, oname, (oname, 0, 0), leaves, None)
-        graph = HighLevelGraph.from_collections(oname, layer, dependencies=[blocks])
+        deps = [blocks, *_q2_deps(Q.blocks)] if local else [blocks]
+        graph = HighLevelGraph.from_collections(oname, layer, dependencies=deps)
         total = da.Array(
             graph, oname, chunks=((op.dim,), (blocks.shape[1],)), dtype=np.float64
         )
@@ -590,25 +604,57 @@ class DaskSource:
         GQ : ndarray of shape (d, t)
         """
         t, nb = Q.shape[1], Q.numblocks[0]
-        blocks, _ = _q2_blocks(Q, R)
-        if isinstance(left, np.ndarray):
+        blocks, _ = self._q2(Q, R)
+        if isinstance(left, np.ndarray) and isinstance(blocks, list):
             d = left.shape[0] // nb
             GQ = np.zeros((d, t))
             for b in range(nb):  # fixed order: the same sum on every run
                 GQ += _block_left_combine(left[b * d : (b + 1) * d], blocks[b])
             return _LocalQ(Q, blocks), GQ
+        if isinstance(left, np.ndarray):
+            d = left.shape[0] // nb
+            left = da.from_array(left, chunks=((d,) * nb, (left.shape[1],)))
         lname, oname = _name("local-qr-left"), _name("local-qr-sum")
         layer: dict[Any, Any] = {}
         for b in range(nb):
-            layer[(lname, b)] = (_block_left_combine, (left.name, b, 0), blocks[b])
+            layer[(lname, b)] = (_block_left_combine, (left.name, b, 0), _q2_ref(blocks, b))
         _tree(layer, oname, (oname, 0, 0), [(lname, b) for b in range(nb)], None)
-        graph = HighLevelGraph.from_collections(oname, layer, dependencies=[left])
+        graph = HighLevelGraph.from_collections(
+            oname, layer, dependencies=[left, *_q2_deps(blocks)]
+        )
         d = left.chunks[0][0]
         total = da.Array(graph, oname, chunks=((d,), (t,)), dtype=np.float64)
         GQ = np.asarray(self.client.compute(total, sync=True))
         return _LocalQ(Q, blocks), GQ
 
+    def _q2(self, Q: da.Array, R: Any) -> tuple[Any, FloatArray]:
+        """Row blocks of ``Q2`` in ``[R_1; ...; R_B] = Q2 R`` and the final ``R``.
+
+        ``R`` gathered (numpy): factored here, the blocks are a list of arrays.
+        ``R`` kept on the workers (dask): reduced there in a tree, the blocks are
+        a persisted dask array (block b: ``Q2_b``), and only ``R`` is gathered.
+        """
+        if isinstance(R, np.ndarray):
+            return _q2_blocks(Q, R)
+        heights = tuple(min(c, int(Q.shape[1])) for c in Q.chunks[0])
+        if R.chunks[0] != heights:
+            R = R.rechunk({0: heights, 1: -1})
+        Q2, R_final = _q2_tree(R)
+        Q2, R_final = self.client.persist([Q2, R_final])  # one graph, one submission
+        (R_final,) = gather_blocks(self.client, [R_final], persisted=True)
+        return Q2, R_final
+
     def tall_matmul(self, Q: Any, M: FloatArray) -> da.Array:
+        if isinstance(Q, _LocalQ) and not isinstance(Q.blocks, list):
+            qname = _name("local-q-matmul")
+            layer = {
+                (qname, b, 0): (_block_local_q2, (Q.Q.name, b, 0), (Q.blocks.name, b, 0), M)
+                for b in range(Q.Q.numblocks[0])
+            }
+            graph = HighLevelGraph.from_collections(
+                qname, layer, dependencies=[Q.Q, Q.blocks]
+            )
+            return da.Array(graph, qname, chunks=(Q.Q.chunks[0], (M.shape[1],)), dtype=np.float64)
         if isinstance(Q, _LocalQ):
             qname = _name("local-q-matmul")
             layer = {
@@ -660,6 +706,84 @@ def _q2_blocks(Q: da.Array, R: FloatArray) -> tuple[list[FloatArray], FloatArray
     return blocks, R_final
 
 
+def _q2_ref(blocks: Any, b: int) -> Any:
+    """``Q2_b`` in a graph: the array itself, or the key of its block."""
+    return blocks[b] if isinstance(blocks, list) else (blocks.name, b, 0)
+
+
+def _q2_deps(blocks: Any) -> list[da.Array]:
+    return [] if isinstance(blocks, list) else [blocks]
+
+
+def _stack_qr(parts: list[Any]) -> tuple[FloatArray, FloatArray]:
+    """QR of the stacked R factors of one group of the tree."""
+    q, r = np.linalg.qr(np.concatenate([np.asarray(p, dtype=np.float64) for p in parts]))
+    return q, r
+
+
+def _q2_child(qr: tuple[FloatArray, FloatArray], start: int, stop: int, parent: Any) -> FloatArray:
+    """Rows ``start:stop`` of a group's ``Q``, times the group's own ``Q2`` block."""
+    q = qr[0][start:stop]
+    return np.ascontiguousarray(q if parent is None else q @ parent)
+
+
+def _q2_tree(R: da.Array) -> tuple[da.Array, da.Array]:
+    """TSQR of the stacked ``R_b`` as a tree on the workers.
+
+    Groups of :data:`SPLIT_EVERY` factors are stacked and factored, their R's
+    again, up to one root whose R is the final one. Going down, the ``Q2`` block
+    of a child is its rows of its group's Q times the group's own ``Q2`` block.
+    Fixed shape for a fixed blocking: the same result on any number of workers.
+    """
+    t = int(R.shape[1])
+    qname, rname, dname = _name("tsqr-node"), _name("tsqr-r"), _name("tsqr-q2")
+    layer: dict[Any, Any] = {}
+    level = [((R.name, b, 0), h) for b, h in enumerate(R.chunks[0])]
+    levels: list[list[tuple[Any, list[int]]]] = []  # per level: (node key, child heights)
+    depth = 0
+    while True:
+        groups = [level[i : i + SPLIT_EVERY] for i in range(0, len(level), SPLIT_EVERY)]
+        nodes, nxt = [], []
+        for g, grp in enumerate(groups):
+            key = (qname, depth, g)
+            layer[key] = (_stack_qr, [k for k, _ in grp])
+            layer[(rname, depth, g)] = (operator.getitem, key, 1)
+            nodes.append((key, [h for _, h in grp]))
+            nxt.append(((rname, depth, g), min(sum(h for _, h in grp), t)))
+        levels.append(nodes)
+        level, depth = nxt, depth + 1
+        if len(groups) == 1:
+            break
+    parents: list[Any] = [None]
+    for d in range(len(levels) - 1, -1, -1):
+        children = []
+        for (key, heights), parent in zip(levels[d], parents, strict=True):
+            offs = _offsets(heights)
+            for i in range(len(heights)):
+                ck = (dname, d, len(children))
+                layer[ck] = (_q2_child, key, offs[i], offs[i + 1], parent)
+                children.append(ck)
+        parents = children
+    cols = level[0][1]
+    out = _name("tsqr-q2-blocks")
+    for b, key in enumerate(parents):
+        layer[(out, b, 0)] = layer.pop(key)
+    root = (rname, len(levels) - 1, 0)
+    fname = _name("tsqr-r-final")
+    layer[(fname, 0, 0)] = (np.asarray, root)
+    graph = HighLevelGraph.from_collections(out, layer, dependencies=[R])
+    Q2 = da.Array(graph, out, chunks=(R.chunks[0], (cols,)), dtype=np.float64)
+    R_final = da.Array(graph, fname, chunks=((cols,), (t,)), dtype=np.float64)
+    return Q2, R_final
+
+
+def _block_local_q2(q: FloatArray, q2: FloatArray, M: FloatArray) -> FloatArray:
+    """Block b of ``Q M`` from ``Q_b`` and ``Q2_b`` (both on the worker)."""
+    if q.shape[0] < q.shape[1]:
+        return q2 @ M  # type: ignore[no-any-return]
+    return q @ (q2 @ M)  # type: ignore[no-any-return]
+
+
 def _block_matmul(q: FloatArray, M: FloatArray) -> FloatArray:
     return q @ M
 
@@ -684,7 +808,8 @@ class _LocalQ:
     """``Q = blockdiag(Q_b) [Q2_1; ...; Q2_B]`` of a local QR, kept factored."""
 
     Q: da.Array
-    blocks: list[FloatArray]
+    #: ``Q2_b`` per block: numpy arrays, or a dask array with one block per b
+    blocks: Any
 
 
 __all__ = ["SPLIT_EVERY", "DaskSource", "gather_blocks"]

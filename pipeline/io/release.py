@@ -156,17 +156,103 @@ def read_group(
         ) from None
 
 
-def read_release(path: str | os.PathLike[str]) -> Factorization:
-    """Read a release written by :func:`write_release` into memory."""
+class StoredArray(np.lib.mixins.NDArrayOperatorsMixin):
+    """A released array read from its store only when asked.
+
+    ``shape``, ``dtype`` and ``ndim`` come from the metadata; indexing reads the
+    selected chunks only; ``np.asarray``, numpy functions and operators read the
+    whole array (so ``np.asarray(f.U)``, ``f.U.T @ f.U`` or ``f.U[:, 0]`` work
+    as on numpy). Any other ndarray attribute is that of the loaded array.
+    """
+
+    __slots__ = ("_z",)
+
+    def __init__(self, z: Any) -> None:
+        self._z = z
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(int(s) for s in self._z.shape)
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return np.dtype(self._z.dtype)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def zarr(self) -> Any:
+        """The underlying zarr array (read-only)."""
+        return self._z
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        return f"StoredArray(shape={self.shape}, dtype={self.dtype})"
+
+    def __getitem__(self, key: Any) -> Any:
+        return np.asarray(self._z[key])
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        a = np.asarray(self._z[...])
+        return a if dtype is None else a.astype(dtype, copy=False)
+
+    @staticmethod
+    def _loaded(x: Any) -> Any:
+        if isinstance(x, StoredArray):
+            return np.asarray(x)
+        if isinstance(x, (list, tuple)):
+            return type(x)(StoredArray._loaded(v) for v in x)
+        return x
+
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kw: Any) -> Any:
+        inputs = tuple(self._loaded(x) for x in inputs)
+        if "out" in kw:
+            kw["out"] = self._loaded(kw["out"])
+        return getattr(ufunc, method)(*inputs, **kw)
+
+    def __array_function__(
+        self, func: Any, types: Any, args: Any, kwargs: dict[str, Any]
+    ) -> Any:
+        args = self._loaded(args)
+        kwargs = {k: self._loaded(v) for k, v in kwargs.items()}
+        return func(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(np.asarray(self), name)
+
+
+def read_release(path: str | os.PathLike[str], *, load: bool = True) -> Factorization:
+    """Read a release written by :func:`write_release`.
+
+    With ``load=False``, ``U`` and ``V`` are :class:`StoredArray` views of the
+    store, read only when asked (nothing of size ``n_rows`` enters memory).
+    """
     path = os.fspath(path)
     if not os.path.isdir(path):
         raise StoreLayoutError(f"release {path!r} does not exist.")
     g = zarr.open_group(store=path, mode="r")
+    def tall(z: Any) -> Any:
+        return np.asarray(z[...]) if load else StoredArray(z)
+
     try:
         return Factorization(
-            U=np.asarray(g["U"][...]),
+            U=tall(g["U"]),
             S=np.asarray(g["S"][...]),
-            V=np.asarray(g["V"][...]),
+            V=tall(g["V"]),
             report=dict(g.attrs["report"]),
         )
     except KeyError as exc:
