@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import operator
 import os
 import uuid
@@ -49,6 +50,12 @@ SPLIT_EVERY = 8
 #: Largest stack of per-block ``G_b^T Q_b`` (local QR) gathered on the client;
 #: above it they stay on the workers and are combined there.
 LOCAL_QR_GATHER_BYTES = 32 * 2**20
+
+#: Target size (float64 bytes) of the row band one pass task reads: consecutive
+#: row chunks of one column block are read and sketched together, so the number
+#: of tasks -- and the reduction trees -- scale with bands, not chunks. Fixed
+#: by the chunk shape alone, so a release does not depend on the cluster.
+BAND_BYTES = 32 * 2**20
 
 #: Most row blocks whose TSQR ``R_b`` factors are stacked and factored on the
 #: client; with more, they are reduced in a tree of fan-in :data:`SPLIT_EVERY`
@@ -87,20 +94,67 @@ def _block_task(
 
 def _read_block_task(
     reader: Any,
-    rows: tuple[int, int],
+    cuts: tuple[int, ...],
     cols: tuple[int, int],
+    first: int,
+    c: int,
     request: PassRequest,
     row_scale: Any,
     col_scale: Any,
-    where: str,
 ) -> tuple[FloatArray, ...]:
-    """Read one block of the store and sketch it, in one task."""
+    """Read one row band of the store and sketch it, in one task."""
     # possibly a view of this thread's read buffer: used here only, and dropped
     # before this thread's next read
-    block = reader.block(rows, cols)
+    block = _read_rows(reader, cuts, cols, first, c)
+    where = _band_where(first, first + len(cuts) - 2, c)
     return block_partials(
-        block, rows[0], cols[0], request, row_scale=row_scale, col_scale=col_scale, where=where
+        block, cuts[0], cols[0], request, row_scale=row_scale, col_scale=col_scale, where=where
     )
+
+
+def _band_where(first: int, last: int, c: int) -> str:
+    return f"chunk ({first}, {c})" if first == last else f"chunks ({first}..{last}, {c})"
+
+
+def _read_rows(
+    reader: Any, cuts: tuple[int, ...], cols: tuple[int, int], first: int, c: int
+) -> Any:
+    """Rows ``cuts[0]:cuts[-1]`` of the column block ``cols``, read chunk by chunk
+    (``cuts``: the row offsets of the band's chunks, ``first`` its first chunk's
+    row index, ``c`` the column block's).
+
+    One chunk: the reader's block itself (maybe a view of a read buffer). Several:
+    copied into one array as they are read, each checked for NaN/Inf first, so
+    an error names its chunk, not the band.
+    """
+    if len(cuts) == 2:
+        return reader.block((cuts[0], cuts[1]), cols)
+    out: Any = None
+    for i, (a, b) in enumerate(itertools.pairwise(cuts)):
+        piece = reader.block((a, b), cols)
+        check_finite_block(piece, f"chunk ({first + i}, {c})")
+        if out is None:
+            out = np.empty((cuts[-1] - cuts[0], cols[1] - cols[0]), dtype=piece.dtype)
+        out[a - cuts[0] : b - cuts[0]] = piece
+    return out
+
+
+def _concat_rows(parts: list[Any], first: int, c: int) -> Any:
+    """The chunks of one row band stacked, each checked for NaN/Inf first."""
+    for i, p in enumerate(parts):
+        check_finite_block(np.asarray(p), f"chunk ({first + i}, {c})")
+    return np.concatenate([np.asarray(p) for p in parts], axis=0)
+
+
+def _bands(
+    chunks: tuple[tuple[int, ...], tuple[int, ...]], target: int | None = None
+) -> list[tuple[int, int]]:
+    """Row-chunk ranges ``[a, b)`` of the bands: about ``target`` float64 bytes
+    each (default :data:`BAND_BYTES`), at least one chunk."""
+    nr = len(chunks[0])
+    chunk_bytes = max(chunks[0]) * max(chunks[1]) * 8
+    k = max(1, (BAND_BYTES if target is None else target) // max(chunk_bytes, 1))
+    return [(a, min(a + k, nr)) for a in range(0, nr, k)]
 
 
 def gather_blocks(
@@ -359,84 +413,91 @@ class DaskSource:
         return kept, gathered
 
     # -- the pass over A --------------------------------------------------------
+    def _band_source(self, band: tuple[int, int], c: int, rkey: Any) -> Any:
+        """The graph expression of one row band of column block ``c`` (numpy)."""
+        A = self.A
+        a, b = band
+        if rkey is not None:
+            roff, coff = _offsets(A.chunks[0]), _offsets(A.chunks[1])
+            return (
+                _read_rows, (_unhold, rkey), tuple(roff[a : b + 1]),
+                (coff[c], coff[c + 1]), a, c,
+            )  # fmt: skip
+        if b - a == 1:
+            return (A.name, a, c)
+        return (_concat_rows, [(A.name, r, c) for r in range(a, b)], a, c)
+
     def _scale_keys(
-        self, request: PassRequest, layer: dict[Any, Any]
+        self, request: PassRequest, layer: dict[Any, Any], bands: list[tuple[int, int]],
+        rkey: Any,
     ) -> tuple[dict[int, Any], dict[int, Any]]:
-        """Norm pre-pass for row/column clipping when a row/column spans chunks."""
+        """Norm pre-pass for row/column clipping when a row/column spans chunks
+        (one task per band and column block)."""
         A, clip = self.A, request.clip
         rows: dict[int, Any] = {}
         cols: dict[int, Any] = {}
         if clip is None or clip.unit is PrivacyUnit.ENTRY:
             return rows, cols
-        nr, nc = A.numblocks
-        if clip.unit is PrivacyUnit.ROW and nc > 1:
-            nname, sname = _name("rownorm"), _name("rowscale")
-            for r in range(nr):
-                leaves = []
-                for c in range(nc):
-                    layer[(nname, r, c)] = (
-                        _block_sumsq,
-                        (A.name, r, c),
-                        1,
-                        f"chunk ({r}, {c})",
-                    )
-                    leaves.append((nname, r, c))
-                layer[(sname, r)] = (_scale_from, leaves, clip.clip_norm)
-                rows[r] = (sname, r)
-            self.n_passes += 1
-        if clip.unit is PrivacyUnit.COLUMN and nr > 1:
-            nname, sname = _name("colnorm"), _name("colscale")
+        nb, nc = len(bands), A.numblocks[1]
+        axis = {PrivacyUnit.ROW: 1, PrivacyUnit.COLUMN: 0}[clip.unit]
+        if (axis == 1 and nc == 1) or (axis == 0 and nb == 1):
+            return rows, cols
+        nname, sname = _name("norms"), _name("scales")
+        for i, band in enumerate(bands):
             for c in range(nc):
-                leaves = []
-                for r in range(nr):
-                    layer[(nname, r, c)] = (
-                        _block_sumsq,
-                        (A.name, r, c),
-                        0,
-                        f"chunk ({r}, {c})",
-                    )
-                    leaves.append((nname, r, c))
-                layer[(sname, c)] = (_scale_from, leaves, clip.clip_norm)
-                cols[c] = (sname, c)
-            self.n_passes += 1
+                where = _band_where(band[0], band[1] - 1, c)
+                src = self._band_source(band, c, rkey)
+                layer[(nname, i, c)] = (_block_sumsq, src, axis, where)
+        for j in range(nc if axis == 0 else nb):
+            leaves = [(nname, j, c) for c in range(nc)] if axis == 1 else [
+                (nname, i, j) for i in range(nb)
+            ]
+            layer[(sname, j)] = (_scale_from, leaves, clip.clip_norm)
+            (rows if axis == 1 else cols)[j] = (sname, j)
+        self.n_passes += 1
         return rows, cols
 
     def sketch(self, request: PassRequest) -> dict[str, Any]:
         A = self.A
         tr = request.transpose
-        if request.local_qr and (A.numblocks[0] if tr else A.numblocks[1]) > 1:
-            # a row block of X that spans several chunks has its Y rows only after
+        nr, nc = A.numblocks
+        bands = _bands(A.chunks)
+        nb = len(bands)
+        if request.local_qr and (nb if tr else nc) > 1:
+            # a row block of X that spans several bands has its Y rows only after
             # the sum over them: no local QR, the post-processing runs TSQR instead
             request = dataclasses.replace(request, local_qr=())
         layer: dict[Any, Any] = {}
-        row_keys, col_keys = self._scale_keys(request, layer)
-        nr, nc = A.numblocks
-        roff, coff = _offsets(A.chunks[0]), _offsets(A.chunks[1])
-        pname = _name("partials")
+        rkey = None
         if self.reader is not None:
             rkey = _name("reader")
             layer[rkey] = _Holder(self.reader)
-        for r in range(nr):
+        row_keys, col_keys = self._scale_keys(request, layer, bands, rkey)
+        brows = tuple(sum(A.chunks[0][a:b]) for a, b in bands)
+        roff, coff = _offsets(A.chunks[0]), _offsets(A.chunks[1])
+        pname = _name("partials")
+        for i, (a, b) in enumerate(bands):
             for c in range(nc):
-                common = (request, row_keys.get(r), col_keys.get(c), f"chunk ({r}, {c})")
+                scales = (request, row_keys.get(i), col_keys.get(c))
                 if self.reader is None:
-                    layer[(pname, r, c)] = (_block_task, (A.name, r, c), roff[r], coff[c], *common)
+                    layer[(pname, i, c)] = (
+                        _block_task, self._band_source((a, b), c, None), roff[a], coff[c],
+                        *scales, _band_where(a, b - 1, c),
+                    )  # fmt: skip
                 else:
-                    # the task reads its block itself: one task per chunk instead of
-                    # a read task and a sketch task, and no hand-over between them
-                    layer[(pname, r, c)] = (
-                        _read_block_task, (_unhold, rkey),
-                        (roff[r], roff[r + 1]), (coff[c], coff[c + 1]), *common,
-                    )
+                    # the task reads its band itself: one task per band instead of
+                    # read tasks and a sketch task, and no hand-over between them
+                    layer[(pname, i, c)] = (
+                        _read_block_task, (_unhold, rkey), tuple(roff[a : b + 1]),
+                        (coff[c], coff[c + 1]), a, c, *scales,
+                    )  # fmt: skip
         # X = A.T when transposed: X row block R is A column block R
-        x_row_chunks, x_col_chunks = (
-            (A.chunks[1], A.chunks[0]) if tr else (A.chunks[0], A.chunks[1])
-        )
+        x_row_chunks, x_col_chunks = (A.chunks[1], brows) if tr else (brows, A.chunks[1])
 
         def parts_of_x_row(R: int) -> list[Any]:
             return [
                 (pname, c, R) if tr else (pname, R, c)
-                for c in range(nc if not tr else nr)
+                for c in range(nc if not tr else nb)
             ]
 
         # with a scratch directory, the left and two-sided trees read the chunk
@@ -446,7 +507,7 @@ class DaskSource:
         n_right = len(request.right)
         if n_right and self.scratch is not None:
             sname = _name("partials-small")
-            for r in range(nr):
+            for r in range(nb):
                 for c in range(nc):
                     layer[(sname, r, c)] = (_drop_tall, (pname, r, c), n_right)
         else:
@@ -455,7 +516,7 @@ class DaskSource:
         def parts_of_x_col(C: int) -> list[Any]:
             return [
                 (sname, C, r) if tr else (sname, r, C)
-                for r in range(nr if not tr else nc)
+                for r in range(nb if not tr else nc)
             ]
 
         out_names: dict[str, tuple[str, tuple[tuple[int, ...], tuple[int, ...]]]] = {}
@@ -472,7 +533,7 @@ class DaskSource:
                 _tree(layer, oname, (oname, 0, C), parts_of_x_col(C), index)
             out_names[name] = (oname, ((op.dim,), tuple(x_col_chunks)))
             index += 1
-        all_parts = [(sname, r, c) for r in range(nr) for c in range(nc)]
+        all_parts = [(sname, r, c) for r in range(nb) for c in range(nc)]
         for name, s_op, t_op in request.two_sided:
             oname = _name(f"sketch-{name}")
             _tree(layer, oname, (oname, 0, 0), all_parts, index)

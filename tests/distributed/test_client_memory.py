@@ -135,6 +135,7 @@ def test_release_same_with_tree(client, store, tmp_path: Path, monkeypatch, priv
             factorize(store, RANK, private=False, seed=SEED, out=out)
         return read_release(out)
 
+    monkeypatch.setattr(source_mod, "BAND_BYTES", 1)  # one chunk per band: 20 row blocks
     ref = run("gathered.zarr")
     monkeypatch.setattr(source_mod, "TSQR_GATHER_BLOCKS", 2)
     tree = run("tree.zarr")
