@@ -80,8 +80,9 @@ def _block_task(
     row_scale: Any,
     col_scale: Any,
     where: str,
-) -> tuple[FloatArray, ...]:
-    return block_partials(
+    spill: tuple[str, ...] | None = None,
+) -> tuple[Any, ...]:
+    parts = block_partials(
         block,
         row0,
         col0,
@@ -90,6 +91,22 @@ def _block_task(
         col_scale=col_scale,
         where=where,
     )
+    return _spill_parts(parts, spill)
+
+
+def _spill_parts(parts: tuple[Any, ...], paths: tuple[str, ...] | None) -> tuple[Any, ...]:
+    """Write the first ``len(paths)`` (tall) partials to the scratch directory
+    in the pass task itself; the result keeps only the small ones."""
+    if not paths:
+        return parts
+    for part, path in zip(parts, paths, strict=False):
+        _spill(part, path)
+    return (None,) * len(paths) + tuple(parts[len(paths) :])
+
+
+def _spilled(parts: list[Any]) -> FloatArray:
+    """A token: every pass task (hence every spill) is done."""
+    return np.zeros((1, 1))
 
 
 def _read_block_task(
@@ -101,15 +118,17 @@ def _read_block_task(
     request: PassRequest,
     row_scale: Any,
     col_scale: Any,
-) -> tuple[FloatArray, ...]:
+    spill: tuple[str, ...] | None = None,
+) -> tuple[Any, ...]:
     """Read one row band of the store and sketch it, in one task."""
     # possibly a view of this thread's read buffer: used here only, and dropped
     # before this thread's next read
     block = _read_rows(reader, cuts, cols, first, c)
     where = _band_where(first, first + len(cuts) - 2, c)
-    return block_partials(
+    parts = block_partials(
         block, cuts[0], cols[0], request, row_scale=row_scale, col_scale=col_scale, where=where
     )
+    return _spill_parts(parts, spill)
 
 
 def _band_where(first: int, last: int, c: int) -> str:
@@ -129,6 +148,13 @@ def _read_rows(
     """
     if len(cuts) == 2:
         return reader.block((cuts[0], cuts[1]), cols)
+    if getattr(reader, "layout", None) is None:
+        # not a plain local store (object storage, sharded, other codecs): one
+        # read of the band, whose chunks zarr fetches concurrently
+        band = reader.block((cuts[0], cuts[-1]), cols)
+        for i, (a, b) in enumerate(itertools.pairwise(cuts)):
+            check_finite_block(band[a - cuts[0] : b - cuts[0]], f"chunk ({first + i}, {c})")
+        return band
     out: Any = None
     for i, (a, b) in enumerate(itertools.pairwise(cuts)):
         piece = reader.block((a, b), cols)
@@ -204,6 +230,18 @@ def _spill(block: Any, path: str) -> FloatArray:
 
 def _load(path: str) -> FloatArray:
     return np.load(path, allow_pickle=False)  # type: ignore[no-any-return]
+
+
+def _load_array(paths: list[str], chunks: Any, name: str | None = None) -> da.Array:
+    """The tall array whose block b is the scratch file ``paths[b]`` (lazy)."""
+    lname = name or _name("load")
+    loads = {(lname, b, 0): (_load, path) for b, path in enumerate(paths)}
+    return da.Array(
+        HighLevelGraph.from_collections(lname, loads, dependencies=[]),
+        lname,
+        chunks=chunks,
+        dtype=np.float64,
+    )
 
 
 def _block_qr(y: FloatArray) -> tuple[FloatArray, FloatArray]:
@@ -397,13 +435,7 @@ class DaskSource:
                 tokens.append(
                     da.Array(graph, sname, chunks=((1,) * len(paths), (1,)), dtype=np.float64)
                 )
-                loads = {(lname, b, 0): (_load, path) for b, path in enumerate(paths)}
-                kept[name] = da.Array(
-                    HighLevelGraph.from_collections(lname, loads, dependencies=[]),
-                    lname,
-                    chunks=x.chunks,
-                    dtype=np.float64,
-                )
+                kept[name] = _load_array(paths, x.chunks, lname)
             running = self.client.persist([*tokens, *small.values()])
         if label is not None:
             shown = running if self.scratch is not None else [*kept.values(), *running]
@@ -457,6 +489,46 @@ class DaskSource:
         self.n_passes += 1
         return rows, cols
 
+    def _partial_tasks(
+        self, layer: dict[Any, Any], request: PassRequest, bands: list[tuple[int, int]],
+        rkey: Any, scales: tuple[dict[int, Any], dict[int, Any]],
+        spill: Callable[[int, int], tuple[str, ...] | None],
+    ) -> str:
+        """One pass task per band and column block; returns their layer name."""
+        A = self.A
+        roff, coff = _offsets(A.chunks[0]), _offsets(A.chunks[1])
+        pname = _name("partials")
+        for i, (a, b) in enumerate(bands):
+            for c in range(A.numblocks[1]):
+                common = (request, scales[0].get(i), scales[1].get(c))
+                if self.reader is None:
+                    layer[(pname, i, c)] = (
+                        _block_task, self._band_source((a, b), c, None), roff[a], coff[c],
+                        *common, _band_where(a, b - 1, c), spill(i, c),
+                    )  # fmt: skip
+                else:
+                    # the task reads its band itself: one task per band instead of
+                    # read tasks and a sketch task, and no hand-over between them
+                    layer[(pname, i, c)] = (
+                        _read_block_task, (_unhold, rkey), tuple(roff[a : b + 1]),
+                        (coff[c], coff[c + 1]), a, c, *common, spill(i, c),
+                    )  # fmt: skip
+        return pname
+
+    def _spill_plan(
+        self, request: PassRequest, n_x_rows: int, one_part: bool
+    ) -> dict[str, list[str]]:
+        """Scratch files of the tall sketches when the pass tasks write them
+        themselves: with a scratch directory, when each X row block comes from
+        one pass task (no sum over column blocks), so no task per block is added."""
+        if self.scratch is None or not request.right or not one_part:
+            return {}
+        out = {}
+        for name, _ in request.right:
+            sname = _name(f"spill-{name}")
+            out[name] = [os.path.join(self.scratch, f"{sname}-{R}.npy") for R in range(n_x_rows)]
+        return out
+
     def sketch(self, request: PassRequest) -> dict[str, Any]:
         A = self.A
         tr = request.transpose
@@ -474,25 +546,17 @@ class DaskSource:
             layer[rkey] = _Holder(self.reader)
         row_keys, col_keys = self._scale_keys(request, layer, bands, rkey)
         brows = tuple(sum(A.chunks[0][a:b]) for a, b in bands)
-        roff, coff = _offsets(A.chunks[0]), _offsets(A.chunks[1])
-        pname = _name("partials")
-        for i, (a, b) in enumerate(bands):
-            for c in range(nc):
-                scales = (request, row_keys.get(i), col_keys.get(c))
-                if self.reader is None:
-                    layer[(pname, i, c)] = (
-                        _block_task, self._band_source((a, b), c, None), roff[a], coff[c],
-                        *scales, _band_where(a, b - 1, c),
-                    )  # fmt: skip
-                else:
-                    # the task reads its band itself: one task per band instead of
-                    # read tasks and a sketch task, and no hand-over between them
-                    layer[(pname, i, c)] = (
-                        _read_block_task, (_unhold, rkey), tuple(roff[a : b + 1]),
-                        (coff[c], coff[c + 1]), a, c, *scales,
-                    )  # fmt: skip
         # X = A.T when transposed: X row block R is A column block R
         x_row_chunks, x_col_chunks = (A.chunks[1], brows) if tr else (brows, A.chunks[1])
+        spilled = self._spill_plan(request, len(x_row_chunks), (nb if tr else nc) == 1)
+
+        def spill(i: int, c: int) -> tuple[str, ...] | None:
+            R = c if tr else i
+            return tuple(p[R] for p in spilled.values()) if spilled else None
+
+        pname = self._partial_tasks(
+            layer, request, bands, rkey, (row_keys, col_keys), spill
+        )
 
         def parts_of_x_row(R: int) -> list[Any]:
             return [
@@ -505,7 +569,7 @@ class DaskSource:
         # soon as it has reached the scratch, not when the last sibling of its Z
         # leaf is done (in worker memory Y stays anyway: no extra tasks there)
         n_right = len(request.right)
-        if n_right and self.scratch is not None:
+        if n_right and self.scratch is not None and not spilled:
             sname = _name("partials-small")
             for r in range(nb):
                 for c in range(nc):
@@ -519,47 +583,37 @@ class DaskSource:
                 for r in range(nb if not tr else nc)
             ]
 
-        out_names: dict[str, tuple[str, tuple[tuple[int, ...], tuple[int, ...]]]] = {}
-        index = 0
-        for name, op in request.right:
-            oname = _name(f"sketch-{name}")
-            for R in range(len(x_row_chunks)):
-                _tree(layer, oname, (oname, R, 0), parts_of_x_row(R), index)
-            out_names[name] = (oname, (tuple(x_row_chunks), (op.dim,)))
-            index += 1
-        for name, op in request.left:
-            oname = _name(f"sketch-{name}")
-            for C in range(len(x_col_chunks)):
-                _tree(layer, oname, (oname, 0, C), parts_of_x_col(C), index)
-            out_names[name] = (oname, ((op.dim,), tuple(x_col_chunks)))
-            index += 1
+        rows = [parts_of_x_row(R) for R in range(len(x_row_chunks))]
+        cols = [parts_of_x_col(C) for C in range(len(x_col_chunks))]
         all_parts = [(sname, r, c) for r in range(nb) for c in range(nc)]
-        for name, s_op, t_op in request.two_sided:
-            oname = _name(f"sketch-{name}")
-            _tree(layer, oname, (oname, 0, 0), all_parts, index)
-            out_names[name] = (oname, ((s_op.dim,), (t_op.dim,)))
-            index += 1
-        for rname, _ in request.local_qr:
-            # one part per X row block: R_b blocks (small, gathered) and
-            # G_b^T Q_b blocks (v x t each, kept on the workers)
-            t = dict(request.right)[rname].dim
-            left_dim = dict(request.left)[dict(request.local_qr)[rname]].dim
-            heights = tuple(min(c, t) for c in x_row_chunks)
-            for suffix, rows in (("R", heights), ("left", (left_dim,) * len(heights))):
-                oname = _name(f"sketch-{rname}-{suffix}")
-                for R in range(len(x_row_chunks)):
-                    (part,) = parts_of_x_row(R)
-                    small = (sname, *part[1:])
-                    layer[(oname, R, 0)] = (operator.getitem, small, index)
-                chunks = (rows, (t,))
-                out_names[f"{rname}_{suffix}"] = (oname, chunks)
-                index += 1
+        out_names = _output_trees(
+            layer, request, rows, cols, all_parts, (x_row_chunks, x_col_chunks),
+            sname, bool(spilled),
+        )  # fmt: skip
+        if spilled and not (request.left or request.two_sided):
+            # nothing gathered depends on every pass task: a token that does
+            oname = _name("spilled")
+            layer[(oname, 0, 0)] = (_spilled, all_parts)
+            out_names["_spilled"] = (oname, ((1,), (1,)))
         self.n_tasks += len(layer)
         arrays = {}
         for name, (oname, chunks) in out_names.items():
             graph = HighLevelGraph.from_collections(oname, layer, dependencies=[A])
             arrays[name] = da.Array(graph, oname, chunks=chunks, dtype=np.float64)
         self.n_passes += 1
+        loaded = {
+            name: _load_array(spilled[name], (tuple(x_row_chunks), (op.dim,)))
+            for name, op in request.right
+            if spilled
+        }
+        result = self._finish_pass(request, arrays, f"pass over the input: {nr * nc} chunks")
+        result.pop("_spilled", None)
+        return {**loaded, **result}
+
+    def _finish_pass(
+        self, request: PassRequest, arrays: dict[str, da.Array], label: str
+    ) -> dict[str, Any]:
+        """Run a pass's outputs: tall ones kept, small ones gathered."""
         tall = {n for n, _ in request.right}
         for r, _ in request.local_qr:
             # the G_b^T Q_b blocks are gathered with Z when small (one round trip
@@ -571,7 +625,7 @@ class DaskSource:
         kept, gathered = self._run(
             {n: a for n, a in arrays.items() if n in tall},
             {n: a for n, a in arrays.items() if n not in tall},
-            f"pass over the input: {nr * nc} chunks",
+            label,
         )
         return {n: kept[n] if n in kept else gathered[n] for n in arrays}
 
@@ -731,6 +785,59 @@ class DaskSource:
             dtype=np.float64,
             name=_name("matmul"),
         )
+
+
+def _output_trees(
+    layer: dict[Any, Any],
+    request: PassRequest,
+    rows: list[list[Any]],
+    cols: list[list[Any]],
+    all_parts: list[Any],
+    chunks: tuple[tuple[int, ...], tuple[int, ...]],
+    sname: str,
+    spilled: bool,
+) -> dict[str, tuple[str, tuple[tuple[int, ...], tuple[int, ...]]]]:
+    """The reduction trees of a pass: name -> (layer name, chunks) of each output.
+
+    ``rows[R]`` / ``cols[C]``: the pass tasks of X row block R / column block C
+    (``cols`` and ``all_parts`` without their tall entries); ``spilled``: the
+    tall sketches were written by the pass tasks (no tree for them).
+    """
+    x_row_chunks, x_col_chunks = chunks
+    out: dict[str, tuple[str, tuple[tuple[int, ...], tuple[int, ...]]]] = {}
+    index = 0
+    for name, op in request.right:
+        if not spilled:
+            oname = _name(f"sketch-{name}")
+            for R, parts in enumerate(rows):
+                _tree(layer, oname, (oname, R, 0), parts, index)
+            out[name] = (oname, (tuple(x_row_chunks), (op.dim,)))
+        index += 1
+    for name, op in request.left:
+        oname = _name(f"sketch-{name}")
+        for C, parts in enumerate(cols):
+            _tree(layer, oname, (oname, 0, C), parts, index)
+        out[name] = (oname, ((op.dim,), tuple(x_col_chunks)))
+        index += 1
+    for name, s_op, t_op in request.two_sided:
+        oname = _name(f"sketch-{name}")
+        _tree(layer, oname, (oname, 0, 0), all_parts, index)
+        out[name] = (oname, ((s_op.dim,), (t_op.dim,)))
+        index += 1
+    for rname, _ in request.local_qr:
+        # one part per X row block: R_b blocks (small, gathered) and
+        # G_b^T Q_b blocks (v x t each, kept on the workers)
+        t = dict(request.right)[rname].dim
+        left_dim = dict(request.left)[dict(request.local_qr)[rname]].dim
+        heights = tuple(min(c, t) for c in x_row_chunks)
+        for suffix, hs in (("R", heights), ("left", (left_dim,) * len(heights))):
+            oname = _name(f"sketch-{rname}-{suffix}")
+            for R, parts in enumerate(rows):
+                (part,) = parts
+                layer[(oname, R, 0)] = (operator.getitem, (sname, *part[1:]), index)
+            out[f"{rname}_{suffix}"] = (oname, (hs, (t,)))
+            index += 1
+    return out
 
 
 def _block_map_rows(
