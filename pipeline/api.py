@@ -253,7 +253,8 @@ def factorize(
         Replace an existing ``out``.
     ledger : path, Ledger or None
         The dataset's privacy ledger; for a Zarr path it defaults to
-        ``<store>.dplr-ledger.json`` beside the store.
+        ``<store>.dplr-ledger.json`` beside the store (an ``s3://`` input needs
+        one given: a ledger needs atomic writes, on a local or shared path).
     budget : (epsilon, delta) or None
         Lifetime budget declared when the ledger does not exist yet.
     scheduler : str or None

@@ -1,7 +1,7 @@
 """Zarr stores in S3-compatible object storage (``s3://bucket/key.zarr``).
 
-Problem. On Kubernetes and in the cloud the input, the releases and the stream
-states live in object storage, which every worker reads directly. A URL is
+Problem. On Kubernetes and in the cloud the inputs and the releases live in
+object storage, which every worker reads directly. A URL is
 opened as zarr's :class:`~zarr.storage.FsspecStore` over ``s3fs``; the
 connection comes from the usual environment -- ``AWS_ACCESS_KEY_ID``,
 ``AWS_SECRET_ACCESS_KEY`` (and ``AWS_SESSION_TOKEN``), ``AWS_ENDPOINT_URL_S3`` or
@@ -10,8 +10,8 @@ options named by ``DPLR_STORAGE_OPTIONS``; never from the command line. No
 credential is ever put in a message or a report.
 
 Object storage has no atomic rename, so what needs one stays on a local or
-shared filesystem: the privacy ledger, the release journals and the scratch
-directory (:func:`refuse_url`). A release written to a URL is published by its
+shared filesystem: the privacy ledger, the release journals, the scratch
+directory and the stream states (:func:`refuse_url`). A release written to a URL is published by its
 last write, the root group's metadata carrying the report (one PUT, atomic):
 until then a reader finds no report and refuses it as incomplete.
 """
@@ -47,12 +47,13 @@ def is_url(path: Any) -> bool:
     return isinstance(path, str) and path.startswith(SCHEMES)
 
 
-def refuse_url(path: Any, what: str, flag: str) -> None:
+def refuse_url(path: Any, what: str, flag: str | None = None) -> None:
     """Refuse an object-store URL where a local or shared path is needed."""
     if is_url(path):
+        how = f"pass {flag} PATH" if flag else "use a local or shared path"
         raise InvalidParameterError(
             f"the {what} must be on a local or shared filesystem, not {path!r}: it "
-            f"needs atomic writes, which object storage lacks; pass {flag} PATH."
+            f"needs atomic writes, which object storage lacks; {how}."
         )
 
 

@@ -230,3 +230,19 @@ def test_s3_ledger_or_journal_is_refused(s3, cluster, stores, tmp_path: Path, fl
     assert len(lines) == 1, res.stderr
     assert f"the {what}" in lines[0] or "ledger cannot live" in lines[0]
     assert not (tmp_path / "l.json").exists()
+
+
+def test_s3_stream_state_and_stream_release_are_refused(tmp_path: Path) -> None:
+    """A stream state (manifest commits, a lock, private secrets) and a stream
+    release (recorded by a rename) need a filesystem: refused before any request."""
+    from pipeline.errors import InvalidParameterError
+    from pipeline.io.stream_state import StreamStore
+    from pipeline.stream import stream_release
+
+    with pytest.raises(InvalidParameterError, match="the stream state must be on a local"):
+        StreamStore.open("s3://data/state")
+    with pytest.raises(InvalidParameterError, match="the stream state must be on a local"):
+        StreamStore.create("s3://data/state", manifest={}, sketch_seed=1, noise_key=None)
+    with pytest.raises(InvalidParameterError, match="the stream release must be on a local"):
+        stream_release(tmp_path / "state", epoch=1, out="s3://out/r.zarr")
+    assert list(tmp_path.iterdir()) == []  # nothing made locally (no "s3:" directory)
