@@ -118,8 +118,22 @@ def _graph_stats(collections: list[Any], own_prefixes: tuple[str, ...]) -> dict[
     }
 
 
-def factorize_graph(n_chunks: int, rows: int = 100, cols: int = 1000, k: int = 10) -> dict[str, Any]:
+def _gather_placeholders(client: Any, arrays: Any, persisted: bool = False) -> list[np.ndarray]:
+    """Stands in for ``gather_blocks`` with a recording client: zeros of each shape."""
+    return [np.zeros(a.shape) for a in arrays]
+
+
+def factorize_graph(
+    n_chunks: int, rows: int = 100, cols: int = 1000, k: int = 10, *, zarr_path: bool = False
+) -> dict[str, Any]:
+    """``zarr_path``: as ``dplr factorize STORE --out OUT`` runs it -- the pass tasks
+    read their chunks themselves (a stand-in reader: nothing is read) and write Y
+    to a scratch directory (none is touched while the graph is only built)."""
     import dask.array as da
+
+    import pipeline.execution.source as source_module
+
+    source_module.gather_blocks = _gather_placeholders  # nothing runs: nothing to gather
 
     from pipeline.algorithms.lrf import Algorithm, LrfParams, pass_request, plan_lrf
     from pipeline.execution.source import DaskSource
@@ -131,19 +145,25 @@ def factorize_graph(n_chunks: int, rows: int = 100, cols: int = 1000, k: int = 1
     )
     request = pass_request(plan, root=12345, input_dtype=np.float32)
     client = RecordingClient()
-    src = DaskSource(A, client)
+    if zarr_path:
+        src = DaskSource(A, client, reader=object(), scratch=tempfile.gettempdir())
+    else:
+        src = DaskSource(A, client)
     t0 = time.perf_counter()
     result = src.sketch(request)
     t_build = time.perf_counter() - t0
     stats = _graph_stats(client.persisted, ("dplr-",))
+    if zarr_path:  # no input layer: the pass tasks read the store
+        stats["tasks_total"] = stats["tasks_pipeline"]
     # bytes: what each task result weighs, and what is gathered
-    Y = client.persisted[[n for n, _ in request.right].index("Y")]
+    Y = result["Y"] if zarr_path else client.persisted[[n for n, _ in request.right].index("Y")]
     Z_shape = result["Z"].shape
     y_leaf = rows * plan.t * 8
     z_leaf = plan.v * cols * 8
     return {
         "chunks": n_chunks,
         "chunk_shape": [rows, cols],
+        "zarr_path_with_scratch": zarr_path,
         "shape": [m, cols],
         "t": plan.t,
         "v": plan.v,
@@ -302,9 +322,113 @@ def scheduler_overhead(n_chunks: int) -> dict[str, Any]:
         cluster.close()
 
 
+def _tiny_store(path: str, n_chunks: int, rows: int, cols: int) -> str:
+    """A Zarr array of ``n_chunks`` row chunks of rows x cols float32 (reused)."""
+    import dask.array as da
+    import zarr
+
+    if os.path.exists(path):
+        z = zarr.open_array(path, mode="r")
+        if z.shape == (n_chunks * rows, cols) and z.chunks == (rows, cols):
+            return path
+    rng = da.random.default_rng(0)
+    A = rng.standard_normal((n_chunks * rows, cols), chunks=(rows * 1000, cols))
+    z = zarr.create_array(store=path, shape=A.shape, chunks=(rows, cols), dtype="float32",
+                          overwrite=True)  # fmt: skip
+    (A / np.sqrt(cols)).astype(np.float32).store(z, lock=False)
+    return path
+
+
+def versus_dask(
+    n_chunks: int, rows: int, cols: int, workdir: str, reps: int = 2, warmup: bool = True
+) -> dict[str, Any]:
+    """Wall time of one pass, dplr vs dask's ``svd_compressed``, on one Zarr store.
+
+    A 2-worker LocalCluster (1 thread each). dplr: one factorize pass
+    (``DaskSource.sketch`` with the store's reader, private defaults at k = 10)
+    and one PCA Gram pass (``DaskRowSource.gram`` over ``open_input``'s bands).
+    dask: ``svd_compressed(da.from_zarr(path), k=10)`` computed once, divided by
+    its 2 passes over A. Best of ``reps`` (after a warm-up unless ``--no-warmup``);
+    per chunk = wall / chunks.
+    """
+    import dask
+    import dask.array as da
+
+    from pipeline.algorithms.lrf import Algorithm, LrfParams, pass_request, plan_lrf
+    from pipeline.api import PCA_BAND_BYTES
+    from pipeline.execution.pca import DaskRowSource
+    from pipeline.execution.source import DaskSource
+    from pipeline.io import open_input
+
+    path = _tiny_store(os.path.join(workdir, f"tiny_{n_chunks}x{rows}x{cols}.zarr"),
+                       n_chunks, rows, cols)  # fmt: skip
+    m = n_chunks * rows
+    plan = plan_lrf(LrfParams(algorithm=Algorithm.SPECTRAL, rank=10, epsilon=1.0,
+                              delta=1e-7), (m, cols))  # fmt: skip
+    request = pass_request(plan, root=12345, input_dtype=np.float32)
+    cluster, client = _common.start_cluster(2)
+    out: dict[str, Any] = {"chunks": n_chunks, "chunk_shape": [rows, cols]}
+    try:
+        def ours_lrf() -> int:
+            A, info = open_input(path, unit="row")
+            src = DaskSource(A, client, reader=info.reader)
+            src.sketch(request)
+            src.close()
+            return src.n_tasks
+
+        def ours_pca() -> int:
+            A, _info = open_input(path, unit=None, band_bytes=PCA_BAND_BYTES)
+            src = DaskRowSource(A, client)
+            src.gram()
+            return src.n_tasks + A.numblocks[0]  # + the band reads
+
+        def svdc() -> int:
+            A = da.from_zarr(path)
+            u, s_, v = da.linalg.svd_compressed(A, k=10, seed=0)
+            dask.compute(u, s_, v)
+            graph: dict[Any, Any] = {}
+            for x in (u, s_, v):
+                graph.update(dict(x.__dask_graph__()))
+            return len(graph)
+
+        for name, fn, passes in (("dplr_factorize", ours_lrf, 1), ("dplr_pca_gram", ours_pca, 1),
+                                 ("dask_svd_compressed", svdc, 2)):  # fmt: skip
+            if warmup:
+                fn()
+            ts = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                tasks = fn()
+                ts.append(time.perf_counter() - t0)
+            out[name] = {"seconds": _common.summary(ts), "passes": passes, "tasks": tasks,
+                         "tasks_per_chunk": tasks / n_chunks,
+                         "ms_per_chunk_per_pass": min(ts) / passes / n_chunks * 1e3}  # fmt: skip
+            print(f"  {name}: {min(ts):.2f} s, {tasks} tasks", flush=True)
+        ref = out["dask_svd_compressed"]["ms_per_chunk_per_pass"]
+        for name in ("dplr_factorize", "dplr_pca_gram"):
+            out[name]["ratio_to_dask_pass"] = out[name]["ms_per_chunk_per_pass"] / ref
+    finally:
+        client.close()
+        cluster.close()
+    return out
+
+
 # -- report --------------------------------------------------------------------------------
 def _mb(x: float) -> str:
     return f"{x / 1e6:,.2f}"
+
+
+def versus_markdown(rows: list[dict[str, Any]]) -> list[str]:
+    L = ["", "## One pass against dask's svd_compressed (LocalCluster, 2 workers x 1 thread)", "",
+         "| chunks | chunk | method | tasks | tasks/chunk | best wall s | passes | ms per chunk per pass | ratio to dask |",
+         "|---:|---|---|---:|---:|---:|---:|---:|---:|"]
+    for v in rows:
+        for name in ("dplr_factorize", "dplr_pca_gram", "dask_svd_compressed"):
+            r = v[name]
+            L.append(f"| {v['chunks']:,} | {v['chunk_shape'][0]} x {v['chunk_shape'][1]} | {name} | "
+                     f"{r['tasks']:,} | {r['tasks_per_chunk']:.3f} | {r['seconds']['min']:.2f} | {r['passes']} | "
+                     f"{r['ms_per_chunk_per_pass']:.3f} | {r.get('ratio_to_dask_pass', 1.0):.3f} |")
+    return L
 
 
 def markdown(res: dict[str, Any]) -> str:
@@ -313,19 +437,21 @@ def markdown(res: dict[str, Any]) -> str:
     L += [f"Machine: {mc['cpus']} CPUs ({mc['processor']}), {mc['ram_GiB']} GiB RAM, Python {mc['python']}; "
           + ", ".join(f"{k} {v}" for k, v in res["versions"].items()), ""]
     L += ["## Graph of one pass (built, not run; input `da.zeros`, chunks of 100 x 1000)", "",
-          "| pass | chunks | tasks (pipeline) | tasks (with input layer) | construction s | pickle MB (stdlib, whole graph) | pickle MB (pipeline layer) | B/task | distributed.protocol.pickle MB |",
-          "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+          "| pass | chunks | tasks (pipeline) | tasks (with input layer) | tasks per chunk | construction s | pickle MB (stdlib, whole graph) | pickle MB (pipeline layer) | B/task | distributed.protocol.pickle MB |",
+          "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for g in res["factorize_graph"]:
-        L.append(f"| factorize (Y, Z) | {g['chunks']:,} | {g['tasks_pipeline']:,} | {g['tasks_total']:,} | "
+        what = ("factorize, Zarr + scratch, " + "x".join(map(str, g["chunk_shape"]))
+                if g.get("zarr_path_with_scratch") else "factorize (Y, Z)")
+        L.append(f"| {what} | {g['chunks']:,} | {g['tasks_pipeline']:,} | {g['tasks_total']:,} | {g['tasks_total'] / g['chunks']:.3f} | "
                  f"{g['construction_seconds']:.3f} | {_mb(g['pickle_bytes_total'])} | {_mb(g['pickle_bytes_pipeline'])} | "
                  f"{g['pickle_bytes_per_pipeline_task']:.0f} | {_mb(g['distributed_pickle_bytes_total']) if isinstance(g['distributed_pickle_bytes_total'], int) else g['distributed_pickle_bytes_total']} |")
     for g in res["pca_graph"]:
         for kind in ("gram", "update"):
             s = g[kind]
-            L.append(f"| PCA {kind} | {g['chunks']:,} | {s['tasks_pipeline']:,} | {s['tasks_total']:,} | "
+            L.append(f"| PCA {kind} | {g['chunks']:,} | {s['tasks_pipeline']:,} | {s['tasks_total']:,} | {s['tasks_total'] / g['chunks']:.3f} | "
                      f"{s['construction_seconds']:.3f} | {_mb(s['pickle_bytes_total'])} | {_mb(s['pickle_bytes_pipeline'])} | "
                      f"{s['pickle_bytes_per_pipeline_task']:.0f} | {_mb(s['distributed_pickle_bytes_total']) if isinstance(s['distributed_pickle_bytes_total'], int) else s['distributed_pickle_bytes_total']} |")
-    g = res["factorize_graph"][-1]
+    g = [g for g in res["factorize_graph"] if not g.get("zarr_path_with_scratch")][-1]
     L += ["", "## Bytes per pass", "",
           f"Factorize (t = {g['t']}, v = {g['v']}, chunk {g['chunk_shape'][0]} x {g['chunk_shape'][1]}, {g['chunks']:,} chunks):", "",
           f"- gathered to the client: Z {g['gathered_to_client']['Z']['shape']} float64 = {_mb(g['gathered_to_client']['Z']['bytes'])} MB",
@@ -348,6 +474,8 @@ def markdown(res: dict[str, Any]) -> str:
     L.append(f"| zstd decode (level {z['zstd_level']}, chunk {z['store_chunk']}, ratio {z['ratio']:.3f}) | "
              f"{z['decode_seconds']['median']:.3f} | {z['decode_seconds']['min']:.3f} | {z['decode_MB_per_s']:.0f} |")
     L.append(f"| zarr read of that chunk (file + decode) | {z['zarr_read_seconds']['median']:.3f} | {z['zarr_read_seconds']['min']:.3f} | {z['zarr_read_MB_per_s']:.0f} |")
+    if res.get("versus_dask"):
+        L += versus_markdown(res["versus_dask"])
     if res.get("scheduler"):
         s = res["scheduler"]
         L += ["", "## Scheduler overhead", "",
@@ -361,6 +489,14 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--scheduler-chunks", type=int, default=10**4,
                     help="chunks of the scheduler-overhead run (0: skip it)")
+    ap.add_argument("--versus-dask", type=int, nargs="*", default=[],
+                    help="chunk counts of the one-pass comparison with svd_compressed (e.g. 1000 10000)")
+    ap.add_argument("--tiny-chunk", type=int, nargs=2, default=[10, 64], metavar=("ROWS", "COLS"))
+    ap.add_argument("--workdir", default=_common.WORK)
+    ap.add_argument("--reps", type=int, default=2, help="timed runs per method (versus dask)")
+    ap.add_argument("--no-warmup", action="store_true", help="no warm-up run (versus dask)")
+    ap.add_argument("--only-versus-dask", action="store_true",
+                    help="skip the graph, per-chunk and scheduler sections")
     args = ap.parse_args()
     sizes = [10**3, 10**4] if args.quick else [10**3, 10**4, 10**5]
     res: dict[str, Any] = {
@@ -370,10 +506,28 @@ def main() -> None:
     }
     res["factorize_graph"] = []
     res["pca_graph"] = []
+    res["versus_dask"] = []
+    os.makedirs(args.workdir, exist_ok=True)
+    for n in args.versus_dask:
+        print(f"versus dask: {n} chunks", flush=True)
+        res["versus_dask"].append(
+            versus_dask(n, *args.tiny_chunk, args.workdir, args.reps, not args.no_warmup)
+        )
+    if args.only_versus_dask:
+        sizes = []
     for n in sizes:
         print(f"graphs: {n} chunks", flush=True)
         res["factorize_graph"].append(factorize_graph(n))
         res["pca_graph"].append(pca_graph(n))
+    for n in sizes:  # chunks of 40 MB float32: one chunk per band
+        res["factorize_graph"].append(factorize_graph(n, rows=10000, zarr_path=True))
+    if args.only_versus_dask:
+        md = "\n".join([f"Command: `{res['command']}`", *versus_markdown(res["versus_dask"])])
+        _common.dump_json(res, os.path.join(RESULTS, "scaling_versus_dask.json"))
+        with open(os.path.join(RESULTS, "scaling_versus_dask.md"), "w") as f:
+            f.write(md + "\n")
+        print(md)
+        return
     print("per-chunk costs", flush=True)
     res["chunk_costs"] = chunk_costs(3 if args.quick else 5)
     res["zstd"] = zstd_costs(3 if args.quick else 5)

@@ -98,14 +98,18 @@ def scratch_locations(
     """``(directory, name prefix)`` of each scratch location of a job.
 
     The first is where the job makes its subdirectory: the scratch directory if
-    given, else beside ``out``; none without either. With both, the place
+    given, else beside ``out`` (not when ``out`` is an object-store URL: then
+    worker memory); none without either. With both, the place
     beside ``out`` is listed too, since an earlier job on the same ``out`` may
     have used it.
     """
+    from pipeline.io.objectstore import is_url, refuse_url
+
     where: list[tuple[str, str]] = []
     if scratch is not None:
+        refuse_url(os.fspath(scratch), "scratch directory", "--scratch")
         where.append((os.fspath(scratch), PREFIX))
-    if out is not None:
+    if out is not None and not is_url(os.fspath(out)):  # beside a URL: none
         parent, base = os.path.split(os.path.abspath(os.fspath(out)))
         where.append((parent, f".{base}{PREFIX}"))
     return where

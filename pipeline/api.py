@@ -259,7 +259,8 @@ def factorize(
         Replace an existing ``out``.
     ledger : path, Ledger or None
         The dataset's privacy ledger; for a Zarr path it defaults to
-        ``<store>.dplr-ledger.json`` beside the store.
+        ``<store>.dplr-ledger.json`` beside the store (an ``s3://`` input needs
+        one given: a ledger needs atomic writes, on a local or shared path).
     budget : (epsilon, delta) or None
         Lifetime budget declared when the ledger does not exist yet.
     scheduler : str or None
@@ -290,7 +291,9 @@ def factorize(
     -------
     Factorization
         ``U`` (n_rows, rank), ``S`` (rank,), ``V`` (n_cols, rank) as numpy arrays,
-        and ``report``.
+        and ``report``. With ``out``, ``U`` and ``V`` are
+        :class:`~pipeline.io.release.StoredArray` views of the published store,
+        read only when asked (``np.asarray(f.U)``).
 
     Raises
     ------
@@ -565,14 +568,14 @@ class _LrfJob:
                     out, staged, overwrite=job.spec.overwrite, client=client
                 )
             )
-            final = read_release(out)
+            final = read_release(out, load=False)  # U stays in the store
         final.report["timings_seconds"]["total"] = round(time.perf_counter() - total, 4)
         return final
 
     def read(self, out: str) -> Any:
         from pipeline.io import read_release
 
-        return read_release(out)
+        return read_release(out, load=False)
 
 
 def _gather(x: Any, client: Any) -> np.ndarray:

@@ -215,10 +215,12 @@ class ReleaseSpec:
         is charged once; the same job on other data finds it and is refused.
         """
         from pipeline.io import default_journal_path
+        from pipeline.io.objectstore import is_url, refuse_url
 
         if self.journal is not None:
+            refuse_url(os.fspath(self.journal), "journal", "--journal")
             return os.fspath(self.journal)
-        if self.out is not None:
+        if self.out is not None and not is_url(os.fspath(self.out)):
             return default_journal_path(self.out)
         ledger = self.ledger_path()
         if ledger is None:
@@ -234,11 +236,19 @@ class ReleaseSpec:
         """Absolute path of the ledger a private run charges (None: no ledger file)."""
         if not self.private:
             return None
+        from pipeline.io.objectstore import is_url, refuse_url
+
         if isinstance(self.ledger, Ledger):
             return os.path.abspath(self.ledger.path)
         if self.ledger is not None:
+            refuse_url(os.fspath(self.ledger), "ledger", "--ledger")
             return os.path.abspath(os.fspath(self.ledger))
         path = self.input.path
+        if is_url(path):
+            raise InvalidParameterError(
+                f"the input {path!r} is in object storage, where the ledger cannot live "
+                "(it needs atomic writes); pass --ledger PATH on a local or shared filesystem."
+            )
         return None if path is None else os.path.abspath(default_ledger_path(path))
 
     def header(self) -> dict[str, Any]:
@@ -589,8 +599,9 @@ def _in_ledger(ledger: str | None, release_id: str | None) -> bool:
 def _published_by(out: str | None, jr: Any) -> bool:
     """True if ``out`` holds the release of the journaled job (then it is finished)."""
     from pipeline.io import read_group
+    from pipeline.io.release import release_exists
 
-    if out is None or not os.path.isdir(out):
+    if out is None or not release_exists(out):
         return False
     try:
         _, report = read_group(out, ())

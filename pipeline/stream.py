@@ -950,8 +950,10 @@ def stream_release(
     Privacy. Post-processing of the tree's noisy p-sums, each noised exactly
     once per node [spec 3.4, 6.3]; nothing is charged.
     """
+    from pipeline.io.objectstore import refuse_url
     from pipeline.io.release import read_release, write_release
 
+    refuse_url(os.fspath(out), "stream release")  # its publication record needs a rename
     out = os.path.abspath(os.fspath(out))
     with _locked(state, store) as st:
         m = st.manifest

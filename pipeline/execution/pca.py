@@ -4,7 +4,8 @@ Graph of one pass (``A`` in full-width row bands ``c``)::
 
     payload          = (X, [(B_j, R_j)])                  inside each band task when small,
                                                           else one task fetched once per worker
-    (part, c)        = band_pass(A[c], payload)           one task per band; reads it once
+    (part, c)        = band_pass(A[c], payload)           one task per band (consecutive row
+                                                          chunks, about BAND_BYTES); reads it once
                                                           (with an inline payload the read is fused into it)
     total            = fixed tree-sum over c (fan-in 8)   delivered to the client
 
@@ -25,7 +26,7 @@ from dask.highlevelgraph import HighLevelGraph
 from pipeline._types import FloatArray, Shape2D
 from pipeline.algorithms.power_pca import Secret, band_pass
 from pipeline.execution.progress import show_progress
-from pipeline.execution.source import _name, _tree
+from pipeline.execution.source import _bands, _concat_rows, _name, _tree
 
 __all__ = ["DaskRowSource"]
 
@@ -44,6 +45,13 @@ class _Payload:
 #: optimiser fuses the read into it (one task per band, no hand-over of the
 #: band between tasks, or workers, in between).
 INLINE_PAYLOAD_BYTES = 2**16
+
+
+#: Target size (float64 bytes) of the row band one pass task handles: a dask
+#: input with smaller row chunks has several consecutive chunks per task, so the
+#: tasks and the tree scale with bands, not chunks (a Zarr input is already read
+#: in bands of about this size, :func:`pipeline.io.open_input`).
+BAND_BYTES = 64 * 2**20
 
 
 def _nbytes(payload: Any) -> int:
@@ -102,7 +110,16 @@ class DaskRowSource:
 
     @property
     def n_bands(self) -> int:
-        return int(self.A.numblocks[0])
+        return len(self._bands)
+
+    @property
+    def _bands(self) -> list[tuple[int, int]]:
+        return _bands(self.A.chunks, BAND_BYTES)
+
+    def _band(self, a: int, b: int) -> Any:
+        if b - a == 1:
+            return (self.A.name, a, 0)
+        return (_concat_rows, [(self.A.name, r, 0) for r in range(a, b)], a, 0)
 
     def _pass(
         self, kind: str, payload: Any, out_shape: tuple[int, int], label: str
@@ -116,10 +133,10 @@ class DaskRowSource:
             pay = pay_key
         pname, oname = _name(f"pca-{kind}"), _name(f"pca-{kind}-sum")
         leaves = []
-        for c in range(self.n_bands):
+        for c, (a, b) in enumerate(self._bands):
             layer[(pname, c)] = (
                 _band_kernel,
-                (A.name, c, 0),
+                self._band(a, b),
                 kind,
                 pay,
                 self.row_norm_bound,

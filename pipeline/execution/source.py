@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import operator
 import os
 import uuid
@@ -50,6 +51,17 @@ SPLIT_EVERY = 8
 #: above it they stay on the workers and are combined there.
 LOCAL_QR_GATHER_BYTES = 32 * 2**20
 
+#: Target size (float64 bytes) of the row band one pass task reads: consecutive
+#: row chunks of one column block are read and sketched together, so the number
+#: of tasks -- and the reduction trees -- scale with bands, not chunks. Fixed
+#: by the chunk shape alone, so a release does not depend on the cluster.
+BAND_BYTES = 32 * 2**20
+
+#: Most row blocks whose TSQR ``R_b`` factors are stacked and factored on the
+#: client; with more, they are reduced in a tree of fan-in :data:`SPLIT_EVERY`
+#: on the workers and only the final ``R`` (t x t) reaches the client.
+TSQR_GATHER_BLOCKS = 64
+
 
 def _name(label: str) -> str:
     # random names: never derived from arguments (which may hold key material)
@@ -68,8 +80,9 @@ def _block_task(
     row_scale: Any,
     col_scale: Any,
     where: str,
-) -> tuple[FloatArray, ...]:
-    return block_partials(
+    spill: tuple[str, ...] | None = None,
+) -> tuple[Any, ...]:
+    parts = block_partials(
         block,
         row0,
         col0,
@@ -78,24 +91,96 @@ def _block_task(
         col_scale=col_scale,
         where=where,
     )
+    return _spill_parts(parts, spill)
+
+
+def _spill_parts(parts: tuple[Any, ...], paths: tuple[str, ...] | None) -> tuple[Any, ...]:
+    """Write the first ``len(paths)`` (tall) partials to the scratch directory
+    in the pass task itself; the result keeps only the small ones."""
+    if not paths:
+        return parts
+    for part, path in zip(parts, paths, strict=False):
+        _spill(part, path)
+    return (None,) * len(paths) + tuple(parts[len(paths) :])
+
+
+def _spilled(parts: list[Any]) -> FloatArray:
+    """A token: every pass task (hence every spill) is done."""
+    return np.zeros((1, 1))
 
 
 def _read_block_task(
     reader: Any,
-    rows: tuple[int, int],
+    cuts: tuple[int, ...],
     cols: tuple[int, int],
+    first: int,
+    c: int,
     request: PassRequest,
     row_scale: Any,
     col_scale: Any,
-    where: str,
-) -> tuple[FloatArray, ...]:
-    """Read one block of the store and sketch it, in one task."""
+    spill: tuple[str, ...] | None = None,
+) -> tuple[Any, ...]:
+    """Read one row band of the store and sketch it, in one task."""
     # possibly a view of this thread's read buffer: used here only, and dropped
     # before this thread's next read
-    block = reader.block(rows, cols)
-    return block_partials(
-        block, rows[0], cols[0], request, row_scale=row_scale, col_scale=col_scale, where=where
+    block = _read_rows(reader, cuts, cols, first, c)
+    where = _band_where(first, first + len(cuts) - 2, c)
+    parts = block_partials(
+        block, cuts[0], cols[0], request, row_scale=row_scale, col_scale=col_scale, where=where
     )
+    return _spill_parts(parts, spill)
+
+
+def _band_where(first: int, last: int, c: int) -> str:
+    return f"chunk ({first}, {c})" if first == last else f"chunks ({first}..{last}, {c})"
+
+
+def _read_rows(
+    reader: Any, cuts: tuple[int, ...], cols: tuple[int, int], first: int, c: int
+) -> Any:
+    """Rows ``cuts[0]:cuts[-1]`` of the column block ``cols``, read chunk by chunk
+    (``cuts``: the row offsets of the band's chunks, ``first`` its first chunk's
+    row index, ``c`` the column block's).
+
+    One chunk: the reader's block itself (maybe a view of a read buffer). Several:
+    copied into one array as they are read, each checked for NaN/Inf first, so
+    an error names its chunk, not the band.
+    """
+    if len(cuts) == 2:
+        return reader.block((cuts[0], cuts[1]), cols)
+    if getattr(reader, "layout", None) is None:
+        # not a plain local store (object storage, sharded, other codecs): one
+        # read of the band, whose chunks zarr fetches concurrently
+        band = reader.block((cuts[0], cuts[-1]), cols)
+        for i, (a, b) in enumerate(itertools.pairwise(cuts)):
+            check_finite_block(band[a - cuts[0] : b - cuts[0]], f"chunk ({first + i}, {c})")
+        return band
+    out: Any = None
+    for i, (a, b) in enumerate(itertools.pairwise(cuts)):
+        piece = reader.block((a, b), cols)
+        check_finite_block(piece, f"chunk ({first + i}, {c})")
+        if out is None:
+            out = np.empty((cuts[-1] - cuts[0], cols[1] - cols[0]), dtype=piece.dtype)
+        out[a - cuts[0] : b - cuts[0]] = piece
+    return out
+
+
+def _concat_rows(parts: list[Any], first: int, c: int) -> Any:
+    """The chunks of one row band stacked, each checked for NaN/Inf first."""
+    for i, p in enumerate(parts):
+        check_finite_block(np.asarray(p), f"chunk ({first + i}, {c})")
+    return np.concatenate([np.asarray(p) for p in parts], axis=0)
+
+
+def _bands(
+    chunks: tuple[tuple[int, ...], tuple[int, ...]], target: int | None = None
+) -> list[tuple[int, int]]:
+    """Row-chunk ranges ``[a, b)`` of the bands: about ``target`` float64 bytes
+    each (default :data:`BAND_BYTES`), at least one chunk."""
+    nr = len(chunks[0])
+    chunk_bytes = max(chunks[0]) * max(chunks[1]) * 8
+    k = max(1, (BAND_BYTES if target is None else target) // max(chunk_bytes, 1))
+    return [(a, min(a + k, nr)) for a in range(0, nr, k)]
 
 
 def gather_blocks(
@@ -145,6 +230,18 @@ def _spill(block: Any, path: str) -> FloatArray:
 
 def _load(path: str) -> FloatArray:
     return np.load(path, allow_pickle=False)  # type: ignore[no-any-return]
+
+
+def _load_array(paths: list[str], chunks: Any, name: str | None = None) -> da.Array:
+    """The tall array whose block b is the scratch file ``paths[b]`` (lazy)."""
+    lname = name or _name("load")
+    loads = {(lname, b, 0): (_load, path) for b, path in enumerate(paths)}
+    return da.Array(
+        HighLevelGraph.from_collections(lname, loads, dependencies=[]),
+        lname,
+        chunks=chunks,
+        dtype=np.float64,
+    )
 
 
 def _block_qr(y: FloatArray) -> tuple[FloatArray, FloatArray]:
@@ -338,13 +435,7 @@ class DaskSource:
                 tokens.append(
                     da.Array(graph, sname, chunks=((1,) * len(paths), (1,)), dtype=np.float64)
                 )
-                loads = {(lname, b, 0): (_load, path) for b, path in enumerate(paths)}
-                kept[name] = da.Array(
-                    HighLevelGraph.from_collections(lname, loads, dependencies=[]),
-                    lname,
-                    chunks=x.chunks,
-                    dtype=np.float64,
-                )
+                kept[name] = _load_array(paths, x.chunks, lname)
             running = self.client.persist([*tokens, *small.values()])
         if label is not None:
             shown = running if self.scratch is not None else [*kept.values(), *running]
@@ -354,84 +445,123 @@ class DaskSource:
         return kept, gathered
 
     # -- the pass over A --------------------------------------------------------
+    def _band_source(self, band: tuple[int, int], c: int, rkey: Any) -> Any:
+        """The graph expression of one row band of column block ``c`` (numpy)."""
+        A = self.A
+        a, b = band
+        if rkey is not None:
+            roff, coff = _offsets(A.chunks[0]), _offsets(A.chunks[1])
+            return (
+                _read_rows, (_unhold, rkey), tuple(roff[a : b + 1]),
+                (coff[c], coff[c + 1]), a, c,
+            )  # fmt: skip
+        if b - a == 1:
+            return (A.name, a, c)
+        return (_concat_rows, [(A.name, r, c) for r in range(a, b)], a, c)
+
     def _scale_keys(
-        self, request: PassRequest, layer: dict[Any, Any]
+        self, request: PassRequest, layer: dict[Any, Any], bands: list[tuple[int, int]],
+        rkey: Any,
     ) -> tuple[dict[int, Any], dict[int, Any]]:
-        """Norm pre-pass for row/column clipping when a row/column spans chunks."""
+        """Norm pre-pass for row/column clipping when a row/column spans chunks
+        (one task per band and column block)."""
         A, clip = self.A, request.clip
         rows: dict[int, Any] = {}
         cols: dict[int, Any] = {}
         if clip is None or clip.unit is PrivacyUnit.ENTRY:
             return rows, cols
-        nr, nc = A.numblocks
-        if clip.unit is PrivacyUnit.ROW and nc > 1:
-            nname, sname = _name("rownorm"), _name("rowscale")
-            for r in range(nr):
-                leaves = []
-                for c in range(nc):
-                    layer[(nname, r, c)] = (
-                        _block_sumsq,
-                        (A.name, r, c),
-                        1,
-                        f"chunk ({r}, {c})",
-                    )
-                    leaves.append((nname, r, c))
-                layer[(sname, r)] = (_scale_from, leaves, clip.clip_norm)
-                rows[r] = (sname, r)
-            self.n_passes += 1
-        if clip.unit is PrivacyUnit.COLUMN and nr > 1:
-            nname, sname = _name("colnorm"), _name("colscale")
+        nb, nc = len(bands), A.numblocks[1]
+        axis = {PrivacyUnit.ROW: 1, PrivacyUnit.COLUMN: 0}[clip.unit]
+        if (axis == 1 and nc == 1) or (axis == 0 and nb == 1):
+            return rows, cols
+        nname, sname = _name("norms"), _name("scales")
+        for i, band in enumerate(bands):
             for c in range(nc):
-                leaves = []
-                for r in range(nr):
-                    layer[(nname, r, c)] = (
-                        _block_sumsq,
-                        (A.name, r, c),
-                        0,
-                        f"chunk ({r}, {c})",
-                    )
-                    leaves.append((nname, r, c))
-                layer[(sname, c)] = (_scale_from, leaves, clip.clip_norm)
-                cols[c] = (sname, c)
-            self.n_passes += 1
+                where = _band_where(band[0], band[1] - 1, c)
+                src = self._band_source(band, c, rkey)
+                layer[(nname, i, c)] = (_block_sumsq, src, axis, where)
+        for j in range(nc if axis == 0 else nb):
+            leaves = [(nname, j, c) for c in range(nc)] if axis == 1 else [
+                (nname, i, j) for i in range(nb)
+            ]
+            layer[(sname, j)] = (_scale_from, leaves, clip.clip_norm)
+            (rows if axis == 1 else cols)[j] = (sname, j)
+        self.n_passes += 1
         return rows, cols
+
+    def _partial_tasks(
+        self, layer: dict[Any, Any], request: PassRequest, bands: list[tuple[int, int]],
+        rkey: Any, scales: tuple[dict[int, Any], dict[int, Any]],
+        spill: Callable[[int, int], tuple[str, ...] | None],
+    ) -> str:
+        """One pass task per band and column block; returns their layer name."""
+        A = self.A
+        roff, coff = _offsets(A.chunks[0]), _offsets(A.chunks[1])
+        pname = _name("partials")
+        for i, (a, b) in enumerate(bands):
+            for c in range(A.numblocks[1]):
+                common = (request, scales[0].get(i), scales[1].get(c))
+                if self.reader is None:
+                    layer[(pname, i, c)] = (
+                        _block_task, self._band_source((a, b), c, None), roff[a], coff[c],
+                        *common, _band_where(a, b - 1, c), spill(i, c),
+                    )  # fmt: skip
+                else:
+                    # the task reads its band itself: one task per band instead of
+                    # read tasks and a sketch task, and no hand-over between them
+                    layer[(pname, i, c)] = (
+                        _read_block_task, (_unhold, rkey), tuple(roff[a : b + 1]),
+                        (coff[c], coff[c + 1]), a, c, *common, spill(i, c),
+                    )  # fmt: skip
+        return pname
+
+    def _spill_plan(
+        self, request: PassRequest, n_x_rows: int, one_part: bool
+    ) -> dict[str, list[str]]:
+        """Scratch files of the tall sketches when the pass tasks write them
+        themselves: with a scratch directory, when each X row block comes from
+        one pass task (no sum over column blocks), so no task per block is added."""
+        if self.scratch is None or not request.right or not one_part:
+            return {}
+        out = {}
+        for name, _ in request.right:
+            sname = _name(f"spill-{name}")
+            out[name] = [os.path.join(self.scratch, f"{sname}-{R}.npy") for R in range(n_x_rows)]
+        return out
 
     def sketch(self, request: PassRequest) -> dict[str, Any]:
         A = self.A
         tr = request.transpose
-        if request.local_qr and (A.numblocks[0] if tr else A.numblocks[1]) > 1:
-            # a row block of X that spans several chunks has its Y rows only after
+        nr, nc = A.numblocks
+        bands = _bands(A.chunks)
+        nb = len(bands)
+        if request.local_qr and (nb if tr else nc) > 1:
+            # a row block of X that spans several bands has its Y rows only after
             # the sum over them: no local QR, the post-processing runs TSQR instead
             request = dataclasses.replace(request, local_qr=())
         layer: dict[Any, Any] = {}
-        row_keys, col_keys = self._scale_keys(request, layer)
-        nr, nc = A.numblocks
-        roff, coff = _offsets(A.chunks[0]), _offsets(A.chunks[1])
-        pname = _name("partials")
+        rkey = None
         if self.reader is not None:
             rkey = _name("reader")
             layer[rkey] = _Holder(self.reader)
-        for r in range(nr):
-            for c in range(nc):
-                common = (request, row_keys.get(r), col_keys.get(c), f"chunk ({r}, {c})")
-                if self.reader is None:
-                    layer[(pname, r, c)] = (_block_task, (A.name, r, c), roff[r], coff[c], *common)
-                else:
-                    # the task reads its block itself: one task per chunk instead of
-                    # a read task and a sketch task, and no hand-over between them
-                    layer[(pname, r, c)] = (
-                        _read_block_task, (_unhold, rkey),
-                        (roff[r], roff[r + 1]), (coff[c], coff[c + 1]), *common,
-                    )
+        row_keys, col_keys = self._scale_keys(request, layer, bands, rkey)
+        brows = tuple(sum(A.chunks[0][a:b]) for a, b in bands)
         # X = A.T when transposed: X row block R is A column block R
-        x_row_chunks, x_col_chunks = (
-            (A.chunks[1], A.chunks[0]) if tr else (A.chunks[0], A.chunks[1])
+        x_row_chunks, x_col_chunks = (A.chunks[1], brows) if tr else (brows, A.chunks[1])
+        spilled = self._spill_plan(request, len(x_row_chunks), (nb if tr else nc) == 1)
+
+        def spill(i: int, c: int) -> tuple[str, ...] | None:
+            R = c if tr else i
+            return tuple(p[R] for p in spilled.values()) if spilled else None
+
+        pname = self._partial_tasks(
+            layer, request, bands, rkey, (row_keys, col_keys), spill
         )
 
         def parts_of_x_row(R: int) -> list[Any]:
             return [
                 (pname, c, R) if tr else (pname, R, c)
-                for c in range(nc if not tr else nr)
+                for c in range(nc if not tr else nb)
             ]
 
         # with a scratch directory, the left and two-sided trees read the chunk
@@ -439,9 +569,9 @@ class DaskSource:
         # soon as it has reached the scratch, not when the last sibling of its Z
         # leaf is done (in worker memory Y stays anyway: no extra tasks there)
         n_right = len(request.right)
-        if n_right and self.scratch is not None:
+        if n_right and self.scratch is not None and not spilled:
             sname = _name("partials-small")
-            for r in range(nr):
+            for r in range(nb):
                 for c in range(nc):
                     layer[(sname, r, c)] = (_drop_tall, (pname, r, c), n_right)
         else:
@@ -450,60 +580,52 @@ class DaskSource:
         def parts_of_x_col(C: int) -> list[Any]:
             return [
                 (sname, C, r) if tr else (sname, r, C)
-                for r in range(nr if not tr else nc)
+                for r in range(nb if not tr else nc)
             ]
 
-        out_names: dict[str, tuple[str, tuple[tuple[int, ...], tuple[int, ...]]]] = {}
-        index = 0
-        for name, op in request.right:
-            oname = _name(f"sketch-{name}")
-            for R in range(len(x_row_chunks)):
-                _tree(layer, oname, (oname, R, 0), parts_of_x_row(R), index)
-            out_names[name] = (oname, (tuple(x_row_chunks), (op.dim,)))
-            index += 1
-        for name, op in request.left:
-            oname = _name(f"sketch-{name}")
-            for C in range(len(x_col_chunks)):
-                _tree(layer, oname, (oname, 0, C), parts_of_x_col(C), index)
-            out_names[name] = (oname, ((op.dim,), tuple(x_col_chunks)))
-            index += 1
-        all_parts = [(sname, r, c) for r in range(nr) for c in range(nc)]
-        for name, s_op, t_op in request.two_sided:
-            oname = _name(f"sketch-{name}")
-            _tree(layer, oname, (oname, 0, 0), all_parts, index)
-            out_names[name] = (oname, ((s_op.dim,), (t_op.dim,)))
-            index += 1
-        for rname, _ in request.local_qr:
-            # one part per X row block: R_b blocks (small, gathered) and
-            # G_b^T Q_b blocks (v x t each, kept on the workers)
-            t = dict(request.right)[rname].dim
-            left_dim = dict(request.left)[dict(request.local_qr)[rname]].dim
-            heights = tuple(min(c, t) for c in x_row_chunks)
-            for suffix, rows in (("R", heights), ("left", (left_dim,) * len(heights))):
-                oname = _name(f"sketch-{rname}-{suffix}")
-                for R in range(len(x_row_chunks)):
-                    (part,) = parts_of_x_row(R)
-                    small = (sname, *part[1:])
-                    layer[(oname, R, 0)] = (operator.getitem, small, index)
-                chunks = (rows, (t,))
-                out_names[f"{rname}_{suffix}"] = (oname, chunks)
-                index += 1
+        rows = [parts_of_x_row(R) for R in range(len(x_row_chunks))]
+        cols = [parts_of_x_col(C) for C in range(len(x_col_chunks))]
+        all_parts = [(sname, r, c) for r in range(nb) for c in range(nc)]
+        out_names = _output_trees(
+            layer, request, rows, cols, all_parts, (x_row_chunks, x_col_chunks),
+            sname, bool(spilled),
+        )  # fmt: skip
+        if spilled and not (request.left or request.two_sided):
+            # nothing gathered depends on every pass task: a token that does
+            oname = _name("spilled")
+            layer[(oname, 0, 0)] = (_spilled, all_parts)
+            out_names["_spilled"] = (oname, ((1,), (1,)))
         self.n_tasks += len(layer)
         arrays = {}
         for name, (oname, chunks) in out_names.items():
             graph = HighLevelGraph.from_collections(oname, layer, dependencies=[A])
             arrays[name] = da.Array(graph, oname, chunks=chunks, dtype=np.float64)
         self.n_passes += 1
+        loaded = {
+            name: _load_array(spilled[name], (tuple(x_row_chunks), (op.dim,)))
+            for name, op in request.right
+            if spilled
+        }
+        result = self._finish_pass(request, arrays, f"pass over the input: {nr * nc} chunks")
+        result.pop("_spilled", None)
+        return {**loaded, **result}
+
+    def _finish_pass(
+        self, request: PassRequest, arrays: dict[str, da.Array], label: str
+    ) -> dict[str, Any]:
+        """Run a pass's outputs: tall ones kept, small ones gathered."""
         tall = {n for n, _ in request.right}
         for r, _ in request.local_qr:
             # the G_b^T Q_b blocks are gathered with Z when small (one round trip
             # fewer after the pass), kept on the workers when they grow with m
             if arrays[f"{r}_left"].nbytes > LOCAL_QR_GATHER_BYTES:
                 tall.add(f"{r}_left")
+            if arrays[f"{r}_R"].numblocks[0] > TSQR_GATHER_BLOCKS:
+                tall.update((f"{r}_R", f"{r}_left"))  # R_b reduced on the workers
         kept, gathered = self._run(
             {n: a for n, a in arrays.items() if n in tall},
             {n: a for n, a in arrays.items() if n not in tall},
-            f"pass over the input: {nr * nc} chunks",
+            label,
         )
         return {n: kept[n] if n in kept else gathered[n] for n in arrays}
 
@@ -533,11 +655,17 @@ class DaskSource:
         graph = HighLevelGraph.from_collections(qname, layer, dependencies=[Y])
         Q = da.Array(graph, qname, chunks=Y.chunks, dtype=np.float64)
         heights = tuple(min(h, t) for h in Y.chunks[0])
-        R = da.Array(graph, rname, chunks=(heights, (t,)), dtype=np.float64)
+        R = da.Array(
+            HighLevelGraph.from_collections(rname, layer, dependencies=[Y]),
+            rname, chunks=(heights, (t,)), dtype=np.float64,
+        )  # fmt: skip
+        tree = Y.numblocks[0] > TSQR_GATHER_BLOCKS
         kept, gathered = self._run(
-            {"Q": Q}, {"R": R}, "orthonormalising the range sketch (TSQR)"
+            {"Q": Q, "R": R} if tree else {"Q": Q},
+            {} if tree else {"R": R},
+            "orthonormalising the range sketch (TSQR)",
         )
-        blocks, R_final = _q2_blocks(kept["Q"], gathered["R"])
+        blocks, R_final = self._q2(kept["Q"], kept["R"] if tree else gathered["R"])
         Q_local = _LocalQ(kept["Q"], blocks)
         return (Q_local, R_final) if with_r else Q_local
 
@@ -551,13 +679,14 @@ class DaskSource:
         for r in range(blocks.numblocks[0]):
             where = (op, offs[r], offs[r + 1])
             layer[(lname, r)] = (
-                (_block_left_local, (blocks.name, r, 0), Q.blocks[r], *where)
+                (_block_left_local, (blocks.name, r, 0), _q2_ref(Q.blocks, r), *where)
                 if local
                 else (_block_left, (blocks.name, r, 0), *where)
             )
             leaves.append((lname, r))
         _tree(layer, oname, (oname, 0, 0), leaves, None)
-        graph = HighLevelGraph.from_collections(oname, layer, dependencies=[blocks])
+        deps = [blocks, *_q2_deps(Q.blocks)] if local else [blocks]
+        graph = HighLevelGraph.from_collections(oname, layer, dependencies=deps)
         total = da.Array(
             graph, oname, chunks=((op.dim,), (blocks.shape[1],)), dtype=np.float64
         )
@@ -590,25 +719,57 @@ class DaskSource:
         GQ : ndarray of shape (d, t)
         """
         t, nb = Q.shape[1], Q.numblocks[0]
-        blocks, _ = _q2_blocks(Q, R)
-        if isinstance(left, np.ndarray):
+        blocks, _ = self._q2(Q, R)
+        if isinstance(left, np.ndarray) and isinstance(blocks, list):
             d = left.shape[0] // nb
             GQ = np.zeros((d, t))
             for b in range(nb):  # fixed order: the same sum on every run
                 GQ += _block_left_combine(left[b * d : (b + 1) * d], blocks[b])
             return _LocalQ(Q, blocks), GQ
+        if isinstance(left, np.ndarray):
+            d = left.shape[0] // nb
+            left = da.from_array(left, chunks=((d,) * nb, (left.shape[1],)))
         lname, oname = _name("local-qr-left"), _name("local-qr-sum")
         layer: dict[Any, Any] = {}
         for b in range(nb):
-            layer[(lname, b)] = (_block_left_combine, (left.name, b, 0), blocks[b])
+            layer[(lname, b)] = (_block_left_combine, (left.name, b, 0), _q2_ref(blocks, b))
         _tree(layer, oname, (oname, 0, 0), [(lname, b) for b in range(nb)], None)
-        graph = HighLevelGraph.from_collections(oname, layer, dependencies=[left])
+        graph = HighLevelGraph.from_collections(
+            oname, layer, dependencies=[left, *_q2_deps(blocks)]
+        )
         d = left.chunks[0][0]
         total = da.Array(graph, oname, chunks=((d,), (t,)), dtype=np.float64)
         GQ = np.asarray(self.client.compute(total, sync=True))
         return _LocalQ(Q, blocks), GQ
 
+    def _q2(self, Q: da.Array, R: Any) -> tuple[Any, FloatArray]:
+        """Row blocks of ``Q2`` in ``[R_1; ...; R_B] = Q2 R`` and the final ``R``.
+
+        ``R`` gathered (numpy): factored here, the blocks are a list of arrays.
+        ``R`` kept on the workers (dask): reduced there in a tree, the blocks are
+        a persisted dask array (block b: ``Q2_b``), and only ``R`` is gathered.
+        """
+        if isinstance(R, np.ndarray):
+            return _q2_blocks(Q, R)
+        heights = tuple(min(c, int(Q.shape[1])) for c in Q.chunks[0])
+        if R.chunks[0] != heights:
+            R = R.rechunk({0: heights, 1: -1})
+        Q2, R_final = _q2_tree(R)
+        Q2, R_final = self.client.persist([Q2, R_final])  # one graph, one submission
+        (R_final,) = gather_blocks(self.client, [R_final], persisted=True)
+        return Q2, R_final
+
     def tall_matmul(self, Q: Any, M: FloatArray) -> da.Array:
+        if isinstance(Q, _LocalQ) and not isinstance(Q.blocks, list):
+            qname = _name("local-q-matmul")
+            layer = {
+                (qname, b, 0): (_block_local_q2, (Q.Q.name, b, 0), (Q.blocks.name, b, 0), M)
+                for b in range(Q.Q.numblocks[0])
+            }
+            graph = HighLevelGraph.from_collections(
+                qname, layer, dependencies=[Q.Q, Q.blocks]
+            )
+            return da.Array(graph, qname, chunks=(Q.Q.chunks[0], (M.shape[1],)), dtype=np.float64)
         if isinstance(Q, _LocalQ):
             qname = _name("local-q-matmul")
             layer = {
@@ -624,6 +785,59 @@ class DaskSource:
             dtype=np.float64,
             name=_name("matmul"),
         )
+
+
+def _output_trees(
+    layer: dict[Any, Any],
+    request: PassRequest,
+    rows: list[list[Any]],
+    cols: list[list[Any]],
+    all_parts: list[Any],
+    chunks: tuple[tuple[int, ...], tuple[int, ...]],
+    sname: str,
+    spilled: bool,
+) -> dict[str, tuple[str, tuple[tuple[int, ...], tuple[int, ...]]]]:
+    """The reduction trees of a pass: name -> (layer name, chunks) of each output.
+
+    ``rows[R]`` / ``cols[C]``: the pass tasks of X row block R / column block C
+    (``cols`` and ``all_parts`` without their tall entries); ``spilled``: the
+    tall sketches were written by the pass tasks (no tree for them).
+    """
+    x_row_chunks, x_col_chunks = chunks
+    out: dict[str, tuple[str, tuple[tuple[int, ...], tuple[int, ...]]]] = {}
+    index = 0
+    for name, op in request.right:
+        if not spilled:
+            oname = _name(f"sketch-{name}")
+            for R, parts in enumerate(rows):
+                _tree(layer, oname, (oname, R, 0), parts, index)
+            out[name] = (oname, (tuple(x_row_chunks), (op.dim,)))
+        index += 1
+    for name, op in request.left:
+        oname = _name(f"sketch-{name}")
+        for C, parts in enumerate(cols):
+            _tree(layer, oname, (oname, 0, C), parts, index)
+        out[name] = (oname, ((op.dim,), tuple(x_col_chunks)))
+        index += 1
+    for name, s_op, t_op in request.two_sided:
+        oname = _name(f"sketch-{name}")
+        _tree(layer, oname, (oname, 0, 0), all_parts, index)
+        out[name] = (oname, ((s_op.dim,), (t_op.dim,)))
+        index += 1
+    for rname, _ in request.local_qr:
+        # one part per X row block: R_b blocks (small, gathered) and
+        # G_b^T Q_b blocks (v x t each, kept on the workers)
+        t = dict(request.right)[rname].dim
+        left_dim = dict(request.left)[dict(request.local_qr)[rname]].dim
+        heights = tuple(min(c, t) for c in x_row_chunks)
+        for suffix, hs in (("R", heights), ("left", (left_dim,) * len(heights))):
+            oname = _name(f"sketch-{rname}-{suffix}")
+            for R, parts in enumerate(rows):
+                (part,) = parts
+                layer[(oname, R, 0)] = (operator.getitem, (sname, *part[1:]), index)
+            out[f"{rname}_{suffix}"] = (oname, (hs, (t,)))
+            index += 1
+    return out
 
 
 def _block_map_rows(
@@ -660,6 +874,84 @@ def _q2_blocks(Q: da.Array, R: FloatArray) -> tuple[list[FloatArray], FloatArray
     return blocks, R_final
 
 
+def _q2_ref(blocks: Any, b: int) -> Any:
+    """``Q2_b`` in a graph: the array itself, or the key of its block."""
+    return blocks[b] if isinstance(blocks, list) else (blocks.name, b, 0)
+
+
+def _q2_deps(blocks: Any) -> list[da.Array]:
+    return [] if isinstance(blocks, list) else [blocks]
+
+
+def _stack_qr(parts: list[Any]) -> tuple[FloatArray, FloatArray]:
+    """QR of the stacked R factors of one group of the tree."""
+    q, r = np.linalg.qr(np.concatenate([np.asarray(p, dtype=np.float64) for p in parts]))
+    return q, r
+
+
+def _q2_child(qr: tuple[FloatArray, FloatArray], start: int, stop: int, parent: Any) -> FloatArray:
+    """Rows ``start:stop`` of a group's ``Q``, times the group's own ``Q2`` block."""
+    q = qr[0][start:stop]
+    return np.ascontiguousarray(q if parent is None else q @ parent)
+
+
+def _q2_tree(R: da.Array) -> tuple[da.Array, da.Array]:
+    """TSQR of the stacked ``R_b`` as a tree on the workers.
+
+    Groups of :data:`SPLIT_EVERY` factors are stacked and factored, their R's
+    again, up to one root whose R is the final one. Going down, the ``Q2`` block
+    of a child is its rows of its group's Q times the group's own ``Q2`` block.
+    Fixed shape for a fixed blocking: the same result on any number of workers.
+    """
+    t = int(R.shape[1])
+    qname, rname, dname = _name("tsqr-node"), _name("tsqr-r"), _name("tsqr-q2")
+    layer: dict[Any, Any] = {}
+    level = [((R.name, b, 0), h) for b, h in enumerate(R.chunks[0])]
+    levels: list[list[tuple[Any, list[int]]]] = []  # per level: (node key, child heights)
+    depth = 0
+    while True:
+        groups = [level[i : i + SPLIT_EVERY] for i in range(0, len(level), SPLIT_EVERY)]
+        nodes, nxt = [], []
+        for g, grp in enumerate(groups):
+            key = (qname, depth, g)
+            layer[key] = (_stack_qr, [k for k, _ in grp])
+            layer[(rname, depth, g)] = (operator.getitem, key, 1)
+            nodes.append((key, [h for _, h in grp]))
+            nxt.append(((rname, depth, g), min(sum(h for _, h in grp), t)))
+        levels.append(nodes)
+        level, depth = nxt, depth + 1
+        if len(groups) == 1:
+            break
+    parents: list[Any] = [None]
+    for d in range(len(levels) - 1, -1, -1):
+        children = []
+        for (key, heights), parent in zip(levels[d], parents, strict=True):
+            offs = _offsets(heights)
+            for i in range(len(heights)):
+                ck = (dname, d, len(children))
+                layer[ck] = (_q2_child, key, offs[i], offs[i + 1], parent)
+                children.append(ck)
+        parents = children
+    cols = level[0][1]
+    out = _name("tsqr-q2-blocks")
+    for b, key in enumerate(parents):
+        layer[(out, b, 0)] = layer.pop(key)
+    root = (rname, len(levels) - 1, 0)
+    fname = _name("tsqr-r-final")
+    layer[(fname, 0, 0)] = (np.asarray, root)
+    graph = HighLevelGraph.from_collections(out, layer, dependencies=[R])
+    Q2 = da.Array(graph, out, chunks=(R.chunks[0], (cols,)), dtype=np.float64)
+    R_final = da.Array(graph, fname, chunks=((cols,), (t,)), dtype=np.float64)
+    return Q2, R_final
+
+
+def _block_local_q2(q: FloatArray, q2: FloatArray, M: FloatArray) -> FloatArray:
+    """Block b of ``Q M`` from ``Q_b`` and ``Q2_b`` (both on the worker)."""
+    if q.shape[0] < q.shape[1]:
+        return q2 @ M  # type: ignore[no-any-return]
+    return q @ (q2 @ M)  # type: ignore[no-any-return]
+
+
 def _block_matmul(q: FloatArray, M: FloatArray) -> FloatArray:
     return q @ M
 
@@ -684,7 +976,8 @@ class _LocalQ:
     """``Q = blockdiag(Q_b) [Q2_1; ...; Q2_B]`` of a local QR, kept factored."""
 
     Q: da.Array
-    blocks: list[FloatArray]
+    #: ``Q2_b`` per block: numpy arrays, or a dask array with one block per b
+    blocks: Any
 
 
 __all__ = ["SPLIT_EVERY", "DaskSource", "gather_blocks"]

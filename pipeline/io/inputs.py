@@ -53,14 +53,21 @@ def _check_array_meta(shape: tuple[int, ...], dtype: Any, what: str) -> None:
 
 
 def _open_zarr(path: str) -> zarr.Array:
-    if not os.path.exists(path):
+    from pipeline.io import objectstore
+
+    store: Any = path
+    if objectstore.is_url(path):
+        if not objectstore.url_exists(path, what="input store"):
+            raise StoreLayoutError(f"input store {path!r} does not exist.")
+        store = objectstore.open_store(path, read_only=True, what="input store")
+    elif not os.path.exists(path):
         raise StoreLayoutError(f"input store {path!r} does not exist.")
     # zarr warns (with a source line on stderr) about stray entries, e.g. chunk
     # directories under a group; the refusal below is the one line a user sees
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            node = zarr.open(store=path, mode="r")
+            node = zarr.open(store=store, mode="r")
         except Exception as exc:  # noqa: BLE001 - zarr raises many types for a non-store
             raise StoreLayoutError(
                 f"{path!r} is not a readable Zarr store ({type(exc).__name__})."

@@ -108,6 +108,10 @@ def input_fingerprint(path: str | None) -> str | None:
     """
     if path is None:
         return None
+    from pipeline.io import objectstore
+
+    if objectstore.is_url(path):
+        return objectstore.url_fingerprint(path)
     h = hashlib.sha256()
     for root, dirs, files in os.walk(path):
         dirs.sort()

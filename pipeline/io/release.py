@@ -33,7 +33,19 @@ def check_output_path(
         If ``out`` exists and ``overwrite`` is false, its directory is missing or
         not writable, or it is one of the inputs.
     """
+    from pipeline.io import objectstore
+
     out = os.fspath(out)
+    if objectstore.is_url(out):
+        if any(p is not None and p.rstrip("/") == out.rstrip("/") for p in inputs):
+            raise StoreLayoutError(
+                f"the output {out!r} is the input store; choose another path."
+            )
+        if objectstore.url_exists(out, what="output") and not overwrite:
+            raise StoreLayoutError(
+                f"the output {out!r} already exists; pass --overwrite (overwrite=True) to replace it."
+            )
+        return out
     parent = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(parent):
         raise StoreLayoutError(f"the directory of the output {out!r} does not exist.")
@@ -110,7 +122,11 @@ def write_group(
     never a group at ``out`` that looks complete. ``before_publish`` is called
     when the temporary group is complete, just before the rename.
     """
+    from pipeline.io import objectstore
+
     out = os.fspath(out)
+    if objectstore.is_url(out):
+        return _write_group_url(out, arrays, report, overwrite, client, before_publish)
     parent, base = os.path.split(os.path.abspath(out))
     tmp = os.path.join(parent, f".{base}.tmp-{uuid.uuid4().hex}")
     try:
@@ -140,15 +156,69 @@ def write_group(
     return out
 
 
+def _write_group_url(
+    out: str,
+    arrays: dict[str, Any],
+    report: dict[str, Any],
+    overwrite: bool,
+    client: Any,
+    before_publish: Callable[[], None] | None,
+) -> str:
+    """:func:`write_group` to object storage: the arrays first, the report last.
+
+    No rename there: the release is published by the last PUT, the root
+    group's metadata with the report; a reader refuses a group without it.
+    """
+    from pipeline.io import objectstore
+
+    if objectstore.url_exists(out, what="output"):
+        if not overwrite:
+            raise StoreLayoutError(
+                f"the output {out!r} appeared while the job ran; nothing was replaced."
+            )
+        objectstore.remove_url(out)
+    store = objectstore.open_store(out, read_only=False, what="output")
+    group = zarr.open_group(store=store, mode="w-", zarr_format=3)
+    for name, x in arrays.items():
+        _write_array(group, name, x, client)
+    body = json.loads(json.dumps(report))
+    if before_publish is not None:
+        before_publish()
+    group.attrs["report"] = body
+    return out
+
+
+def _open_release(path: str) -> zarr.Group:
+    """The group at ``path`` (a directory or an object-store URL), read-only."""
+    from pipeline.io import objectstore
+
+    if objectstore.is_url(path):
+        if not objectstore.url_exists(path, what="release"):
+            raise StoreLayoutError(f"release {path!r} does not exist.")
+        store = objectstore.open_store(path, read_only=True, what="release")
+        return zarr.open_group(store=store, mode="r")
+    if not os.path.isdir(path):
+        raise StoreLayoutError(f"release {path!r} does not exist.")
+    return zarr.open_group(store=path, mode="r")
+
+
+def release_exists(path: str | os.PathLike[str]) -> bool:
+    """True if a release group (complete or not) exists at ``path``."""
+    from pipeline.io import objectstore
+
+    path = os.fspath(path)
+    if objectstore.is_url(path):
+        return objectstore.url_exists(path, what="release")
+    return os.path.isdir(path)
+
+
 def read_group(
     path: str | os.PathLike[str], names: tuple[str, ...]
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Arrays ``names`` and the report of a group written by :func:`write_group`."""
     path = os.fspath(path)
-    if not os.path.isdir(path):
-        raise StoreLayoutError(f"release {path!r} does not exist.")
     try:
-        g = zarr.open_group(store=path, mode="r")
+        g = _open_release(path)
         return {n: np.asarray(g[n][...]) for n in names}, dict(g.attrs["report"])
     except (KeyError, FileNotFoundError) as exc:
         raise StoreLayoutError(
@@ -156,17 +226,101 @@ def read_group(
         ) from None
 
 
-def read_release(path: str | os.PathLike[str]) -> Factorization:
-    """Read a release written by :func:`write_release` into memory."""
+class StoredArray(np.lib.mixins.NDArrayOperatorsMixin):
+    """A released array read from its store only when asked.
+
+    ``shape``, ``dtype`` and ``ndim`` come from the metadata; indexing reads the
+    selected chunks only; ``np.asarray``, numpy functions and operators read the
+    whole array (so ``np.asarray(f.U)``, ``f.U.T @ f.U`` or ``f.U[:, 0]`` work
+    as on numpy). Any other ndarray attribute is that of the loaded array.
+    """
+
+    __slots__ = ("_z",)
+
+    def __init__(self, z: Any) -> None:
+        self._z = z
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(int(s) for s in self._z.shape)
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return np.dtype(self._z.dtype)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def zarr(self) -> Any:
+        """The underlying zarr array (read-only)."""
+        return self._z
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        return f"StoredArray(shape={self.shape}, dtype={self.dtype})"
+
+    def __getitem__(self, key: Any) -> Any:
+        return np.asarray(self._z[key])
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        a = np.asarray(self._z[...])
+        return a if dtype is None else a.astype(dtype, copy=False)
+
+    @staticmethod
+    def _loaded(x: Any) -> Any:
+        if isinstance(x, StoredArray):
+            return np.asarray(x)
+        if isinstance(x, (list, tuple)):
+            return type(x)(StoredArray._loaded(v) for v in x)
+        return x
+
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kw: Any) -> Any:
+        inputs = tuple(self._loaded(x) for x in inputs)
+        if "out" in kw:
+            kw["out"] = self._loaded(kw["out"])
+        return getattr(ufunc, method)(*inputs, **kw)
+
+    def __array_function__(
+        self, func: Any, types: Any, args: Any, kwargs: dict[str, Any]
+    ) -> Any:
+        args = self._loaded(args)
+        kwargs = {k: self._loaded(v) for k, v in kwargs.items()}
+        return func(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(np.asarray(self), name)
+
+
+def read_release(path: str | os.PathLike[str], *, load: bool = True) -> Factorization:
+    """Read a release written by :func:`write_release`.
+
+    With ``load=False``, ``U`` and ``V`` are :class:`StoredArray` views of the
+    store, read only when asked (nothing of size ``n_rows`` enters memory).
+    """
     path = os.fspath(path)
-    if not os.path.isdir(path):
-        raise StoreLayoutError(f"release {path!r} does not exist.")
-    g = zarr.open_group(store=path, mode="r")
+    g = _open_release(path)
+    def tall(z: Any) -> Any:
+        return np.asarray(z[...]) if load else StoredArray(z)
+
     try:
         return Factorization(
-            U=np.asarray(g["U"][...]),
+            U=tall(g["U"]),
             S=np.asarray(g["S"][...]),
-            V=np.asarray(g["V"][...]),
+            V=tall(g["V"]),
             report=dict(g.attrs["report"]),
         )
     except KeyError as exc:

@@ -112,7 +112,12 @@ class StreamStore:
         ------
         StoreLayoutError
             If ``path`` exists, or its parent directory does not.
+        InvalidParameterError
+            If ``path`` is an object-store URL (a state needs atomic renames).
         """
+        from pipeline.io.objectstore import refuse_url
+
+        refuse_url(os.fspath(path), "stream state")
         path = os.path.abspath(os.fspath(path))
         parent, base = os.path.split(path)
         if os.path.lexists(path):
@@ -151,7 +156,12 @@ class StreamStore:
         StoreLayoutError
             If ``path`` is not a dplr stream state, or one of another format
             version (the message names both versions).
+        InvalidParameterError
+            If ``path`` is an object-store URL (a state needs atomic renames).
         """
+        from pipeline.io.objectstore import refuse_url
+
+        refuse_url(os.fspath(path), "stream state")
         path = os.path.abspath(os.fspath(path))
         meta = os.path.join(path, "zarr.json")
         try:

@@ -230,6 +230,8 @@ def test_non_private_release_same_with_and_without_the_local_qr(
 
     if gather_bytes is not None:
         monkeypatch.setattr(source_module, "LOCAL_QR_GATHER_BYTES", gather_bytes)
+    # one store chunk per pass task (no banding), so that row-bands has 7 row blocks
+    monkeypatch.setattr(source_module, "BAND_BYTES", 1)
     A, paths = stores
     reference = factorize(A, RANK, private=False, seed=SKETCH_SEED, operator=operator)
     assert reference.report["parameters"]["operator"] == operator

@@ -48,6 +48,15 @@ from pipeline.mechanisms.noise import NoiseKey
 
 pytestmark = pytest.mark.distributed
 
+
+@pytest.fixture(autouse=True)
+def _one_chunk_per_task(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One store chunk per pass task (no banding): the layouts here are about
+    how many blocks the tall objects and the trees have."""
+    import pipeline.execution.pca as module
+
+    monkeypatch.setattr(module, "BAND_BYTES", 1)
+
 M, N, RANK, T = 400, 12, 3, 3
 NOISE_SEED = 7
 # epsilon 1 is a realistic budget; R = 0.02 is below the cap 1/sqrt(gamma) that the

@@ -35,6 +35,17 @@ from pipeline.io import read_release
 
 pytestmark = pytest.mark.distributed
 
+
+@pytest.fixture(autouse=True)
+def _one_chunk_per_task(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One store chunk per pass task (no banding): the layouts here are about
+    how many blocks the tall objects and the trees have. Not where the reference
+    is compared with a ``dplr`` subprocess, which bands as by default."""
+    import pipeline.execution.source as module
+
+    if "sigkilled" not in request.node.name:
+        monkeypatch.setattr(module, "BAND_BYTES", 1)
+
 M, N, RANK = 400, 150, 5
 SKETCH_SEED, NOISE_SEED = 20240611, 7
 # whole-width row bands (the non-private pass starts the TSQR in each chunk) and
