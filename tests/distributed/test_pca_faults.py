@@ -109,6 +109,16 @@ class _StepLog(io.TextIOBase):
             return next((n for s, n in self.events if text in s), None)
 
 
+@pytest.fixture
+def _one_chunk_per_task(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One store chunk per pass task (no banding): the kill is placed by counting
+    the chunks the power pass has read."""
+    import pipeline.execution.pca as module
+
+    monkeypatch.setattr(module, "BAND_BYTES", 1)
+
+
+@pytest.mark.usefixtures("_one_chunk_per_task")
 @pytest.mark.timeout(240)
 def test_worker_killed_mid_power_pass_gives_the_undisturbed_release(
     client: Client, tmp_path: Path, global_seed: int

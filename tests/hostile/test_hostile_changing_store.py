@@ -111,6 +111,7 @@ def test_release_of_a_store_rewritten_mid_read(
         "clip_norm": 0.5,
         "seed": 11,
         "insecure_noise_seed": 12,
+        "algorithm": "spectral",  # one pass: each row block is read once
     }
     with (
         LocalCluster(
@@ -174,6 +175,7 @@ def test_rows_spanning_column_chunks_are_clipped_not_zeroed(
         "clip_norm": 0.5,
         "seed": 11,
         "insecure_noise_seed": 12,
+        "algorithm": "spectral",  # one pass: each row block is read once
     }
     with (
         LocalCluster(
