@@ -13,7 +13,7 @@ process is the client alone: the workers are not its children. The peak RSS is
 the kernel's high-water mark ``VmHWM`` of that process (``/proc/PID/status``),
 polled every 20 ms until it exits; the release ``OUT`` is written every time.
 
-Criterion (issue: client memory independent of m): the peak at the largest m
+Criterion (client memory independent of m): the peak at the largest m
 is less than 1.10x the peak at the smallest.
 """
 

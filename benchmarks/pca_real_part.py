@@ -15,7 +15,7 @@ median over noise seeds of ``sin theta_max(X, V_k)`` of:
   ``diffprivlib`` part): as shipped, the sampler did not return within 8 minutes on
   the 10-pixel digits at epsilon = 2.
 
-Acceptance (issue 15), computed per dataset and epsilon: ``auto <= 1.1 min(ag, power)``,
+Targets, computed per dataset and epsilon: ``auto <= 1.1 min(ag, power)``,
 ``auto <= diffprivlib`` where it runs, ``select <= 1.5 min(ag, power)`` (its fixed
 candidates). Noise comes from ``insecure_noise_seed`` (reproducible runs; not private).
 """
@@ -145,7 +145,7 @@ def markdown(res: dict[str, Any], command: str) -> str:
         )
     lines += [
         "",
-        "Acceptance (issue 15): auto ≤ 1.1 x the better of Analyze Gauss and the power method at",
+        "Targets: auto ≤ 1.1 x the better of Analyze Gauss and the power method at",
         "the auto rule's (T, R); auto ≤ diffprivlib where it runs (d ≤ 10); select ≤ 1.5 x the",
         f"better of its fixed candidates. All met: **{res['all_accepted']}**.",
         "",

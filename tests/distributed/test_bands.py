@@ -1,4 +1,4 @@
-"""About one task per chunk (issue 16): a pass task reads a row band of several
+"""About one task per chunk: a pass task reads a row band of several
 chunks and returns one summed partial; the trees scale with bands, not chunks.
 
 Banding changes only the order in which the per-chunk contributions are summed,
@@ -32,7 +32,7 @@ PRIVACY = {"epsilon": 1.0, "delta": 1e-6, "insecure_noise_seed": NOISE_SEED}
 # amplified by the QR/core solve and 1/gap of the truncation; measured there at
 # <= 7e-14, while a chunk-dependent operator or noise moves the release at O(1)
 RTOL_CHUNKING = 1e-10
-# issue 16 acceptance: graph tasks per input chunk of one pass
+# the target: graph tasks per input chunk of one pass
 MAX_TASKS_PER_CHUNK = 1.2
 
 

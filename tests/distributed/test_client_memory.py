@@ -1,4 +1,4 @@
-"""Nothing of size n_rows on the client (issue 16, client memory).
+"""Nothing of size n_rows on the client (client memory).
 
 * ``factorize(out=...)`` returns U and V backed by the published store, read only
   when asked, and the ``dplr factorize`` command never reads U back;

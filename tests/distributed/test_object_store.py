@@ -1,4 +1,4 @@
-"""Zarr stores in S3-compatible object storage (issue 16).
+"""Zarr stores in S3-compatible object storage.
 
 A real S3 server process (``moto`` in server mode) runs on loopback for the
 module, with credentials enforced: an IAM user's key is made while the server

@@ -1,6 +1,6 @@
 """The ledger holds privacy contracts: every release is read at the ledger's unit and relation.
 
-The epsilons of issue 13, finding 3, are recomputed here independently of the
+The epsilons of the mixed-contract examples are recomputed here independently of the
 ledger's code: by the textbook mu-GDP profile [DRS22, Cor. 2.13] evaluated with
 scipy.stats and solved with brentq, and by dp_accounting's PLD accountant, whose
 ``NeighboringRelation`` models the relation itself (a ``GaussianDpEvent``'s
@@ -136,7 +136,7 @@ def path(tmp_path: pathlib.Path) -> pathlib.Path:
     return tmp_path / "d.dplr-ledger.json"
 
 
-# -- issue 13, finding 3 (a): add/remove and replace releases under replace -----------
+# -- (a) add/remove and replace releases under replace -----------
 def test_add_remove_plus_replace_is_refused_on_a_replace_ledger(
     path: pathlib.Path,
 ) -> None:
@@ -210,7 +210,7 @@ def test_contract_blind_composition_understates_the_replace_reading(
     np.testing.assert_allclose(led.spent()[0], true_eps, rtol=1e-6)
 
 
-# -- issue 13, finding 3 (b): an entry-unit and a row-unit release read at row level ----
+# -- (b) an entry-unit and a row-unit release read at row level ----
 def test_entry_plus_row_release_read_at_row_level(path: pathlib.Path) -> None:
     n_cols = 100
     # The row sensitivity of the entry-clipped matrix, measured: a row of hostile

@@ -1,6 +1,6 @@
 """A public sketch seed: the noise covers the worst case of the actual operators.
 
-Finding 2 of issue 13 (spec private-lrf-2 section 3). With the seed known, an
+Spec private-lrf-2 section 3. With the seed known, an
 adversary picks the neighbouring pair after seeing ``Phi`` and ``S``: a row change
 ``da`` along the top left-singular direction of ``Phi`` moves ``Y = X Phi`` by
 ``||Phi||_2 ||da||``, and at the row whose column of ``S`` is the longest it moves
@@ -133,7 +133,7 @@ def realised_epsilon(plan: LrfPlan, seed: int, A: np.ndarray, A2: np.ndarray, de
 # -- (1) the issue's numbers, and the new calibration ---------------------------
 
 
-def test_issue_example_old_calibration_is_2_7_dp_new_is_1_dp() -> None:
+def test_tail_bound_calibration_of_a_public_seed_is_2_7_dp_worst_case_is_1_dp() -> None:
     # the issue's release as it was: Gaussian S, the sizes and the even split of then
     then = _params(operator="gaussian", sketch_size=40, core_size=160, range_weight=0.5)
     old = plan_lrf(then, ISSUE_SHAPE)

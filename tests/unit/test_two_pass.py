@@ -272,7 +272,7 @@ def _strong_low_rank(m: int, n: int, k: int, seed: int) -> np.ndarray:
 def test_utility_is_within_1_15_of_the_full_gaussian_mechanism() -> None:
     """Median over 5 noise draws of the additive spectral error, entry unit, C = 1.
 
-    Tolerance 1.15: the acceptance bound of issue 14 for the two-pass algorithm
+    Tolerance 1.15: the target bound for the two-pass algorithm
     (spec private-lrf-2 section 6 measured 1.03-1.10 for w_Z in 0.1-0.2).
     Measured here 0.89 at epsilon 2 (the full GM error, 122, is below
     sigma_1 = 202); at epsilon 4 and 8 this case gives 1.12 and 1.19
