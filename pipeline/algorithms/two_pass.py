@@ -86,7 +86,7 @@ from pipeline.accounting.calibration import (
     calibrate_release,
 )
 from pipeline.algorithms.base import Factorization, MatrixSource
-from pipeline.algorithms.lrf import Algorithm, LrfParams, seed_fingerprint
+from pipeline.algorithms.lrf import Algorithm, LrfParams, _row_noise, seed_fingerprint
 from pipeline.errors import InvalidParameterError
 from pipeline.linalg.core import sign_convention
 from pipeline.mechanisms.clipping import PrivacyUnit
@@ -332,14 +332,6 @@ def _noise(plan: TwoPassPlan, key: NoiseKey | None, name: str, code: NoiseCode, 
         key=key.derive(int(code)), sigma=plan.sigma(name), length=length, dim=dim,
         tile_size=plan.params.tile_size,
     )  # fmt: skip
-
-
-def _row_noise(noise: GaussianNoise, source: MatrixSource) -> Callable[[int, FloatArray], FloatArray]:
-    """The row-block noise map of ``Y``, its key sealed for the source's tasks."""
-    seal = getattr(source, "seal", None)
-    if seal is None:
-        return noise.add_to_block
-    return dataclasses.replace(noise, key=seal(noise.key)).add_to_block
 
 
 def run_two_pass(
