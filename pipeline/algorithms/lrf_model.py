@@ -34,7 +34,8 @@ full GM::
 
 The simulations: a strong rank-5 signal (random sign factors, sigma 1 to 0.4)
 plus a uniform tail, scaled to entries in [-1, 1], unit entry, k = 5, delta =
-1e-6, median of 3 noise draws; docs/algorithms.md "Error model and budget
+1e-6, median of 3 noise draws; ``python benchmarks/lrf_model_fit.py`` reruns
+them next to this model's ratios, docs/algorithms.md "Error model and budget
 split" has the tables, and ``benchmarks/bench_utility.py`` measures the result.
 
 The model leaves out the sketch's own approximation error (the part of the
