@@ -2,7 +2,7 @@
 
 An algorithm never sees ``A`` itself: it asks a :class:`MatrixSource` for one pass
 of exact sketches (:class:`~pipeline.sketches.apply.PassRequest`) and then works on
-*tall* arrays (size growing with the number of rows) only through four operations
+*tall* arrays (size growing with the number of rows) only through a few operations
 that a distributed source runs where the rows live. Everything else is small and
 dense on the client.
 """
@@ -36,6 +36,13 @@ class MatrixSource(Protocol):
 
     def tall_map_rows(self, Y: Any, fn: RowBlockFn) -> Any:
         """``fn`` applied to every row block of the tall ``Y`` (e.g. add noise)."""
+
+    def tall_noise_gram(
+        self, Y: Any, fn: RowBlockFn, op: SketchOperator | None
+    ) -> tuple[Any, FloatArray, FloatArray | None]:
+        """``Y' = fn(Y)`` row block by row block (its noise), kept tall, with
+        ``Y'^T Y'`` (t, t) and ``G^T Y'`` (d, t), ``G`` = ``op`` along Y's rows
+        (None when ``op`` is), summed over the blocks in the same step."""
 
     def tall_qr(self, Y: Any, *, with_r: bool = False) -> Any:
         """Orthonormal ``Q`` (tall) with the column space of ``Y`` (TSQR); with
@@ -104,6 +111,12 @@ class ArraySource:
 
     def tall_map_rows(self, Y: FloatArray, fn: RowBlockFn) -> FloatArray:
         return fn(0, Y)
+
+    def tall_noise_gram(
+        self, Y: FloatArray, fn: RowBlockFn, op: SketchOperator | None
+    ) -> tuple[FloatArray, FloatArray, FloatArray | None]:
+        Y = fn(0, Y)
+        return Y, Y.T @ Y, None if op is None else op.left(Y, 0, op.length)
 
     def tall_qr(self, Y: FloatArray, *, with_r: bool = False) -> Any:
         if with_r:

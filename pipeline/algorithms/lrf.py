@@ -62,7 +62,7 @@ from pipeline.accounting.calibration import (
 )
 from pipeline.algorithms.base import Factorization, MatrixSource
 from pipeline.errors import InvalidParameterError, PrivacyConfigError
-from pipeline.linalg.core import core_one_sided, core_two_sided, orth, sign_convention
+from pipeline.linalg.core import core_one_sided, core_two_sided, one_blas_thread, orth, sign_convention
 from pipeline.mechanisms.clipping import ClipSpec, Neighboring, PrivacyUnit
 from pipeline.mechanisms.noise import GaussianNoise, NoiseCode, NoiseKey
 from pipeline.sketches.apply import PassRequest
@@ -818,10 +818,9 @@ def run_lrf(
     if before_noise is not None:
         before_noise()
     ops = _operators(plan, root)
-    if plan.params.algorithm is Algorithm.SPECTRAL:
-        Ux, s, Vx = _spectral_post(source, plan, exact, ops, noise_key)
-    else:
-        Ux, s, Vx = _low_space_post(source, plan, exact, ops, noise_key)
+    post = _spectral_post if plan.params.algorithm is Algorithm.SPECTRAL else _low_space_post
+    with one_blas_thread():  # the same bits on any client
+        Ux, s, Vx = post(source, plan, exact, ops, noise_key)
     U, V = (Vx, Ux) if plan.transpose else (Ux, Vx)
     return Factorization(U=U, S=s, V=V)
 
@@ -848,22 +847,16 @@ def _spectral_post(source: MatrixSource, plan: LrfPlan, exact: dict[str, Any], o
     # pop: the noise-free sketches must not outlive the noisy ones (memory, and they
     # are as sensitive as the data)
     Y, Z = exact.pop("Y"), exact.pop("Z")
-    ny = _noise(plan, key, "Y", NoiseCode.Y, M, plan.t)
+    ny = _noise(plan, key, "Y", NoiseCode.Y, M, plan.t)  # [Upa18, Fig. 1, step 3]: Y = A Phi + N_1
     nz = _noise(plan, key, "Z", NoiseCode.Z, N, plan.v)
-    if ny is not None and nz is not None:
-        Y = source.tall_map_rows(Y, _row_noise(ny, source))  # [Upa18, Fig. 1, step 3]: Y = A Phi + N_1
+    if nz is not None:
         Z = Z + nz.dense().T  # Z = S A + N_2, noise tiled along the columns of Z
-    B = None  # the denoised basis is Q B, B (t, k') [private-lrf-2, 4]
     if "Y_R" in exact:
         # non-private pass that began the TSQR per block: finish it [spec 3.2, F1]
         Q, SQ = source.finish_local_qr(Y, exact.pop("Y_R"), exact.pop("Y_left"))
-    elif plan.basis_rank is None:
-        Q = source.tall_qr(Y)  # [spec 3.2, F1]
-        SQ = source.tall_left_sketch(Q, ops["S"])  # v x t, summed over row blocks [spec 6.1]
+        B = None
     else:
-        Q, R = source.tall_qr(Y, with_r=True)
-        B = top_singular_vectors(R, plan.basis_rank)
-        SQ = source.tall_left_sketch(Q, ops["S"]) @ B
+        Q, SQ, B = _range_basis(source, plan, Y, ops["S"], ny)
     del Y  # on a cluster the noisy Y may be freed (or unspilled) as soon as Q exists
     W, s, Vx = core_one_sided(SQ, Z, plan.params.rank)  # [spec 3.2, F2]
     signs = sign_convention(Vx)
@@ -875,28 +868,23 @@ def _low_space_post(source: MatrixSource, plan: LrfPlan, exact: dict[str, Any], 
     M, N = plan.oriented_shape
     k, padded = plan.params.rank, plan.params.padded
     Yc, Yr, Z = exact.pop("Yc"), exact.pop("Yr"), exact.pop("Z")
+    # [spec 3.3, R1]: explicit noise on Y_c is the paper's sigma_min Phi_bot padding
+    # with a SECRET Phi_bot; a public one would leave Y_c noise-free
     nc = _noise(plan, key, "Yc", NoiseCode.Y_C, M, plan.t)
     nr = _noise(plan, key, "Yr", NoiseCode.Y_R, N, plan.t)
     nz = _noise(plan, key, "Z", NoiseCode.Z_CORE, plan.v, plan.v)
     T = ops["T"].dense()  # N x v, regenerated on the client (O(N v))
-    if nc is not None and nr is not None and nz is not None:
-        # [spec 3.3, R1]: explicit noise on Y_c is the paper's sigma_min Phi_bot padding
-        # with a SECRET Phi_bot; a public one would leave Y_c noise-free
-        Yc = source.tall_map_rows(Yc, _row_noise(nc, source))
+    if nr is not None and nz is not None:
         Yr = Yr + nr.dense().T
         Z = Z + nz.dense()
     if padded:
         Yr, Z, T = _pad(plan, Yr, Z, T, ops, key)
-    if plan.basis_rank is None:
-        U, B = source.tall_qr(Yc), None  # [spec 3.3, F1]
-        V = orth(Yr.T)
-        SU = source.tall_left_sketch(U, ops["S"])
-    else:  # denoised bases: the top k' singular vectors [private-lrf-2, 4]
-        U, R = source.tall_qr(Yc, with_r=True)
-        B = top_singular_vectors(R, plan.basis_rank)
-        V = top_singular_vectors(Yr.T, plan.basis_rank)
-        SU = source.tall_left_sketch(U, ops["S"]) @ B
+    U, SU, B = _range_basis(source, plan, Yc, ops["S"], nc)  # [spec 3.3, F1]
     del Yc
+    if plan.basis_rank is None:
+        V = orth(Yr.T)
+    else:  # denoised bases: the top k' singular vectors [private-lrf-2, 4]
+        V = top_singular_vectors(Yr.T, plan.basis_rank)
     WL, s, WR = core_two_sided(SU, T.T @ V, Z, k)  # [spec 3.3, F2]
     Vx = V @ WR
     if padded:
@@ -907,6 +895,76 @@ def _low_space_post(source: MatrixSource, plan: LrfPlan, exact: dict[str, Any], 
     signs = sign_convention(Vx)
     WL = WL * signs if B is None else B @ (WL * signs)
     return source.tall_matmul(U, WL), s, Vx * signs
+
+
+#: Smallest ratio ``lambda_r / lambda_1`` of the Gram matrix of a noisy range
+#: sketch from which its basis is taken (see :func:`gram_basis`); below it the
+#: basis is orthonormalised by TSQR instead.
+GRAM_MIN_RATIO = 1e-8
+
+
+def _range_basis(source: MatrixSource, plan: LrfPlan, Y: Any, S: SketchOperator, noise: GaussianNoise | None) -> tuple[Any, FloatArray, FloatArray | None]:
+    """The range basis of the tall ``Y``, after its noise: ``(Q, S^T Q B, B)``.
+
+    The basis is ``Q B`` (``B`` None: ``Q`` itself) and is orthonormal: the top
+    ``plan.basis_rank`` left singular vectors of ``Y`` (its whole range when that
+    is None) [private-lrf-2, 4]. A private ``Y`` gets its noise, its Gram matrix
+    and ``S^T Y`` in one step over its blocks; ``B`` then comes from the Gram
+    matrix (:func:`gram_basis`) and ``Q`` is the noisy ``Y`` itself, so no TSQR
+    runs. The noise bounds the condition number of ``Y`` from above; if it is
+    still too large for the Gram matrix, TSQR on the noisy ``Y`` takes over.
+    """
+    if noise is not None:
+        Y, gram, SY = source.tall_noise_gram(Y, _row_noise(noise, source), S)
+        B = gram_basis(gram, plan.basis_rank)
+        if B is not None:
+            return Y, SY @ B, B
+    if plan.basis_rank is None:
+        Q = source.tall_qr(Y)  # [spec 3.2, F1]
+        return Q, source.tall_left_sketch(Q, S), None  # v x t, summed over row blocks
+    Q, R = source.tall_qr(Y, with_r=True)
+    B = top_singular_vectors(R, plan.basis_rank)
+    return Q, source.tall_left_sketch(Q, S) @ B, B
+
+
+def gram_basis(gram: FloatArray, rank: int | None) -> FloatArray | None:
+    """``B`` (t, r) such that ``Y B`` holds the top ``r`` left singular vectors of
+    ``Y``, from ``gram = Y^T Y`` (post-processing); None when ill-conditioned.
+
+    The first factor of :func:`gram_svd`.
+
+    Examples
+    --------
+    >>> Y = np.random.default_rng(0).standard_normal((50, 4))
+    >>> B = gram_basis(Y.T @ Y, 2)
+    >>> np.allclose((Y @ B).T @ (Y @ B), np.eye(2))
+    True
+    >>> gram_basis(np.diag([1.0, 1e-12]), None) is None
+    True
+    """
+    svd = gram_svd(gram, rank)
+    return None if svd is None else svd[0]
+
+
+def gram_svd(gram: FloatArray, rank: int | None) -> tuple[FloatArray, FloatArray, FloatArray] | None:
+    """The top ``r`` singular triplets of a tall ``Y`` from ``gram = Y^T Y``.
+
+    With ``Y^T Y = W diag(s^2) W^T``, ``Y = (Y B) diag(s) W^T`` where ``B = W
+    diag(1/s)``: returns ``(B, s, W)`` for the top ``r`` (all t when ``rank`` is
+    None), so the left singular vectors ``Y B`` are formed where ``Y`` lives.
+    They are orthonormal up to about ``eps * s_1^2 / s_r^2``; None when
+    ``s_r^2 < GRAM_MIN_RATIO * s_1^2`` (the caller then runs TSQR). A noisy
+    sketch is far from that: its noise puts every singular value near or above
+    ``sigma sqrt(rows)``.
+    """
+    lam, W = np.linalg.eigh(gram)
+    lam, W = lam[::-1], W[:, ::-1]
+    r = gram.shape[0] if rank is None else rank
+    if not lam[r - 1] > GRAM_MIN_RATIO * lam[0]:
+        return None
+    s = np.sqrt(lam[:r])
+    W = np.ascontiguousarray(W[:, :r])
+    return W / s, s, W
 
 
 def top_singular_vectors(Y: FloatArray, rank: int) -> FloatArray:

@@ -86,9 +86,9 @@ from pipeline.accounting.calibration import (
     calibrate_release,
 )
 from pipeline.algorithms.base import Factorization, MatrixSource
-from pipeline.algorithms.lrf import Algorithm, LrfParams, _row_noise, seed_fingerprint
+from pipeline.algorithms.lrf import Algorithm, LrfParams, _row_noise, gram_svd, seed_fingerprint
 from pipeline.errors import InvalidParameterError
-from pipeline.linalg.core import sign_convention
+from pipeline.linalg.core import one_blas_thread, sign_convention
 from pipeline.mechanisms.clipping import PrivacyUnit
 from pipeline.mechanisms.noise import GaussianNoise, NoiseCode, NoiseKey
 from pipeline.sketches.apply import PassRequest
@@ -401,7 +401,8 @@ def run_two_pass(
         # (and so validated) the data and before any noise exists, as a
         # one-pass release is charged after its pass [design 3]
         before_noise()
-    Vk = _co_range_basis(plan, z_exact, noise_key)
+    with one_blas_thread():  # the same bits on any client
+        Vk = _co_range_basis(plan, z_exact, noise_key)
     y_exact = exact.get("Y")
     if y_exact is None:
         right = (("Y", DenseOperator(Vk)),)
@@ -410,7 +411,8 @@ def run_two_pass(
             # the manifest names both; Z is written again with the same bytes
             after_pass({"Z": z_exact, "Y": y_exact})
     del z_exact, exact
-    return _release(source, plan, Vk, y_exact, noise_key)
+    with one_blas_thread():
+        return _release(source, plan, Vk, y_exact, noise_key)
 
 
 def _co_range_basis(plan: TwoPassPlan, z_exact: Any, key: NoiseKey | None) -> FloatArray:
@@ -426,16 +428,22 @@ def _co_range_basis(plan: TwoPassPlan, z_exact: Any, key: NoiseKey | None) -> Fl
 def _release(source: MatrixSource, plan: TwoPassPlan, Vk: FloatArray, y_exact: Any, key: NoiseKey | None) -> Factorization:
     """``Y + N_Y = Q R``, ``R = P diag(s) W^T``: ``U = Q P``, ``V = V_k W`` [6.3]."""
     M, _ = plan.oriented_shape
-    Y = y_exact
+    k = plan.params.rank
+    Y, svd = y_exact, None
     ny = _noise(plan, key, "Y", NoiseCode.Y, M, plan.t)
     if ny is not None:
-        Y = source.tall_map_rows(Y, _row_noise(ny, source))  # Y = X V_k + N_Y
-    Q, R = source.tall_qr(Y, with_r=True)
+        # Y = X V_k + N_Y, and its Gram matrix in the same step: its SVD, unless
+        # too ill-conditioned for that (then TSQR)
+        Y, gram, _ = source.tall_noise_gram(Y, _row_noise(ny, source), None)
+        svd = gram_svd(gram, k)
+    if svd is None:
+        Q, R = source.tall_qr(Y, with_r=True)
+        P, s, Wt = np.linalg.svd(R)
+        P, s, W = P[:, :k], s[:k], Wt[:k].T  # rank-k truncation of the noisy Y [6.3]
+    else:
+        (P, s, W), Q = svd, Y  # U = Y W diag(1/s)
     del Y
-    k = plan.params.rank
-    P, s, Wt = np.linalg.svd(R)
-    P, s, Wt = P[:, :k], s[:k], Wt[:k]  # rank-k truncation of the noisy Y [6.3]
-    Vx = Vk @ Wt.T
+    Vx = Vk @ W
     signs = sign_convention(Vx)
     Ux = source.tall_matmul(Q, P * signs)
     Vx = Vx * signs

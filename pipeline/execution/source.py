@@ -257,6 +257,14 @@ def _block_qr(y: FloatArray) -> tuple[FloatArray, FloatArray]:
     return q, r
 
 
+def _block_noise_gram(
+    y: FloatArray, fn: RowBlockFn, op: SketchOperator | None, start: int, stop: int
+) -> tuple[FloatArray, FloatArray, FloatArray | None]:
+    """``(y', y'^T y', G^T y')`` of one row block, ``y' = fn(start, y)``."""
+    y = fn(start, np.asarray(y, dtype=np.float64))
+    return y, y.T @ y, None if op is None else op.left(y, start, stop)
+
+
 def _drop_tall(parts: tuple[Any, ...], n_tall: int) -> tuple[Any, ...]:
     """A chunk's partial sketches without the first ``n_tall`` (the tall ones)."""
     return (None,) * n_tall + tuple(parts[n_tall:])
@@ -634,6 +642,33 @@ class DaskSource:
         out = Y.map_blocks(_block_map_rows, fn, dtype=np.float64, name=_name("rows"))
         kept, _ = self._run({"Y": out}, {}, None)
         return kept["Y"]
+
+    def tall_noise_gram(
+        self, Y: da.Array, fn: RowBlockFn, op: SketchOperator | None
+    ) -> tuple[da.Array, FloatArray, FloatArray | None]:
+        """One step over the row blocks of ``Y``: ``Y_b' = fn(start_b, Y_b)`` (the
+        noise), kept; ``Y_b'^T Y_b'`` and ``G_b^T Y_b'`` (unless ``op`` is None)
+        summed in trees and gathered. Each noisy block is used where it is made."""
+        if Y.numblocks[1] != 1:
+            Y = Y.rechunk({1: -1})
+        t, nb, offs = int(Y.shape[1]), Y.numblocks[0], _offsets(Y.chunks[0])
+        bname, yname = _name("noise-gram-block"), _name("noisy")
+        gname, lname = _name("noisy-gram"), _name("noisy-left")
+        layer: dict[Any, Any] = {}
+        for b in range(nb):
+            layer[(bname, b)] = (_block_noise_gram, (Y.name, b, 0), fn, op, offs[b], offs[b + 1])
+            layer[(yname, b, 0)] = (operator.getitem, (bname, b), 0)
+        leaves = [(bname, b) for b in range(nb)]
+        _tree(layer, gname, (gname, 0, 0), leaves, 1)
+        if op is not None:
+            _tree(layer, lname, (lname, 0, 0), leaves, 2)
+        graph = HighLevelGraph.from_collections(yname, layer, dependencies=[Y])
+        small = {"G": da.Array(graph, gname, chunks=((t,), (t,)), dtype=np.float64)}
+        if op is not None:
+            small["L"] = da.Array(graph, lname, chunks=((op.dim,), (t,)), dtype=np.float64)
+        noisy = da.Array(graph, yname, chunks=Y.chunks, dtype=np.float64)
+        kept, gathered = self._run({"noisy-Y": noisy}, small, "adding noise to the range sketch")
+        return kept["noisy-Y"], gathered["G"], gathered.get("L")
 
     def tall_qr(self, Y: da.Array, *, with_r: bool = False) -> Any:
         """Two-level TSQR: ``Y_b = Q_b R_b`` on the workers (``Q_b`` kept, ``R_b``

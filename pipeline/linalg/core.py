@@ -2,10 +2,28 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import numpy as np
 import scipy.linalg as sla
+from threadpoolctl import threadpool_limits
 
 from pipeline._types import FloatArray
+
+
+@contextlib.contextmanager
+def one_blas_thread() -> Iterator[None]:
+    """BLAS and LAPACK on one thread inside the block.
+
+    The small dense algebra of a release's post-processing (eigen- and
+    singular value decompositions of t x t and v x t matrices) gives different
+    last bits on different numbers of BLAS threads. Pinned to one thread, as
+    the workers are, a release is the same bit for bit whatever the client's
+    thread count: a resumed release is then exactly the interrupted one.
+    """
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield
 
 
 def orth(Y: FloatArray) -> FloatArray:

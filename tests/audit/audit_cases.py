@@ -903,16 +903,17 @@ def _sample(
 
 
 class RecordingSource(ArraySource):
-    """The in-memory source, keeping the noisy tall sketch run_lrf orthonormalises."""
+    """The in-memory source, keeping the noisy tall sketch run_lrf releases."""
 
     def __init__(self, A: np.ndarray, captured: dict[str, Any], name: str) -> None:
         super().__init__(A)
         self._captured = captured
         self._name = name
 
-    def tall_qr(self, Y: Any, *, with_r: bool = False) -> Any:
-        self._captured[self._name] = np.array(Y, copy=True)
-        return super().tall_qr(Y, with_r=with_r)
+    def tall_noise_gram(self, Y: Any, fn: Any, op: Any) -> Any:
+        out = super().tall_noise_gram(Y, fn, op)
+        self._captured[self._name] = np.array(out[0], copy=True)
+        return out
 
 
 @contextlib.contextmanager
@@ -921,7 +922,8 @@ def lrf_capture() -> Iterator[dict[str, Any]]:
 
     Spectral-LRF: ``Z`` (the core solve's input); Low-Space-LRF: ``Yr`` (via
     ``orth(Yr.T)``, or ``top_singular_vectors(Yr.T, k)`` for the denoised basis of
-    a private release, whose other call gets Yc's square ``R``) and ``Z``. With
+    a private release; a square argument there is Yc's ``R``, when TSQR replaces
+    the Gram matrix) and ``Z``. With
     :class:`RecordingSource` for the tall ``Y`` / ``Yc`` these are exactly the
     noisy sketches [Upa18, Fig. 1 step 3, Fig. 2]; everything after them is
     post-processing.
@@ -1027,7 +1029,7 @@ def resumed_factorize(
 
     current: dict[str, Any] = {}
     real = (NoiseKey.fresh, release_module.secrets, release_module.crash_point,
-            ArraySource.tall_qr, api.make_params)  # fmt: skip
+            ArraySource.tall_noise_gram, api.make_params)  # fmt: skip
 
     def make_params(*a: Any, **kw: Any) -> LrfParams:
         return dataclasses.replace(real[4](*a, **kw), tile_size=E2E_LRF["tile_size"])
@@ -1041,9 +1043,10 @@ def resumed_factorize(
         if step == "after-charge" and current.get("crash"):
             raise SimulatedCrash(step)
 
-    def tall_qr(self: ArraySource, Y: Any, *, with_r: bool = False) -> Any:
-        current["captured"]["Y"] = np.array(Y, copy=True)
-        return real[3](self, Y, with_r=with_r)
+    def tall_noise_gram(self: ArraySource, Y: Any, fn: Any, op: Any) -> Any:
+        out = real[3](self, Y, fn, op)
+        current["captured"]["Y"] = np.array(out[0], copy=True)
+        return out
 
     def release(A: np.ndarray, key: NoiseKey) -> dict[str, Any]:
         kw = {"rank": E2E_LRF["rank"], "epsilon": 1.0, "delta": DELTA,
@@ -1072,7 +1075,7 @@ def resumed_factorize(
     NoiseKey.fresh = classmethod(lambda cls: current["key"])  # type: ignore[method-assign,assignment]
     release_module.secrets = _Secrets  # type: ignore[assignment]
     release_module.crash_point = crash_point
-    ArraySource.tall_qr = tall_qr  # type: ignore[method-assign]
+    ArraySource.tall_noise_gram = tall_noise_gram  # type: ignore[method-assign]
     api.make_params = make_params
     try:
         with lrf_capture() as captured:
@@ -1081,7 +1084,7 @@ def resumed_factorize(
         NoiseKey.fresh = real[0]  # type: ignore[method-assign]
         release_module.secrets = real[1]
         release_module.crash_point = real[2]
-        ArraySource.tall_qr = real[3]  # type: ignore[method-assign]
+        ArraySource.tall_noise_gram = real[3]  # type: ignore[method-assign]
         api.make_params = real[4]
 
 

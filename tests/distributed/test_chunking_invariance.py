@@ -9,6 +9,7 @@ thread per worker).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -261,3 +262,47 @@ def test_non_private_release_same_with_and_without_the_local_qr(
         np.testing.assert_allclose(f.S, reference.S, rtol=RTOL_CHUNKING, atol=0.0, err_msg=name)
         U = np.asarray(f.U)
         np.testing.assert_allclose(U.T @ U, np.eye(RANK), atol=1e-12, err_msg=name)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("where", ["memory", "scratch"])
+def test_noise_gram_step_is_the_numpy_one(
+    client: Client, tmp_path: Path, global_seed: int, where: str
+) -> None:
+    """``DaskSource.tall_noise_gram``: every noisy block is exactly the noise map
+    of that block (the key of the map sealed for the tasks), and the summed Gram
+    matrix and ``S^T Y'`` are the in-memory ones up to the summation order."""
+    import dask.array as da
+
+    from pipeline.algorithms.base import ArraySource
+    from pipeline.execution import DaskSource
+    from pipeline.mechanisms.noise import GaussianNoise, NoiseKey
+    from pipeline.sketches.sparse import SparseSignOperator
+
+    rng = np.random.default_rng(global_seed)
+    Y = rng.standard_normal((M, 9))
+    noise = GaussianNoise(key=NoiseKey.insecure_from_seed(3), sigma=2.0, length=M, dim=9, tile_size=32)
+    op = SparseSignOperator(root=5, code=2, length=M, dim=17, tile_size=32)
+    ref_Y, ref_G, ref_L = ArraySource(np.zeros((1, 1))).tall_noise_gram(Y, noise.add_to_block, op)
+
+    scratch = tmp_path / "scratch" if where == "scratch" else None
+    if scratch is not None:
+        scratch.mkdir()
+    src = DaskSource(da.zeros((M, N), chunks=(64, N)), client, scratch=scratch)
+    try:
+        fn = dataclasses.replace(noise, key=src.seal(noise.key)).add_to_block
+        Yd = da.from_array(Y, chunks=(64, 9))  # 7 row blocks, the last one short
+        noisy, G, L = src.tall_noise_gram(Yd, fn, op)
+        np.testing.assert_array_equal(np.asarray(noisy.compute()), ref_Y)
+        # 7 blocks summed in a tree instead of one product: float64 round-off
+        np.testing.assert_allclose(G, ref_G, rtol=1e-12, atol=1e-12 * np.abs(ref_G).max())
+        np.testing.assert_allclose(L, ref_L, rtol=1e-12, atol=1e-12 * np.abs(ref_L).max())
+        _, G2, L2 = src.tall_noise_gram(Yd, fn, None)
+        assert L2 is None
+        np.testing.assert_array_equal(G2, G)  # fixed tree: the same sums again
+        # negative control: the noise-free Y is far from what the step returns
+        assert np.abs(np.asarray(noisy.compute()) - Y).max() > 1.0
+        if scratch is not None:
+            assert any(p.suffix == ".npy" for p in scratch.iterdir())  # kept on disk
+    finally:
+        src.close()

@@ -37,7 +37,7 @@ def test_progress_to_a_stream_on_the_active_client(
     )
     text = stream.getvalue()
     _assert_pass_bar(text)
-    assert "orthonormalising the range sketch" in text
+    assert "adding noise to the range sketch" in text
     assert f.report["cluster"]["kind"] == "active"
     # the bar shows counts and time only: no data value, no singular value
     for s in f.S:

@@ -334,8 +334,8 @@ def _lock_is_free(job: Path) -> bool:
 KILLS = {
     # 1/3 of the job: the pass has spilled the exact Y; nothing journaled or charged
     "pass spilled Y": ("dplr-spill-Y-", None),
-    # 2/3: journaled and charged, noise added, the TSQR spilling its Q blocks
-    "charged, TSQR spilled Q": ("dplr-spill-Q-", "charged.json"),
+    # 2/3: journaled and charged, the noisy Y (and its Gram matrix) being made
+    "charged, noisy Y spilled": ("dplr-spill-noisy-Y-", "charged.json"),
 }
 
 

@@ -126,9 +126,9 @@ class _Recorder(ArraySource):
         self.exact = dict(result)  # the algorithm pops its dict once the noise is added
         return result
 
-    def tall_map_rows(self, Y: np.ndarray, fn: Any) -> np.ndarray:
-        out = super().tall_map_rows(Y, fn)
-        self.before, self.after = np.array(Y), np.array(out)
+    def tall_noise_gram(self, Y: np.ndarray, fn: Any, op: Any) -> Any:
+        out = super().tall_noise_gram(Y, fn, op)
+        self.before, self.after = np.array(Y), np.array(out[0])
         return out
 
 

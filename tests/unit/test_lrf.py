@@ -194,7 +194,7 @@ def test_padded_f4_returns_first_columns_of_core_output(
     )
     assert not plan.transpose  # padded mode keeps m <= n
     seen: dict[str, Any] = {}
-    real_core, real_orth = lrf.core_two_sided, lrf.orth
+    real_core, real_orth, real_basis = lrf.core_two_sided, lrf.orth, lrf._range_basis
 
     def core(*args: Any) -> Any:
         seen["core"] = real_core(*args)
@@ -204,14 +204,15 @@ def test_padded_f4_returns_first_columns_of_core_output(
         seen["V"] = real_orth(Y)
         return seen["V"]
 
-    class Src(ArraySource):
-        def tall_qr(self, Y: np.ndarray) -> np.ndarray:
-            seen["U"] = super().tall_qr(Y)
-            return seen["U"]
+    def range_basis(*args: Any) -> Any:
+        Q, SQ, B = real_basis(*args)
+        seen["U"] = Q if B is None else Q @ B  # the orthonormal range basis
+        return Q, SQ, B
 
     monkeypatch.setattr(lrf, "core_two_sided", core)
     monkeypatch.setattr(lrf, "orth", orth)
-    f = run_lrf(Src(A), plan, sketch_seed=8, noise_key=NoiseKey.insecure_from_seed(8))
+    monkeypatch.setattr(lrf, "_range_basis", range_basis)
+    f = run_lrf(ArraySource(A), plan, sketch_seed=8, noise_key=NoiseKey.insecure_from_seed(8))
     WL, s, WR = seen["core"]
     assert seen["V"].shape == (n + m, 9)  # basis of the padded row sketch
     M_full = (seen["U"] @ WL * s) @ (seen["V"] @ WR).T  # m x (n + m)

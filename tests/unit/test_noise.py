@@ -197,9 +197,9 @@ class _RecordingSource(ArraySource):
         super().__init__(A)
         self.released: list[np.ndarray] = []
 
-    def tall_map_rows(self, Y, fn):  # type: ignore[no-untyped-def]
-        out = super().tall_map_rows(Y, fn)
-        self.released.append(np.array(out))
+    def tall_noise_gram(self, Y, fn, op):  # type: ignore[no-untyped-def]
+        out = super().tall_noise_gram(Y, fn, op)
+        self.released.append(np.array(out[0]))
         return out
 
 
