@@ -531,10 +531,15 @@ class _LrfJob:
         plan, p = self.plan, self.plan.params
         exact = None if job.journal is None else job.journal.load_sketches()
 
+        # a stored input is fingerprinted (a resume refuses a changed one), so the
+        # tall exact sketches are recomputed on resume rather than written on
+        # every run; a dask array input may not read the same twice: written
+        tall = "recompute" if self.info.path is not None else "write"
+
         def journal(sketches: dict[str, Any]) -> None:
             jr = job.durable_journal()  # the exact sketches, key and seed: durable
             if jr is not None:
-                jr.record_sketches(sketches, client=getattr(src, "client", None))
+                jr.record_sketches(sketches, client=getattr(src, "client", None), tall=tall)
             crash_point("after-pass")  # the N-th time: after pass N was journaled
 
         details = {"rank": p.rank, "sketch_size": plan.t, "core_size": plan.v}

@@ -479,7 +479,7 @@ def _summary(report: dict[str, Any], out: str) -> str:
     )
     if report.get("resumed_from_journal"):
         lines.append(
-            "  resumed from the journal of an interrupted run (no pass, same noise, no new charge)"
+            "  resumed from the journal of an interrupted run (same noise, no new charge)"
         )
     return "\n".join(lines)
 

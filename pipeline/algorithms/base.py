@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from pipeline._types import FloatArray, Shape2D
+from pipeline.errors import StoreLayoutError
 from pipeline.linalg.core import orth
 from pipeline.sketches.apply import PassRequest, block_partials
 from pipeline.sketches.operators import SketchOperator
@@ -60,6 +61,40 @@ class MatrixSource(Protocol):
         Only called when :meth:`sketch` returned ``"<name>_R"``: a source that
         never does (it may always ignore ``local_qr``) need not implement it.
         """
+
+
+def complete_from_pass(
+    source: MatrixSource, request: PassRequest, journaled: dict[str, Any]
+) -> dict[str, Any]:
+    """The exact sketches of ``request``: ``journaled`` if it holds them all,
+    else the pass again, whose sketches that ``journaled`` does hold must be
+    the same bit for bit.
+
+    A release journal keeps the small exact sketches of a pass and names the
+    tall ones (m x t) for recomputation: those are None in ``journaled``. The
+    resumed job reads its unchanged input again (the journal refuses a changed
+    one); the comparison shows that the pass did reproduce what was charged
+    and will get the same noise.
+
+    Raises
+    ------
+    StoreLayoutError
+        A recomputed sketch differs from the journaled one.
+    """
+    if all(value is not None for value in journaled.values()):
+        return dict(journaled)
+    fresh = source.sketch(request)
+    for name, kept in journaled.items():
+        if kept is None or name not in fresh:
+            continue
+        if not np.array_equal(np.asarray(kept), np.asarray(fresh[name])):
+            raise StoreLayoutError(
+                f"the input read again to resume gives another exact sketch {name!r} "
+                "than the interrupted run journaled (the data or the cluster's numerics "
+                "changed); restore the input, or remove the journal to abandon that "
+                "release (a charge it made stays spent)."
+            )
+    return fresh
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

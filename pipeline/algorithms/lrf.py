@@ -60,7 +60,7 @@ from pipeline.accounting.calibration import (
     SketchRequest,
     calibrate_release,
 )
-from pipeline.algorithms.base import Factorization, MatrixSource
+from pipeline.algorithms.base import Factorization, MatrixSource, complete_from_pass
 from pipeline.errors import InvalidParameterError, PrivacyConfigError
 from pipeline.linalg.core import core_one_sided, core_two_sided, one_blas_thread, orth, sign_convention
 from pipeline.mechanisms.clipping import ClipSpec, Neighboring, PrivacyUnit
@@ -773,9 +773,11 @@ def run_lrf(
         non-private mode (DP mode always computes in float64).
     exact : dict or None
         The exact sketches of an earlier pass of this plan with this
-        ``sketch_seed`` (from a release journal): the pass is skipped. They
-        must be the values :meth:`MatrixSource.sketch` returned, with the same
-        chunks, for the release to be bit for bit the same.
+        ``sketch_seed`` (from a release journal): the pass is skipped when they
+        are all there; when the journal kept only the small ones, the pass runs
+        again and must reproduce them bit for bit (:func:`complete_from_pass`).
+        They must be the values :meth:`MatrixSource.sketch` returned, with the
+        same chunks, for the release to be bit for bit the same.
     after_pass : callable or None
         Called with the exact sketches right after the pass (not when
         ``exact`` is given) and before ``before_noise``: the journal write.
@@ -795,7 +797,7 @@ def run_lrf(
     may only keep them in the trusted zone. With ``exact`` and the same
     ``noise_key`` the noise is the same, not a second draw [design 3.2].
 
-    Passes over A: 1, or 0 when ``exact`` is given.
+    Passes over A: 1, or 0 when ``exact`` holds every sketch.
     """
     if plan.params.algorithm is Algorithm.TWO_PASS:
         from pipeline.algorithms.two_pass import run_two_pass
@@ -808,13 +810,13 @@ def run_lrf(
     # tasks carry a sealed reference to the seed, never the seed [spec 4.6, item 3]
     seal = getattr(source, "seal", None) or (lambda value: value)
     root = seal(sketch_seed)
+    request = request or pass_request(plan, root, input_dtype)
     if exact is None:
-        request = request or pass_request(plan, root, input_dtype)
         exact = source.sketch(request)
         if after_pass is not None:
             after_pass(exact)
-    else:
-        exact = dict(exact)  # the post-processing pops them
+    else:  # a resumed job: the tall sketches not journaled come from the pass again
+        exact = complete_from_pass(source, request, exact)  # a copy: the post pops
     if before_noise is not None:
         before_noise()
     ops = _operators(plan, root)

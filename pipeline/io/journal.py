@@ -8,9 +8,11 @@ it) and continues with the first missing one; even a release lost just before
 it was recorded re-materialises with the same noise, because the key is kept
 (spec power-pca 4.9).
 
-A one-pass factorization (``dplr factorize``) journals instead the *exact*
-(noise-free) sketches of its single pass, its noise key and sketch seed, and a
-marker once the ledger is charged: a rerun skips the pass, draws the same noise
+A factorization (``dplr factorize``) journals instead the small *exact*
+(noise-free) sketches of its passes, its noise key and sketch seed, and a
+marker once the ledger is charged; its tall sketches (m x t) are named, not
+written, when the input is a fingerprinted store: a rerun recomputes them with
+one pass and checks the small ones against the journal, draws the same noise
 and does not charge again (:meth:`FileJournal.record_sketches`,
 :meth:`FileJournal.load_sketches`, :meth:`FileJournal.mark_charged`).
 
@@ -352,11 +354,18 @@ class FileJournal:
         return sorted(f[:-4] for f in os.listdir(self.path) if f.endswith(".npy"))
 
     # -- the exact sketches of a one-pass job ------------------------------------
-    def record_sketches(self, sketches: dict[str, Any], *, client: Any = None) -> None:
+    def record_sketches(
+        self, sketches: dict[str, Any], *, client: Any = None, tall: str = "recompute"
+    ) -> None:
         """Write the exact (noise-free) sketches of a pass, then commit them.
 
-        numpy arrays (and dtypes) are kept as checksummed ``.npy`` files; dask
-        arrays -- tall sketches that stay distributed -- are written chunk by
+        numpy arrays (and dtypes) are kept as checksummed ``.npy`` files. Dask
+        arrays -- tall sketches that stay distributed, m x t -- are by default
+        only named (``tall="recompute"``): a resumed job recomputes them with
+        the same pass over the same input and checks that the sketches kept
+        here come out bit for bit the same (:func:`check_recomputed`). Writing
+        them would cost every release a disk write of m x t float64 to spare
+        a rare resume one pass. With ``tall="write"`` they are written chunk by
         chunk by the workers to a Zarr array ``exact-<name>.zarr`` (CRC32C
         checksum per chunk) under a temporary name, made private (0700/0600),
         then renamed into place. The manifest ``sketches.json`` is written last:
@@ -368,11 +377,21 @@ class FileJournal:
             Name -> numpy array or 2-D dask array.
         client : distributed.Client or None
             Runs the writes of dask arrays (None: the default scheduler).
+        tall : {"recompute", "write"}
+            What becomes of the dask arrays.
         """
+        if tall not in ("recompute", "write"):
+            raise ValueError(f"tall must be 'recompute' or 'write', got {tall!r}.")
         manifest: dict[str, Any] = {}
         for name, value in sketches.items():
             label = f"exact-{name}"
-            if isinstance(value, da.Array):
+            if isinstance(value, da.Array) and tall == "recompute":
+                manifest[name] = {
+                    "kind": "recompute",
+                    "shape": [int(x) for x in value.shape],
+                    "dtype": np.dtype(value.dtype).str,
+                }
+            elif isinstance(value, da.Array):
                 manifest[name] = self._write_tall(label, value, client)
             else:
                 arr = np.asarray(value)
@@ -425,6 +444,9 @@ class FileJournal:
     def load_sketches(self) -> dict[str, Any] | None:
         """The committed exact sketches (numpy or lazy dask arrays), or None.
 
+        A sketch recorded for recomputation is None: the resumed job's pass
+        makes it again (:func:`pipeline.algorithms.base.complete_from_pass`).
+
         Raises
         ------
         StoreLayoutError
@@ -443,6 +465,9 @@ class FileJournal:
         out: dict[str, Any] = {}
         for name, entry in manifest.items():
             value: Any
+            if entry.get("kind") == "recompute":
+                out[name] = None  # recomputed by the resumed job's pass
+                continue
             if entry.get("kind") == "npy":
                 value = self.load(str(entry["label"]))
             else:

@@ -106,7 +106,7 @@ def test_sketch_journal_round_trip_keeps_bits_dtypes_and_chunks(tmp_path: Path) 
     )
     assert j.load_sketches() is None  # nothing committed yet
     with dask.config.set(scheduler="synchronous"):
-        j.record_sketches({"Z": small64, "W": small32, "Y": tall, "Yo": odd})
+        j.record_sketches({"Z": small64, "W": small32, "Y": tall, "Yo": odd}, tall="write")
     _assert_private_tree(tmp_path / "j")
 
     again = FileJournal.find(tmp_path / "j", {"kind": "t"}, strict=True)
@@ -128,11 +128,34 @@ def test_sketch_journal_round_trip_keeps_bits_dtypes_and_chunks(tmp_path: Path) 
             assert got[name].compute().tobytes() == want.compute().tobytes()
 
 
+def test_tall_sketches_are_named_for_recomputation_by_default(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    small = rng.standard_normal((4, 3))
+    tall = da.from_array(rng.standard_normal((60, 3)), chunks=(20, 3))
+    j = FileJournal.create(tmp_path / "j", {"kind": "t"}, noise_key=None)
+    j.record_sketches({"Z": small, "Y": tall})  # nothing computed: Y is not written
+    assert not list((tmp_path / "j").glob("exact-Y*"))
+    manifest = json.loads((tmp_path / "j" / "sketches.json").read_text())["sketches"]
+    assert manifest["Y"] == {"kind": "recompute", "shape": [60, 3], "dtype": "<f8"}
+    got = j.load_sketches()
+    assert got is not None and sorted(got) == ["Y", "Z"]
+    assert got["Y"] is None  # the resumed pass makes it again
+    assert got["Z"].tobytes() == small.tobytes()
+    # negative control: with tall="write" the same call keeps Y
+    j2 = FileJournal.create(tmp_path / "j2", {"kind": "t"}, noise_key=None)
+    with dask.config.set(scheduler="synchronous"):
+        j2.record_sketches({"Z": small, "Y": tall}, tall="write")
+    got2 = j2.load_sketches()
+    assert got2 is not None and sorted(got2) == ["Y", "Z"]
+    with pytest.raises(ValueError, match="recompute"):
+        j2.record_sketches({"Z": small}, tall="never")
+
+
 def test_damaged_sketches_are_refused(tmp_path: Path) -> None:
     j = FileJournal.create(tmp_path / "j", {"kind": "t"}, noise_key=None)
     tall = da.from_array(np.arange(40.0).reshape(20, 2), chunks=(5, 2))
     with dask.config.set(scheduler="synchronous"):
-        j.record_sketches({"Z": np.ones((2, 3)), "Y": tall})
+        j.record_sketches({"Z": np.ones((2, 3)), "Y": tall}, tall="write")
     npy = tmp_path / "j" / "exact-Z.npy"
     raw = bytearray(npy.read_bytes())
     raw[-1] ^= 1
@@ -145,7 +168,7 @@ def test_damaged_sketches_are_refused(tmp_path: Path) -> None:
 
     j2 = FileJournal.create(tmp_path / "j2", {"kind": "t"}, noise_key=None)
     with dask.config.set(scheduler="synchronous"):
-        j2.record_sketches({"Y": tall})
+        j2.record_sketches({"Y": tall}, tall="write")
         chunk = next(
             p
             for p in (tmp_path / "j2" / "exact-Y.zarr" / "c").rglob("*")
