@@ -1,4 +1,4 @@
-"""Keyed sparse sign operators: the fast co-range sketch of non-private runs.
+"""Keyed sparse sign operators: the fast co-range sketch.
 
 Problem. In Spectral-LRF the co-range sketch ``S A`` (v x n) costs ``2 m n v`` flops
 with a dense Gaussian ``S``, and generating ``S`` costs ``m v`` normal draws -- for
@@ -20,9 +20,12 @@ along the data axis in fixed tiles drawn from ``Philox(SeedSequence(root,
 spawn_key=(code, g)))``, so results do not depend on the chunking or on the number
 of workers, and any row can be regenerated on any worker.
 
-Privacy. Non-private runs only. The DP calibration (``Delta_JL`` from chi-square
-tails) holds for Gaussian operators; :func:`pipeline.algorithms.lrf.plan_lrf`
-refuses a sparse operator in a private release.
+Privacy. Every row of the operator has norm exactly 1, for every draw, so ``S``
+applied along the axis where one individual's data lies in one index (one row of
+the sketched matrix) moves the sketch by exactly that individual's norm: no
+``Delta_JL`` factor and no share of delta [private-lrf-2, 2].
+:func:`pipeline.algorithms.lrf.sparse_is_exact` says where that holds; elsewhere
+a private plan keeps a Gaussian ``S`` and refuses an explicit sparse one.
 
 References
 ----------
