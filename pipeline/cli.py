@@ -129,14 +129,8 @@ def _cluster_of(args: argparse.Namespace) -> Any:
     return load_cluster_config(args.cluster)
 
 
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="dplr",
-        description="Differentially private low-rank factorization of Zarr matrices on Dask.",
-    )
-    ap.add_argument("--version", action="version", version=f"dplr {_version()}")
-    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
+def _add_factorize_parser(sub: Any) -> None:
+    """``dplr factorize``: a private (or non-private) factorization of a Zarr matrix."""
     f = sub.add_parser(
         "factorize",
         help="DP factorization U, S, V of a Zarr matrix",
@@ -217,6 +211,9 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--json", action="store_true", help="print the full report as JSON")
     _add_privacy(f)
 
+
+def _add_pca_parser(sub: Any) -> None:
+    """``dplr pca``: a private top-k principal subspace."""
     pc = sub.add_parser(
         "pca",
         help="DP top-k PCA subspace of a Zarr matrix whose rows are individuals",
@@ -287,6 +284,35 @@ def _parser() -> argparse.ArgumentParser:
     pc.add_argument("--json", action="store_true", help="print the full report as JSON")
     _add_privacy(pc, lrf=False)
 
+
+def _add_coherent_options(pca: Any) -> None:
+    """The options of ``dplr generate --kind pca-coherent``."""
+    pca.add_argument(
+        "--rank", type=int, help="target rank k, in [1, min(COLS, SUPPORT) - 1]"
+    )
+    pca.add_argument(
+        "--support",
+        type=int,
+        help="rows carrying the top-k left singular vectors: a power of two "
+        "<= ROWS (ROWS: perfectly incoherent; small: coherent)",
+    )
+    pca.add_argument(
+        "--top", type=float, help="sigma_k^2, the k-th eigenvalue of A^T A"
+    )
+    pca.add_argument(
+        "--bottom",
+        type=float,
+        help="sigma_{k+1}^2 = ... = sigma_d^2, in [0, TOP); eigengap TOP - BOTTOM",
+    )
+    pca.add_argument(
+        "--head-ratio",
+        type=float,
+        help="sigma_1^2 = ... = sigma_{k-1}^2 = HEAD_RATIO * TOP (default 1.2)",
+    )
+
+
+def _add_generate_parser(sub: Any) -> None:
+    """``dplr generate``: a synthetic Zarr matrix with a known spectrum."""
     g = sub.add_parser(
         "generate",
         help="write a synthetic Zarr matrix with a known spectrum",
@@ -311,29 +337,7 @@ def _parser() -> argparse.ArgumentParser:
         help="lowrank (default): prescribed decay; pca-coherent: chosen "
         "coherence and eigengap, built in memory (ROWS * COLS <= 2^26)",
     )
-    pca = g.add_argument_group("pca-coherent")
-    pca.add_argument(
-        "--rank", type=int, help="target rank k, in [1, min(COLS, SUPPORT) - 1]"
-    )
-    pca.add_argument(
-        "--support",
-        type=int,
-        help="rows carrying the top-k left singular vectors: a power of two "
-        "<= ROWS (ROWS: perfectly incoherent; small: coherent)",
-    )
-    pca.add_argument(
-        "--top", type=float, help="sigma_k^2, the k-th eigenvalue of A^T A"
-    )
-    pca.add_argument(
-        "--bottom",
-        type=float,
-        help="sigma_{k+1}^2 = ... = sigma_d^2, in [0, TOP); eigengap TOP - BOTTOM",
-    )
-    pca.add_argument(
-        "--head-ratio",
-        type=float,
-        help="sigma_1^2 = ... = sigma_{k-1}^2 = HEAD_RATIO * TOP (default 1.2)",
-    )
+    _add_coherent_options(g.add_argument_group("pca-coherent"))
     g.add_argument(
         "--spectrum",
         choices=("geometric", "flat"),
@@ -377,6 +381,9 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--overwrite", action="store_true")
 
+
+def _add_demo_parser(sub: Any) -> None:
+    """``dplr demo``: generate a sample matrix and factorize it."""
     d = sub.add_parser(
         "demo",
         help="generate a sample matrix and factorize it on an embedded cluster",
@@ -396,6 +403,9 @@ def _parser() -> argparse.ArgumentParser:
         "--scheduler", help="Dask scheduler address (default: an embedded LocalCluster)"
     )
 
+
+def _add_budget_parser(sub: Any) -> None:
+    """``dplr budget init|show``: a dataset's lifetime budget."""
     b = sub.add_parser(
         "budget", help="declare or show a dataset's lifetime privacy budget"
     )
@@ -420,6 +430,23 @@ def _parser() -> argparse.ArgumentParser:
     bs = bsub.add_parser("show", help="print the budget and what has been spent")
     bs.add_argument("dataset", metavar="DATASET")
     bs.add_argument("--ledger")
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="dplr",
+        description="Differentially private low-rank factorization of Zarr matrices on Dask.",
+    )
+    ap.add_argument("--version", action="version", version=f"dplr {_version()}")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (
+        _add_factorize_parser,
+        _add_pca_parser,
+        _add_generate_parser,
+        _add_demo_parser,
+        _add_budget_parser,
+    ):
+        add(sub)
     from pipeline import cli_stream
 
     cli_stream.add_parsers(sub)
