@@ -40,11 +40,13 @@ KILL_AFTER = 10  # chunk reads seen before the kill
 @pytest.fixture(scope="module")
 def slow_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     tmp = tmp_path_factory.mktemp("slow-dask")
-    marks = tmp / "marks"
+    marks, noise_marks = tmp / "marks", tmp / "noise-marks"
     marks.mkdir()
-    env = {"DPLR_SLOW_READ_MARKS": str(marks), "PYTHONPATH": os.pathsep.join(sys.path)}
+    noise_marks.mkdir()
+    env = {"DPLR_SLOW_READ_MARKS": str(marks), "DPLR_SLOW_NOISE_MARKS": str(noise_marks),
+           "PYTHONPATH": os.pathsep.join(sys.path)}  # fmt: skip
     with dask_processes(tmp, n_workers=2, preload=HERE / "slow_reads.py", env=env) as info:
-        yield info | {"marks": str(marks)}
+        yield info | {"marks": str(marks), "noise_marks": str(noise_marks)}
 
 
 def _store(path: Path, kind: str) -> Path:
@@ -118,3 +120,54 @@ def test_worker_sigkilled_mid_pass_gives_the_undisturbed_release(
     for ledger in ("ref.json", "killed.json"):
         assert len(json.loads((tmp_path / ledger).read_text())["releases"]) == 1
     assert report["private"] is False  # the insecure noise seed says so
+
+
+@pytest.mark.timeout(300)
+def test_worker_sigkilled_while_it_adds_the_noise_gives_the_undisturbed_release(
+    slow_cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """After the charge, the task that adds the range sketch's noise (and forms its
+    Gram matrix) is killed with its worker. The scheduler runs it again elsewhere:
+    the noise comes from the same key, so the release is the undisturbed one bit
+    for bit, charged once."""
+    store = _store(tmp_path / "slow.zarr", "factorize")
+    noise_marks = Path(slow_cluster["noise_marks"])
+    address = slow_cluster["address"]
+    for m in os.listdir(noise_marks):
+        os.unlink(noise_marks / m)
+    ref = subprocess.run(_command("factorize", store, tmp_path / "ref.zarr", tmp_path / "ref.json", address),
+                         capture_output=True, text=True, env=clean_env(), timeout=240, check=False)
+    assert ref.returncode == 0, ref.stderr
+    n_tasks = len(os.listdir(noise_marks))
+    assert n_tasks >= 1  # the preload is active: the noise step was slowed and seen
+    for m in os.listdir(noise_marks):
+        os.unlink(noise_marks / m)
+    with Client(address, timeout=30) as client:
+        pids = set(client.run(os.getpid).values())
+        proc = subprocess.Popen(_command("factorize", store, tmp_path / "killed.zarr", tmp_path / "killed.json", address),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
+        deadline = time.monotonic() + 120
+        while not os.listdir(noise_marks):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        (first,) = os.listdir(noise_marks)[:1]
+        victim = int(first.split("-")[0])
+        # the fault lands where it says: in a worker, inside the noise step, after the
+        # charge (the ledger already holds the release) and before publication
+        assert victim in pids
+        assert proc.poll() is None
+        assert len(json.loads((tmp_path / "killed.json").read_text())["releases"]) == 1
+        assert not (tmp_path / "killed.zarr").exists()
+        os.kill(victim, signal.SIGKILL)
+        _out, err = proc.communicate(timeout=240)
+        assert proc.returncode == 0, err
+        # the killed task ran again: more noise tasks started than the step has
+        assert len(os.listdir(noise_marks)) > n_tasks
+        client.wait_for_workers(2, timeout=60)
+        assert victim not in client.run(os.getpid).values()
+    one, _ = read_group(tmp_path / "ref.zarr", _names("factorize"))
+    two, _ = read_group(tmp_path / "killed.zarr", _names("factorize"))
+    for name in _names("factorize"):
+        np.testing.assert_array_equal(two[name], one[name], err_msg=name)
+    assert len(json.loads((tmp_path / "killed.json").read_text())["releases"]) == 1
