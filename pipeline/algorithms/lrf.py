@@ -62,7 +62,13 @@ from pipeline.accounting.calibration import (
 )
 from pipeline.algorithms.base import Factorization, MatrixSource, complete_from_pass
 from pipeline.errors import InvalidParameterError, PrivacyConfigError
-from pipeline.linalg.core import core_one_sided, core_two_sided, one_blas_thread, orth, sign_convention
+from pipeline.linalg.core import (
+    core_one_sided,
+    core_two_sided,
+    one_blas_thread,
+    orth,
+    sign_convention,
+)
 from pipeline.mechanisms.clipping import ClipSpec, Neighboring, PrivacyUnit
 from pipeline.mechanisms.noise import GaussianNoise, NoiseCode, NoiseKey
 from pipeline.sketches.apply import PassRequest

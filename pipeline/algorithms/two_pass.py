@@ -86,7 +86,13 @@ from pipeline.accounting.calibration import (
     calibrate_release,
 )
 from pipeline.algorithms.base import Factorization, MatrixSource
-from pipeline.algorithms.lrf import Algorithm, LrfParams, _row_noise, gram_svd, seed_fingerprint
+from pipeline.algorithms.lrf import (
+    Algorithm,
+    LrfParams,
+    _row_noise,
+    gram_svd,
+    seed_fingerprint,
+)
 from pipeline.errors import InvalidParameterError
 from pipeline.linalg.core import one_blas_thread, sign_convention
 from pipeline.mechanisms.clipping import PrivacyUnit

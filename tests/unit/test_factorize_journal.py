@@ -138,7 +138,8 @@ def test_tall_sketches_are_named_for_recomputation_by_default(tmp_path: Path) ->
     manifest = json.loads((tmp_path / "j" / "sketches.json").read_text())["sketches"]
     assert manifest["Y"] == {"kind": "recompute", "shape": [60, 3], "dtype": "<f8"}
     got = j.load_sketches()
-    assert got is not None and sorted(got) == ["Y", "Z"]
+    assert got is not None
+    assert sorted(got) == ["Y", "Z"]
     assert got["Y"] is None  # the resumed pass makes it again
     assert got["Z"].tobytes() == small.tobytes()
     # negative control: with tall="write" the same call keeps Y
@@ -146,7 +147,8 @@ def test_tall_sketches_are_named_for_recomputation_by_default(tmp_path: Path) ->
     with dask.config.set(scheduler="synchronous"):
         j2.record_sketches({"Z": small, "Y": tall}, tall="write")
     got2 = j2.load_sketches()
-    assert got2 is not None and sorted(got2) == ["Y", "Z"]
+    assert got2 is not None
+    assert sorted(got2) == ["Y", "Z"]
     with pytest.raises(ValueError, match="recompute"):
         j2.record_sketches({"Z": small}, tall="never")
 
