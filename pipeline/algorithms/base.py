@@ -35,9 +35,6 @@ class MatrixSource(Protocol):
     def sketch(self, request: PassRequest) -> dict[str, Any]:
         """Exact sketches of one pass: right sketches tall, the others numpy."""
 
-    def tall_map_rows(self, Y: Any, fn: RowBlockFn) -> Any:
-        """``fn`` applied to every row block of the tall ``Y`` (e.g. add noise)."""
-
     def tall_noise_gram(
         self, Y: Any, fn: RowBlockFn, op: SketchOperator | None
     ) -> tuple[Any, FloatArray, FloatArray | None]:
@@ -143,9 +140,6 @@ class ArraySource:
         request = dataclasses.replace(request, local_qr=())
         parts = block_partials(self._A, 0, 0, request, where="the input array")
         return dict(zip(request.names, parts, strict=True))
-
-    def tall_map_rows(self, Y: FloatArray, fn: RowBlockFn) -> FloatArray:
-        return fn(0, Y)
 
     def tall_noise_gram(
         self, Y: FloatArray, fn: RowBlockFn, op: SketchOperator | None

@@ -638,11 +638,6 @@ class DaskSource:
         return {n: kept[n] if n in kept else gathered[n] for n in arrays}
 
     # -- operations on tall arrays ---------------------------------------------
-    def tall_map_rows(self, Y: da.Array, fn: RowBlockFn) -> da.Array:
-        out = Y.map_blocks(_block_map_rows, fn, dtype=np.float64, name=_name("rows"))
-        kept, _ = self._run({"Y": out}, {}, None)
-        return kept["Y"]
-
     def tall_noise_gram(
         self, Y: da.Array, fn: RowBlockFn, op: SketchOperator | None
     ) -> tuple[da.Array, FloatArray, FloatArray | None]:
@@ -873,13 +868,6 @@ def _output_trees(
             out[f"{rname}_{suffix}"] = (oname, (hs, (t,)))
             index += 1
     return out
-
-
-def _block_map_rows(
-    y: FloatArray, fn: Callable[[int, FloatArray], FloatArray], block_info: Any = None
-) -> FloatArray:
-    start = block_info[0]["array-location"][0][0]
-    return fn(int(start), y)
 
 
 def _block_left(

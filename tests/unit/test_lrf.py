@@ -287,8 +287,12 @@ class ChunkedSource(ArraySource):
         step = max(1, self.rows[0][1] - self.rows[0][0])
         return [(a, min(a + step, length)) for a in range(0, length, step)]
 
-    def tall_map_rows(self, Y: np.ndarray, fn: Any) -> np.ndarray:
-        return np.vstack([fn(a, Y[a:b]) for a, b in self._tall_blocks(Y.shape[0])])
+    def tall_noise_gram(self, Y: np.ndarray, fn: Any, op: Any) -> Any:
+        spans = self._tall_blocks(Y.shape[0])
+        blocks = [fn(a, Y[a:b]) for a, b in spans]
+        gram = sum(y.T @ y for y in blocks)
+        left = None if op is None else sum(op.left(y, a, b) for y, (a, b) in zip(blocks, spans, strict=True))
+        return np.vstack(blocks), gram, left
 
     def tall_left_sketch(self, Q: np.ndarray, op: GaussianOperator) -> np.ndarray:
         return sum(op.block(a, b).T @ Q[a:b] for a, b in self._tall_blocks(Q.shape[0]))  # type: ignore[return-value]
