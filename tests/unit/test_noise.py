@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 import pytest
+from randomgen import ChaCha
 
 from pipeline.algorithms.base import ArraySource
 from pipeline.algorithms.lrf import Algorithm, LrfParams, plan_lrf, run_lrf
@@ -265,3 +266,37 @@ def test_derive_is_injective_on_label_tuples() -> None:
     key = NoiseKey.insecure_from_seed(7)
     subs = [key.derive(101, 3), key.derive("101/3"), key.derive(101), key.derive("101"), key.derive(1013)]
     assert len({s.secret for s in subs}) == len(subs)
+
+
+@pytest.mark.parametrize("simd_first", [True, False])
+def test_scalar_and_simd_chacha_draw_the_same_noise(
+    monkeypatch: pytest.MonkeyPatch, simd_first: bool
+) -> None:
+    """The code path chosen by the speed probe never changes a draw: randomgen's
+    SIMD and scalar ChaCha20 give one stream, which the noise relies on."""
+    from pipeline.mechanisms import noise as noise_module
+
+    noise = _noise(tile=16, dim=5)
+    draws = {}
+    for flag in (simd_first, not simd_first):
+        monkeypatch.setattr(noise_module, "chacha_simd_is_faster", lambda f=flag: f)
+        draws[flag] = (noise.block(3, 45), noise.tile(1))
+    np.testing.assert_array_equal(draws[True][0], draws[False][0])
+    np.testing.assert_array_equal(draws[True][1], draws[False][1])
+    # negative control: the comparison sees a one-tile shift
+    assert not np.array_equal(noise.tile(1), noise.tile(2))
+    # and at the source: both code paths of one key give the same keystream
+    simd, scalar = ChaCha(key=7, rounds=20), ChaCha(key=7, rounds=20)
+    if simd.use_simd:
+        scalar.use_simd = False
+        assert not scalar.use_simd
+        np.testing.assert_array_equal(simd.random_raw(10_001), scalar.random_raw(10_001))
+
+
+def test_simd_probe_is_measured_once_per_process() -> None:
+    from pipeline.mechanisms.noise import chacha_simd_is_faster
+
+    first = chacha_simd_is_faster()
+    assert isinstance(first, bool)
+    assert chacha_simd_is_faster() is first
+    assert chacha_simd_is_faster.cache_info().hits >= 1
