@@ -14,6 +14,11 @@ benchmarks/work/), every repetition runs, in a rotating order:
                    default co-range operator is a sparse sign map)
 * ``ours_np_gauss`` the same with operator="gaussian"               (dense Gaussian S)
 * ``ours_dp``      factorize(path, k, epsilon=1, delta=1e-6, seed=0) (Spectral-LRF, DP)
+* ``ours_np_dp_sizes`` factorize(path, k, private=False, sketch_size=t, core_size=v) with
+                   the (t, v) the private plan chose: the same sketch without privacy, so
+                   ``ours_dp / ours_np_dp_sizes`` is the cost of privacy itself (clipping,
+                   float64 products, the noise and the basis from the noisy sketch) and
+                   ``ours_np_dp_sizes / ours_np`` the cost of the larger sketch
 * ``ours_ls_dp``   the same with algorithm="low-space"                (Low-Space-LRF, DP)
 * ``ours_dp2``     the same with algorithm="two-pass"                 (two passes, DP)
 * ``svdc``         dask.compute(*da.linalg.svd_compressed(da.from_zarr(path), k, n_power_iter=0, seed=0))
@@ -176,9 +181,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"cluster: {len(workers)} workers x 1 thread; store {path}", flush=True)
 
     # -- the methods -------------------------------------------------------------------
-    def ours(private: bool, algorithm: str, operator: str = "auto") -> Any:
+    # the (t, v) the private Spectral-LRF plan chose, filled in by its first run
+    dp_sizes: dict[str, int] = {}
+
+    def ours(
+        private: bool, algorithm: str, operator: str = "auto", at_dp_sizes: bool = False
+    ) -> Any:
         def run() -> tuple[Any, ...]:
             kw: dict[str, Any] = {"private": False, "operator": operator}
+            if at_dp_sizes:
+                kw.update(sketch_size=dp_sizes["t"], core_size=dp_sizes["v"])
             if private:
                 kw = {
                     "epsilon": 1.0,
@@ -199,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
                 ),
                 "noise_floor_estimate": rep.get("noise_floor_estimate"),
             }
+            if private and algorithm == "spectral":
+                dp_sizes.update(t=extra["t"], v=extra["v"])
             return f.U, f.S, f.V, extra
 
         return run
@@ -241,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         "ours_np": ours(False, "spectral"),
         "ours_np_gauss": ours(False, "spectral", "gaussian"),
         "ours_dp": ours(True, "spectral"),
+        "ours_np_dp_sizes": ours(False, "spectral", at_dp_sizes=True),
         "ours_ls_dp": ours(True, "low-space"),
         "ours_dp2": ours(True, "two-pass"),
         "svdc": svdc,
@@ -248,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         "read": read,
         "gemm": gemm,
     }
-    deterministic = {"ours_np", "ours_np_gauss", "svdc", "svdc_rc"}
+    deterministic = {"ours_np", "ours_np_gauss", "ours_np_dp_sizes", "svdc", "svdc_rc"}
     names = list(methods)
 
     # -- warm-up: imports on the workers, page cache, BLAS init (discarded) --------------
@@ -304,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         A_mem.clear()
     profiles: dict[str, Any] = {}
     if not args.no_profile:
-        for nm in ("ours_np", "ours_np_gauss", "ours_dp", "ours_ls_dp", "ours_dp2", "svdc", "read"):
+        for nm in ("ours_np", "ours_np_gauss", "ours_dp", "ours_np_dp_sizes", "ours_ls_dp", "ours_dp2", "svdc", "read"):
             C.collect_everywhere(client)
             time.sleep(1.1)
             t_epoch = time.time()
@@ -364,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
             "ours_np/read": C.ratio(times["ours_np"], times["read"]),
             "svdc/read": C.ratio(times["svdc"], times["read"]),
             "ours_dp/ours_np": C.ratio(times["ours_dp"], times["ours_np"]),
+            "ours_dp/ours_np_dp_sizes": C.ratio(times["ours_dp"], times["ours_np_dp_sizes"]),
             "ours_ls_dp/ours_np": C.ratio(times["ours_ls_dp"], times["ours_np"]),
             "ours_dp/svdc": C.ratio(times["ours_dp"], times["svdc"]),
             "ours_dp2/svdc": C.ratio(times["ours_dp2"], times["svdc"]),
@@ -397,6 +413,7 @@ def markdown(res: dict[str, Any]) -> str:
         "ours_np": "dplr Spectral-LRF, non-private (default: sparse sign S)",
         "ours_np_gauss": "dplr Spectral-LRF, non-private, Gaussian S",
         "ours_dp": "dplr Spectral-LRF, DP (eps=1, delta=1e-6)",
+        "ours_np_dp_sizes": "dplr Spectral-LRF, non-private at the DP run's t, v",
         "ours_ls_dp": "dplr Low-Space-LRF, DP (eps=1, delta=1e-6)",
         "ours_dp2": "dplr two-pass, DP (eps=1, delta=1e-6)",
         "svdc": "dask svd_compressed (n_power_iter=0)",
