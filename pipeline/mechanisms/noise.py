@@ -101,18 +101,18 @@ class NoiseKey:
 def _tile_generator(key: NoiseKey, tile: int) -> np.random.Generator:
     tile_key = hmac.new(key.secret, struct.pack("<q", tile), hashlib.sha256).digest()
     bits = ChaCha(key=int.from_bytes(tile_key, "little"), rounds=20)
-    if not chacha_simd_is_faster():
-        bits.use_simd = False  # the same stream, drawn by the faster code path
+    if chacha_scalar_is_faster():
+        bits.use_simd = False  # the same stream, drawn by the faster code
     return np.random.Generator(bits)
 
 
-#: Raw 64-bit draws per timing of :func:`chacha_simd_is_faster` (256 KiB of keystream).
+#: Raw 64-bit draws per timing of :func:`chacha_scalar_is_faster` (256 KiB of keystream).
 _PROBE_DRAWS = 2**15
 
 
 @functools.cache
-def chacha_simd_is_faster() -> bool:
-    """Whether randomgen's SIMD ChaCha code is faster than its scalar code here.
+def chacha_scalar_is_faster() -> bool:
+    """Whether randomgen's scalar ChaCha code beats its SIMD code on this CPU.
 
     Both give the same stream bit for bit (randomgen documents it and
     ``tests/unit/test_noise.py`` checks it), so the choice changes only the
@@ -120,11 +120,11 @@ def chacha_simd_is_faster() -> bool:
     benchmarks the SIMD code drew 1.16 M normals in 36 ms and the scalar one in
     22 ms, the largest single cost of adding noise to a range sketch. So each
     process times both once, about a millisecond, on a public key that has
-    nothing to do with any release, and keeps the faster; False also when the
-    CPU has no SIMD path.
+    nothing to do with any release. False where there is no SIMD code to turn
+    off (a CPU without it, or a randomgen without the switch).
     """
     probe = ChaCha(key=0, rounds=20)
-    if not probe.use_simd:
+    if not getattr(probe, "use_simd", False):
         return False
     best = {True: math.inf, False: math.inf}
     for _ in range(3):
@@ -133,16 +133,7 @@ def chacha_simd_is_faster() -> bool:
             t0 = time.perf_counter()
             probe.random_raw(_PROBE_DRAWS)
             best[flag] = min(best[flag], time.perf_counter() - t0)
-    return best[True] <= best[False]
-
-
-def secret_generator(key: NoiseKey) -> np.random.Generator:
-    """A ChaCha20 generator keyed by ``key``, for secret data-independent draws.
-
-    Used for random choices that must stay hidden, e.g. the number of trials of
-    a private selection; the same key always gives the same stream.
-    """
-    return _tile_generator(key, -1)
+    return best[False] < best[True]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

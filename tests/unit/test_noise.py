@@ -279,8 +279,11 @@ def test_scalar_and_simd_chacha_draw_the_same_noise(
     noise = _noise(tile=16, dim=5)
     draws = {}
     for flag in (simd_first, not simd_first):
-        monkeypatch.setattr(noise_module, "chacha_simd_is_faster", lambda f=flag: f)
+        monkeypatch.setattr(noise_module, "chacha_scalar_is_faster", lambda f=flag: not f)
         draws[flag] = (noise.block(3, 45), noise.tile(1))
+        # the switch reached the generator (where the CPU has SIMD code at all)
+        bits = noise_module._tile_generator(NoiseKey.insecure_from_seed(1), 0).bit_generator
+        assert bits.use_simd == (flag and ChaCha(key=0).use_simd)
     np.testing.assert_array_equal(draws[True][0], draws[False][0])
     np.testing.assert_array_equal(draws[True][1], draws[False][1])
     # negative control: the comparison sees a one-tile shift
@@ -294,9 +297,9 @@ def test_scalar_and_simd_chacha_draw_the_same_noise(
 
 
 def test_simd_probe_is_measured_once_per_process() -> None:
-    from pipeline.mechanisms.noise import chacha_simd_is_faster
+    from pipeline.mechanisms.noise import chacha_scalar_is_faster
 
-    first = chacha_simd_is_faster()
+    first = chacha_scalar_is_faster()
     assert isinstance(first, bool)
-    assert chacha_simd_is_faster() is first
-    assert chacha_simd_is_faster.cache_info().hits >= 1
+    assert chacha_scalar_is_faster() is first
+    assert chacha_scalar_is_faster.cache_info().hits >= 1
