@@ -136,6 +136,15 @@ def chacha_scalar_is_faster() -> bool:
     return best[False] < best[True]
 
 
+def secret_generator(key: NoiseKey) -> np.random.Generator:
+    """A ChaCha20 generator keyed by ``key``, for secret data-independent draws.
+
+    Used for random choices that must stay hidden, e.g. the number of trials of
+    a private selection; the same key always gives the same stream.
+    """
+    return _tile_generator(key, -1)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class GaussianNoise:
     """Noise ``N(0, sigma^2)`` for one released statistic, tiled along its data axis.
