@@ -364,13 +364,20 @@ def kernel_breakdown(
                 acc["gemm_left"] += t2 - t1
             for _, s_op, t_op in req.two_sided:
                 t0 = time.perf_counter()
-                sb = s_op.block(r0, r1).astype(dt, copy=False)
+                sparse = isinstance(s_op, SparseSignOperator)
+                # a sparse S is applied as the sparse product, as in block_partials
+                sbt = (
+                    s_op.left_block(r0, r1, dt)
+                    if sparse
+                    else s_op.block(r0, r1).astype(dt, copy=False).T
+                )
                 tb = t_op.block(0, n).astype(dt, copy=False)
                 t1 = time.perf_counter()
-                if a.shape[1] >= a.shape[0]:  # same contraction order as block_partials
-                    (sb.T @ a) @ tb
+                # the contraction order of block_partials
+                if sparse or a.shape[1] >= a.shape[0]:
+                    (sbt @ a) @ tb
                 else:
-                    sb.T @ (a @ tb)
+                    sbt @ (a @ tb)
                 t2 = time.perf_counter()
                 acc["opgen_two_sided"] += t1 - t0
                 acc["gemm_two_sided"] += t2 - t1
