@@ -88,38 +88,13 @@ def generate_store(
         np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(0,)))
     )
     V = orthonormal_columns(n, r, rng_v)
-
-    def gauss_block(b: int) -> np.ndarray:
-        g = np.random.Generator(
-            np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(1, b)))
-        )
-        return g.standard_normal((min(cr, m - b * cr), r))
-
+    u_block = _left_factor(m, r, cr, seed)
     nblocks = -(-m // cr)
-    if m * r <= IN_MEMORY_LIMIT:
-        G = np.vstack([gauss_block(b) for b in range(nblocks)])
-        U_full = orthonormal_columns_from(G)
-
-        def u_block(b: int) -> np.ndarray:
-            return U_full[b * cr : (b + 1) * cr]
-    else:
-        gram = np.zeros((r, r))
-        for b in range(nblocks):
-            g = gauss_block(b)
-            gram += g.T @ g
-        R = cholesky_factor(gram)
-
-        def u_block(b: int) -> np.ndarray:
-            # U = G R^{-1}: orthonormal columns (well conditioned: m >> r) [CholeskyQR]
-            return sla.solve_triangular(R, gauss_block(b).T, trans="T", lower=False).T  # type: ignore[no-any-return]
-
     row_max = max(
         float(np.sqrt(((u_block(b) * sigma) ** 2).sum(axis=1)).max())
         for b in range(nblocks)
     )
     scale = float(max_row_norm) / row_max
-    parent, base = os.path.split(os.path.abspath(path))
-    tmp = os.path.join(parent, f".{base}.tmp-{uuid.uuid4().hex}")
     meta = {
         "spectrum": spectrum,
         "decay": decay,
@@ -131,22 +106,11 @@ def generate_store(
         "seed": seed,
         "singular_values": (scale * sigma).tolist(),
     }
-    try:
-        z = zarr.create_array(
-            store=tmp, shape=(m, n), dtype=dtype, chunks=(cr, cc), zarr_format=3
-        )
-        for b in range(nblocks):
-            block = (u_block(b) * (scale * sigma)) @ V.T
-            z[b * cr : b * cr + block.shape[0]] = block.astype(dtype)
-            if progress is not None:
-                progress(b + 1, nblocks)
-        z.attrs["dplr_synthetic"] = meta
-        if os.path.lexists(path):
-            shutil.rmtree(path)
-        os.rename(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            shutil.rmtree(tmp, ignore_errors=True)
+
+    def row_block(b: int) -> np.ndarray:
+        return ((u_block(b) * (scale * sigma)) @ V.T).astype(dtype)
+
+    _publish(path, (m, n), np.dtype(dtype), (cr, cc), row_block, meta, progress)
     return meta
 
 
@@ -260,28 +224,61 @@ def generate_pca_store(
         "singular_values": data.singular_values.tolist(),
         "top_right_singular_vectors": data.Vk.tolist(),
     }
-    _publish(path, stored, (cr, cc), meta, progress)
+    _publish(
+        path, stored.shape, stored.dtype, (cr, cc),
+        lambda b: stored[b * cr : (b + 1) * cr], meta, progress,
+    )  # fmt: skip
     return meta
+
+
+def _left_factor(m: int, r: int, cr: int, seed: int) -> Callable[[int], np.ndarray]:
+    """Row block ``b`` (rows ``b cr : (b + 1) cr``) of an (m, r) matrix with
+    orthonormal columns, the same for every call, built from Gaussian blocks.
+
+    Small factors are orthonormalised in memory; larger ones as ``U = G R^{-1}``
+    with ``R`` from the Gram matrix of all blocks (CholeskyQR, well conditioned
+    for m >> r), so each block is regenerated from its seed when it is needed.
+    """
+
+    def gauss_block(b: int) -> np.ndarray:
+        g = np.random.Generator(
+            np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(1, b)))
+        )
+        return g.standard_normal((min(cr, m - b * cr), r))
+
+    nblocks = -(-m // cr)
+    if m * r <= IN_MEMORY_LIMIT:
+        U = orthonormal_columns_from(np.vstack([gauss_block(b) for b in range(nblocks)]))
+        return lambda b: U[b * cr : (b + 1) * cr]
+    gram = np.zeros((r, r))
+    for b in range(nblocks):
+        g = gauss_block(b)
+        gram += g.T @ g
+    R = cholesky_factor(gram)
+    return lambda b: sla.solve_triangular(R, gauss_block(b).T, trans="T", lower=False).T
 
 
 def _publish(
     path: str,
-    A: np.ndarray,
+    shape: tuple[int, int],
+    dtype: np.dtype[Any],
     chunks: tuple[int, int],
+    row_block: Callable[[int], np.ndarray],
     meta: dict[str, Any],
     progress: Callable[[int, int], None] | None,
 ) -> None:
-    """Write ``A`` under a temporary name beside ``path``, then rename it into place."""
+    """Write the row blocks ``row_block(b)`` (``chunks[0]`` rows each) under a
+    temporary name beside ``path``, then rename the array into place."""
     parent, base = os.path.split(os.path.abspath(path))
     tmp = os.path.join(parent, f".{base}.tmp-{uuid.uuid4().hex}")
     cr = chunks[0]
-    nblocks = -(-A.shape[0] // cr)
+    nblocks = -(-shape[0] // cr)
     try:
         z = zarr.create_array(
-            store=tmp, shape=A.shape, dtype=A.dtype, chunks=chunks, zarr_format=3
+            store=tmp, shape=shape, dtype=dtype, chunks=chunks, zarr_format=3
         )
         for b in range(nblocks):
-            z[b * cr : (b + 1) * cr] = A[b * cr : (b + 1) * cr]
+            z[b * cr : (b + 1) * cr] = row_block(b)
             if progress is not None:
                 progress(b + 1, nblocks)
         z.attrs["dplr_synthetic"] = meta
