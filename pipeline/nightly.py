@@ -232,18 +232,33 @@ def run_nightly(
         A batch is invalid: nothing of it was applied, earlier dates stay
         released; fix or remove the batch and rerun.
     """
-    from pipeline.stream import (
-        _crash_point,
-        _plan_of,
-        continue_advice,
-        open_stream,
-        stream_ingest,
-        stream_release,
-    )
+    from pipeline.stream import open_stream
 
     cfg = config if isinstance(config, NightlyConfig) else load_nightly_config(config)
     store = open_stream(cfg.state)
-    m = store.manifest
+    epoch = _epoch_of_day(cfg, store.manifest, day)
+    if dry_run:
+        return _dry_run(cfg, store.manifest, day, epoch, say)
+    os.makedirs(cfg.releases, exist_ok=True)
+    summary: dict[str, Any] = {"dry_run": False, "dates": []}
+    with store.lock(), _client(cfg) as client:
+        m = store.manifest
+        if str(epoch) in m["releases"]:
+            out = m["releases"][str(epoch)]["out"]
+            if epoch == max(_released(m)):
+                _point_latest(cfg.releases, out)  # repairs a pointer a crash left behind
+            say(f"{day.isoformat()} epoch {epoch}: already released to {out}; nothing to do")
+            summary["dates"].append({"date": day.isoformat(), "epoch": epoch, "release": out, "action": "already released"})
+            return summary
+        for e in range(_first_epoch(m), epoch + 1):
+            summary["dates"].append(_release_date(cfg, store, e, client, say))
+    return summary
+
+
+def _epoch_of_day(cfg: NightlyConfig, m: dict[str, Any], day: _dt.date) -> int:
+    """``day``'s epoch, refused before the stream's start or beyond its horizon."""
+    from pipeline.stream import _plan_of, continue_advice
+
     plan = _plan_of(m)
     epoch = cfg.epoch_of(day)
     if epoch < 1:
@@ -260,57 +275,63 @@ def run_nightly(
             "calibrated for the horizon; a new stream needs its own job file, with start_date "
             f"{cfg.date_of(plan.horizon + 1).isoformat()}. {continue_advice(m)}"
         ) from None
-    summary: dict[str, Any] = {"dry_run": dry_run, "dates": []}
-    if dry_run:
-        if m["ledger"] is not None:
-            _check_ledger(m["ledger"])
-        _check_writable(cfg)
-        if str(epoch) in m["releases"]:
-            say(f"{day.isoformat()} epoch {epoch}: already released; nothing to do")
-            summary["dates"].append({"date": day.isoformat(), "epoch": epoch, "action": "already released"})
-        for e in range(_first_epoch(m), epoch + 1) if str(epoch) not in m["releases"] else ():
-            d = cfg.date_of(e)
-            files = _batches(cfg, d) if e > m["last_closed"] else []
-            if files is None:
-                raise _no_inbox(cfg, d, dry_run=True)
-            names = ", ".join(os.path.basename(f) for f in files) or "none"
-            say(f"{d.isoformat()} epoch {e}/{plan.horizon}: to release, {len(files)} batch file(s) "
-                f"[{names}] -> {cfg.release_for(d)}")
-            summary["dates"].append({
-                "date": d.isoformat(), "epoch": e, "batches": [os.path.basename(f) for f in files],
-                "release": cfg.release_for(d), "action": "to release",
-            })
-        say("dry run: the job is valid; nothing was read or written")
-        return summary
-    os.makedirs(cfg.releases, exist_ok=True)
-    with store.lock(), _client(cfg) as client:
-        m = store.manifest
-        if str(epoch) in m["releases"]:
-            out = m["releases"][str(epoch)]["out"]
-            if epoch == max(_released(m)):
-                _point_latest(cfg.releases, out)  # repairs a pointer a crash left behind
-            say(f"{day.isoformat()} epoch {epoch}: already released to {out}; nothing to do")
-            summary["dates"].append({"date": day.isoformat(), "epoch": epoch, "release": out, "action": "already released"})
-            return summary
-        for e in range(_first_epoch(m), epoch + 1):
-            d = cfg.date_of(e)
-            out = cfg.release_for(d)
-            done: list[str] = []
-            if e > store.manifest["last_closed"]:
-                files = _batches(cfg, d)
-                if files is None:
-                    raise _no_inbox(cfg, d)
-                for f in files:
-                    # a batch applied by an earlier, interrupted run is skipped
-                    if not stream_ingest(cfg.state, f, epoch=e, store=store, skip_known=True)["skipped"]:
-                        done.append(os.path.basename(f))
-            _, new = stream_release(cfg.state, epoch=e, out=out, client=client, store=store)
-            _point_latest(cfg.releases, out)
-            _crash_point("after-latest")
-            action = "released" if new else "already released"
-            say(f"{d.isoformat()} epoch {e}/{plan.horizon}: {len(done)} batch file(s) ingested, {action} -> {out}")
-            summary["dates"].append({"date": d.isoformat(), "epoch": e, "batches": done, "release": out, "action": action})
+    return epoch
+
+
+def _dry_run(
+    cfg: NightlyConfig, m: dict[str, Any], day: _dt.date, epoch: int, say: Callable[[str], None]
+) -> dict[str, Any]:
+    """What a run for ``day`` would do, checked (ledger, output, inbox) but nothing read or written."""
+    from pipeline.stream import _plan_of
+
+    horizon = _plan_of(m).horizon
+    summary: dict[str, Any] = {"dry_run": True, "dates": []}
+    if m["ledger"] is not None:
+        _check_ledger(m["ledger"])
+    _check_writable(cfg)
+    if str(epoch) in m["releases"]:
+        say(f"{day.isoformat()} epoch {epoch}: already released; nothing to do")
+        summary["dates"].append({"date": day.isoformat(), "epoch": epoch, "action": "already released"})
+    for e in range(_first_epoch(m), epoch + 1) if str(epoch) not in m["releases"] else ():
+        d = cfg.date_of(e)
+        files = _batches(cfg, d) if e > m["last_closed"] else []
+        if files is None:
+            raise _no_inbox(cfg, d, dry_run=True)
+        names = ", ".join(os.path.basename(f) for f in files) or "none"
+        say(f"{d.isoformat()} epoch {e}/{horizon}: to release, {len(files)} batch file(s) "
+            f"[{names}] -> {cfg.release_for(d)}")
+        summary["dates"].append({
+            "date": d.isoformat(), "epoch": e, "batches": [os.path.basename(f) for f in files],
+            "release": cfg.release_for(d), "action": "to release",
+        })
+    say("dry run: the job is valid; nothing was read or written")
     return summary
+
+
+def _release_date(
+    cfg: NightlyConfig, store: Any, e: int, client: Any, say: Callable[[str], None]
+) -> dict[str, Any]:
+    """Ingest epoch ``e``'s batches (unless a crashed run closed it) and release it."""
+    from pipeline.stream import _crash_point, _plan_of, stream_ingest, stream_release
+
+    d = cfg.date_of(e)
+    out = cfg.release_for(d)
+    done: list[str] = []
+    if e > store.manifest["last_closed"]:
+        files = _batches(cfg, d)
+        if files is None:
+            raise _no_inbox(cfg, d)
+        for f in files:
+            # a batch applied by an earlier, interrupted run is skipped
+            if not stream_ingest(cfg.state, f, epoch=e, store=store, skip_known=True)["skipped"]:
+                done.append(os.path.basename(f))
+    _, new = stream_release(cfg.state, epoch=e, out=out, client=client, store=store)
+    _point_latest(cfg.releases, out)
+    _crash_point("after-latest")
+    action = "released" if new else "already released"
+    horizon = _plan_of(store.manifest).horizon
+    say(f"{d.isoformat()} epoch {e}/{horizon}: {len(done)} batch file(s) ingested, {action} -> {out}")
+    return {"date": d.isoformat(), "epoch": e, "batches": done, "release": out, "action": action}
 
 
 def _first_epoch(m: dict[str, Any]) -> int:
