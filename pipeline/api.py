@@ -1,8 +1,9 @@
 """``pipeline.factorize`` and ``pipeline.pca``: thin functions over the one release job.
 
-Each validates its parameters, opens the input from metadata only, plans the
-release (public inputs only) and hands a :class:`~pipeline.release.ReleaseSpec`
-and its algorithm hooks to :func:`~pipeline.release.run_release`, which runs
+Each validates its parameters into value objects; :mod:`pipeline.lrf_job` and
+:mod:`pipeline.pca_job` open the input from metadata only, plan the release
+(public inputs only) and give a :class:`~pipeline.release.ReleaseSpec` and the
+algorithm's hooks to :func:`~pipeline.release.run_release`, which runs
 the fixed, durable steps of every release [design 2, "The release job"]:
 refuse (output, budget, contract) before any read; the passes (clipping first,
 NaN/Inf refused); the journal; the ledger charge, once and before any noise;
@@ -11,51 +12,45 @@ the noise, once; post-processing; the atomic publication; the clean-up.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import math
 import os
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
-import numpy as np
-
-from pipeline import _scratch
 from pipeline._validation import (
     check_int_in_range,
 )
-from pipeline.accounting.contract import Accountant, PrivacyContract
 from pipeline.accounting.ledger import Ledger
 from pipeline.algorithms import lrf_model
-from pipeline.algorithms.base import ArraySource, Factorization
+from pipeline.algorithms.base import Factorization
 from pipeline.algorithms.lrf import (
     Algorithm,
     LrfParams,
-    LrfPlan,
     plan_lrf,
-    run_lrf,
-    seed_fingerprint,
 )
 from pipeline.algorithms.power_pca import PcaRelease
 from pipeline.errors import (
     InvalidParameterError,
     PrivacyConfigError,
 )
+from pipeline.lrf_job import build_report, lrf_release_spec
 from pipeline.mechanisms.clipping import Neighboring, PrivacyUnit
+from pipeline.pca_job import (
+    PCA_BAND_BYTES,
+    Selection,
+    build_pca_report,
+    pca_release_spec,
+)
 from pipeline.release import (
-    InputRef,
-    ReleaseJob,
     ReleaseOptions,
-    ReleaseSpec,
     Runtime,
-    crash_point,
     package_versions,
     run_release,
 )
 from pipeline.sketches.operators import OperatorKind
 
 __all__ = [
+    "PCA_BAND_BYTES",
     "Selection",
     "build_pca_report",
     "build_report",
@@ -93,94 +88,6 @@ def make_params(
         sketch_size=sketch_size, core_size=core_size, clip_norm=clip_norm, unit=unit,
         neighboring=neighboring, padded=padded, operator=operator,
     )  # fmt: skip
-
-
-def build_report(
-    plan: LrfPlan,
-    job: ReleaseJob,
-    *,
-    info: Any,
-    passes: int,
-    cluster: dict[str, Any] | None,
-) -> dict[str, Any]:
-    """The privacy report and run metadata of a release (public values only)."""
-    p, cal = plan.params, plan.calibration
-    m, n = plan.shape
-    report: dict[str, Any] = {
-        "format": "dplr-release/1",
-        **job.report_core(),
-        "algorithm": p.algorithm.value,
-        "rank": p.rank,
-        "shape": [m, n],
-        "parameters": {
-            "sketch_size": plan.t,
-            "core_size": plan.v,
-            "transposed": plan.transpose,
-            "padded": p.padded,
-            "tile_size": p.tile_size,
-            "operator": plan.operator.value,
-            **_split_fields(plan),
-        },
-        "n_passes": passes,
-        "n_passes_planned": 2 if p.algorithm is Algorithm.TWO_PASS else 1,
-        "input": _input_report(info),
-        "cluster": cluster,
-        "sketch_seed_fingerprint": seed_fingerprint(job.sketch_seed),
-        "public_sketch_seed": plan.public_sketch_seed,
-    }
-    if cal is None:
-        return report | _NON_PRIVATE
-    two = p.algorithm is Algorithm.TWO_PASS
-    predicted = lrf_model.predict(plan)
-    return report | {
-        "mechanism": _TWO_PASS_MECHANISM if two else "Gaussian, one joint mechanism over all released sketches (analytic calibration [BW18])",
-        "epsilon": cal.epsilon,
-        "delta": cal.delta,
-        "accountant": "analytic Gaussian mechanism; releases on one dataset compose exactly in the ledger",
-        "idealized_numerics": True,
-        "privacy_unit": p.clip.unit.value,
-        "neighboring": p.neighboring.value,
-        "clip_norm": p.clip.clip_norm,
-        # a user-given seed is public: the calibration used its operators' worst case
-        "sensitivity": cal.sensitivity,
-        "calibration": cal.to_dict(),
-        "sketches": [
-            {
-                "name": s.name,
-                "shape": list(s.shape),
-                "sensitivity": s.sensitivity,
-                "sigma": s.sigma,
-                "weight": s.weight,
-            }
-            for s in cal.sketches
-        ],
-        # spec 7.3: public pre-flight estimate of the additive error, from the
-        # error model (public values only)
-        "noise_floor_estimate": predicted.error,
-        "error_model": predicted.to_dict(),
-    }
-
-
-_TWO_PASS_MECHANISM = (
-    "two Gaussian mechanisms, Z = S X + N_Z then Y = X V_k + N_Y with V_k from the noisy Z, "
-    "composed exactly in GDP (analytic calibration [BW18]); both sensitivities exactly Delta_F"
-)
-
-_NON_PRIVATE = {
-    "mechanism": None,
-    "epsilon": None,
-    "delta": None,
-    "note": "non-private run: no clipping, no noise; NOT PRIVATE",
-}
-
-
-def _input_report(info: Any) -> dict[str, Any]:
-    return {
-        "path": info.path,
-        "dtype": info.dtype,
-        "store_chunks": info.store_chunks,
-        "n_chunks": [len(c) for c in info.dask_chunks],
-    }
 
 
 def factorize(
@@ -326,6 +233,7 @@ def factorize(
 
     Examples
     --------
+    >>> import numpy as np
     >>> A = np.random.default_rng(0).normal(size=(60, 40)) / 10
     >>> f = factorize(A, 3, private=False, seed=1)
     >>> f.U.shape, f.S.shape, f.V.shape
@@ -417,6 +325,7 @@ def release_factorization(
 
     Examples
     --------
+    >>> import numpy as np
     >>> A = np.random.default_rng(0).normal(size=(60, 40)) / 10
     >>> f = release_factorization(A, LrfParams.of(3, private=False), seed=1)
     >>> f.S.shape
@@ -424,180 +333,8 @@ def release_factorization(
     """
     if seed is not None:
         seed = check_int_in_range(seed, "seed", 0, 2**128 - 1)
-    spec, job = _lrf_release(params, source, seed, options or ReleaseOptions())
+    spec, job = lrf_release_spec(params, source, seed, options or ReleaseOptions())
     return run_release(spec, job, runtime or Runtime())  # type: ignore[no-any-return]
-
-
-def _lrf_release(
-    params: LrfParams, source: Any, seed: int | None, options: ReleaseOptions
-) -> tuple[ReleaseSpec, _LrfJob]:
-    """The release spec and the algorithm hooks of one factorization."""
-    from pipeline.io import open_input
-
-    _scratch.remove_dead(options.scratch, options.out)  # what a killed job left here
-    array, info = open_input(
-        source, unit=params.clip.unit.value if params.private else None
-    )
-    plan = plan_lrf(params, info.shape, public_seed=seed)
-    contract = None
-    if plan.calibration is not None:
-        contract = PrivacyContract(
-            unit=params.clip.unit, neighboring=params.neighboring,
-            clip_norm=params.clip.clip_norm, epsilon=plan.calibration.epsilon,
-            delta=plan.calibration.delta, accountant=Accountant.ANALYTIC_GAUSSIAN,
-            shape=info.shape, secret_noise=options.insecure_noise_seed is None,
-            public_operators=seed is not None, entry_reads=plan.entry_reads,
-        )  # fmt: skip
-    spec = ReleaseSpec(
-        kind="factorize", contract=contract, calibration=plan.calibration,
-        parameters=_lrf_parameters(plan), input=InputRef.of(info, array),
-        sketch_seed=seed, uses_sketch_seed=True, **options.spec_fields(),
-    )  # fmt: skip
-    scratch = options.scratch
-    if scratch is not None:
-        scratch = _scratch.check_scratch(scratch)
-    return spec, _LrfJob(plan=plan, array=array, info=info, scratch=scratch)
-
-
-def _lrf_parameters(plan: LrfPlan) -> dict[str, Any]:
-    """The public parameters of a factorization (journal header)."""
-    p = plan.params
-    return {
-        "algorithm": p.algorithm.value,
-        "rank": p.rank,
-        "sketch_size": plan.t,
-        "core_size": plan.v,
-        "transposed": plan.transpose,
-        "private": p.private,
-        "unit": p.clip.unit.value,
-        "clip_norm": p.clip.clip_norm,
-        "neighboring": p.neighboring.value,
-        "padded": p.padded,
-        "delta_jl_fraction": p.delta_jl_fraction,
-        "tile_size": p.tile_size,
-        "operator": plan.operator.value,
-        **_split_fields(plan),
-    }
-
-
-def _split_fields(plan: LrfPlan) -> dict[str, Any]:
-    """The budget split (and one pass's range basis rank) of a private plan."""
-    if plan.calibration is None:
-        return {}
-    if plan.params.algorithm is Algorithm.TWO_PASS:
-        return {"weight_z": plan.weight_z, "weight_y": plan.weight_y}  # type: ignore[attr-defined]
-    return {"range_weight": plan.range_weight, "basis_rank": plan.basis_rank}
-
-
-@dataclasses.dataclass(eq=False)
-class _LrfJob:
-    """The hooks of a factorization for :func:`pipeline.release.run_release`."""
-
-    plan: LrfPlan
-    array: Any
-    info: Any
-    scratch: str | None
-    source: Any = None
-    cluster: dict[str, Any] | None = None
-
-    @property
-    def local(self) -> bool:
-        return isinstance(self.array, np.ndarray)
-
-    @contextlib.contextmanager
-    def open_source(
-        self, job: ReleaseJob, client: Any, cluster: dict[str, Any] | None
-    ) -> Iterator[Any]:
-        if self.local:
-            self.source = ArraySource(self.array)
-            yield self.source
-            return
-        from pipeline.execution import DaskSource
-
-        tmp = _scratch.make_scratch(self.scratch, job.spec.out)
-        self.cluster = {**(cluster or {}), "n_graph_tasks_pass": 0}
-        self.source = DaskSource(
-            self.array, client, progress=job.runtime.progress,
-            reader=self.info.reader, scratch=tmp,
-        )  # fmt: skip
-        try:
-            yield self.source
-        finally:
-            self.source.close()  # the job's sealed secrets leave the cluster
-            if tmp is not None:
-                _scratch.remove_scratch(tmp)
-
-    def compute(self, job: ReleaseJob, src: Any) -> Factorization:
-        plan, p = self.plan, self.plan.params
-        exact = None if job.journal is None else job.journal.load_sketches()
-
-        # a stored input is fingerprinted (a resume refuses a changed one), so the
-        # tall exact sketches are recomputed on resume rather than written on
-        # every run; a dask array input may not read the same twice: written
-        tall = "recompute" if self.info.path is not None else "write"
-
-        def journal(sketches: dict[str, Any]) -> None:
-            jr = job.durable_journal()  # the exact sketches, key and seed: durable
-            if jr is not None:
-                jr.record_sketches(sketches, client=getattr(src, "client", None), tall=tall)
-            crash_point("after-pass")  # the N-th time: after pass N was journaled
-
-        details = {"rank": p.rank, "sketch_size": plan.t, "core_size": plan.v}
-        result = run_lrf(
-            src, plan, sketch_seed=job.sketch_seed, noise_key=job.noise_key,
-            before_noise=lambda: job.charge(algorithm=p.algorithm.value, details=details),
-            input_dtype=self.array.dtype, exact=exact, after_pass=journal,
-        )  # fmt: skip
-        job.mark("post")
-        if self.cluster is not None:
-            self.cluster["n_graph_tasks_pass"] = src.n_tasks
-        report = build_report(
-            plan, job, info=self.info, passes=src.n_passes, cluster=self.cluster
-        )
-        report["resumed_from_journal"] = exact is not None
-        return Factorization(U=result.U, S=result.S, V=result.V, report=report)
-
-    def publish(self, job: ReleaseJob, staged: Factorization, client: Any) -> Any:
-        from pipeline.io import read_release, write_release
-
-        out, total = job.spec.out, job.t0
-        if out is None:
-            job.publish(None)
-            final = Factorization(
-                U=_gather(staged.U, client), S=staged.S, V=_gather(staged.V, client),
-                report=staged.report,
-            )  # fmt: skip
-        else:
-            job.publish(
-                lambda: write_release(
-                    out, staged, overwrite=job.spec.overwrite, client=client
-                )
-            )
-            final = read_release(out, load=False)  # U stays in the store
-        final.report["timings_seconds"]["total"] = round(time.perf_counter() - total, 4)
-        return final
-
-    def read(self, out: str) -> Any:
-        from pipeline.io import read_release
-
-        return read_release(out, load=False)
-
-
-def _gather(x: Any, client: Any) -> np.ndarray:
-    """A (tall) dask array in client memory, its blocks fetched in one gather."""
-    if isinstance(x, np.ndarray):
-        return x
-    from pipeline.execution.source import gather_blocks
-
-    (out,) = gather_blocks(client, [x])
-    return out
-
-
-# ---------------------------------------------------------------------------
-# PCA
-# ---------------------------------------------------------------------------
-#: Target size (float64 bytes) of the full-width row band one PCA task reads.
-PCA_BAND_BYTES = 64 * 2**20
 
 
 def pca(
@@ -727,6 +464,7 @@ def pca(
 
     Examples
     --------
+    >>> import numpy as np
     >>> rng = np.random.default_rng(0)
     >>> A = rng.normal(size=(2000, 8)) * [3, 2, 1, 1, 1, 1, 1, 1] / 6
     >>> r = pca(A, 2, iterations=3, private=False)
@@ -757,49 +495,6 @@ def pca(
     return release_pca(source, params, options, runtime, selection=selection)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class Selection:
-    """The public grids of a private selection of ``(R, T)`` (None: the defaults)."""
-
-    radii: tuple[float, ...] | None = None
-    iterations: tuple[int, ...] | None = None
-    expected_trials: float | None = None
-
-    @staticmethod
-    def of(
-        params: Any,
-        select: bool,
-        radius_grid: Sequence[float] | None,
-        iterations_grid: Sequence[int] | None,
-        expected_trials: float | None,
-    ) -> Selection | None:
-        """The selection's public grids (None: a fixed run); refuses a bad mix."""
-        if not isinstance(select, bool):
-            raise InvalidParameterError(
-                f"select must be True or False, got select={select!r}."
-            )
-        fixed = params.iterations is not None or params.clip_radius is not None
-        method_ok = params.method in ("auto", "power")
-        if select and (fixed or not params.private or not method_ok):
-            raise InvalidParameterError(
-                "select=True chooses the method, the clip radius and the number of iterations "
-                "privately; do not pass iterations or clip_radius, and use method='auto' (or "
-                "'power') with private=True."
-            )
-        grids = (radius_grid, iterations_grid, expected_trials)
-        if not select:
-            if any(g is not None for g in grids):
-                raise InvalidParameterError(
-                    "radius_grid, iterations_grid and expected_trials apply to select=True only."
-                )
-            return None
-        return Selection(
-            radii=None if radius_grid is None else tuple(radius_grid),
-            iterations=None if iterations_grid is None else tuple(iterations_grid),
-            expected_trials=expected_trials,
-        )
-
-
 def release_pca(
     source: Any,
     params: Any,
@@ -815,6 +510,7 @@ def release_pca(
 
     Examples
     --------
+    >>> import numpy as np
     >>> from pipeline.algorithms.power_pca import PcaParams
     >>> A = np.random.default_rng(0).normal(size=(500, 6)) / 6
     >>> r = release_pca(A, PcaParams(rank=2, iterations=2, private=False))
@@ -824,350 +520,5 @@ def release_pca(
     if selection is not None:
         Selection.of(params, True, selection.radii, selection.iterations,
                      selection.expected_trials)  # fmt: skip
-    spec, job = _pca_release(params, source, selection, options or ReleaseOptions())
+    spec, job = pca_release_spec(params, source, selection, options or ReleaseOptions())
     return run_release(spec, job, runtime or Runtime())  # type: ignore[no-any-return]
-
-
-def _pca_plan(params: Any, shape: tuple[int, int], selection: Selection | None) -> Any:
-    """The plan of a fixed run, or of a selection with its calibration."""
-    from pipeline.accounting.pca import calibrate_selection
-    from pipeline.algorithms.power_pca import default_selection_grids, plan_pca
-
-    if selection is None:
-        return plan_pca(params, shape)
-    # validated as a fixed run first (rank, budget, route, bounds), then calibrated
-    params = dataclasses.replace(params, method="power")
-    plan = plan_pca(dataclasses.replace(params, iterations=1, clip_radius=1.0), shape)
-    if params.rank >= shape[1]:
-        raise InvalidParameterError(
-            f"select=True needs rank < n_features (with k = d every candidate spans the "
-            f"whole space, so there is nothing to select), got rank={params.rank} for "
-            f"{shape[1]} columns."
-        )
-    if selection.expected_trials is None:
-        return dataclasses.replace(
-            plan, calibration=_candidates_of(params, shape, selection), n_passes=-1
-        )
-    radii, grid = default_selection_grids(shape[0], params.rank)
-    radii = selection.radii if selection.radii is not None else radii
-    grid = selection.iterations if selection.iterations is not None else grid
-    expected = selection.expected_trials
-    cal = calibrate_selection(
-        epsilon=params.epsilon, delta=params.delta, rank=params.rank,
-        n_rows=shape[0], n_features=shape[1], radii=radii, iteration_grid=grid,
-        beta=params.beta,
-        expected_trials=expected if expected is not None else 4.0 * len(radii) * len(grid),
-        sensitivity=params.sensitivity, gamma_scale=params.gamma_scale,
-        neighboring=params.neighboring,
-    )  # fmt: skip
-    return dataclasses.replace(plan, calibration=cal, n_passes=-1)
-
-
-def _candidates_of(params: Any, shape: tuple[int, int], selection: Selection) -> Any:
-    """Exhaustive selection: Analyze Gauss and the public (R, T) candidates.
-
-    Default candidates: Analyze Gauss and the power method at the ``auto``
-    rule's ``T`` and ``R``; given grids: Analyze Gauss and their product.
-    """
-    from pipeline.accounting.pca_selection import calibrate_candidates
-    from pipeline.algorithms.pca_auto import AUTO_ITERATIONS, auto_radius
-
-    radii = selection.radii or (auto_radius(shape[0], params.rank),)
-    iterations = selection.iterations or (AUTO_ITERATIONS,)
-    candidates = [(None, 0)] + [(float(r), int(t)) for t in iterations for r in radii]
-    return calibrate_candidates(
-        epsilon=params.epsilon, delta=params.delta, rank=params.rank,
-        n_rows=shape[0], n_features=shape[1], candidates=candidates,
-        sensitivity=params.sensitivity, neighboring=params.neighboring,
-        h_fraction=params.h_fraction, beta=params.beta, gamma_scale=params.gamma_scale,
-    )  # fmt: skip
-
-
-def _pca_release(
-    params: Any, source: Any, selection: Selection | None, options: ReleaseOptions
-) -> tuple[ReleaseSpec, _PcaJob]:
-    """The release spec and the algorithm hooks of one PCA."""
-    from pipeline.io import open_input
-
-    array, info = open_input(source, unit=None, band_bytes=PCA_BAND_BYTES)
-    plan = _pca_plan(params, info.shape, selection)
-    cal, select = plan.calibration, selection is not None
-    random_stopping = select and selection.expected_trials is not None
-    contract = None
-    if cal is not None:
-        contract = PrivacyContract(
-            unit=PrivacyUnit.ROW, neighboring=Neighboring(params.neighboring),
-            clip_norm=params.row_norm_bound, epsilon=cal.epsilon, delta=cal.delta,
-            accountant=Accountant.RDP if random_stopping
-            else Accountant.GDP if select else Accountant(params.accounting),
-            shape=info.shape, secret_noise=options.insecure_noise_seed is None,
-        )  # fmt: skip
-    parameters = dataclasses.asdict(params)
-    if random_stopping:
-        parameters["grids"] = {
-            "radii": list(cal.radii),
-            "iterations": list(cal.iteration_grid),
-            "expected_trials": cal.expected_trials,
-        }
-    elif select:
-        parameters["candidates"] = [list(c) for c in cal.candidates]
-    spec = ReleaseSpec(
-        kind="pca-select" if select else "pca", contract=contract, calibration=cal,
-        parameters=parameters, input=InputRef.of(info, array), **options.spec_fields(),
-    )  # fmt: skip
-    return spec, _PcaJob(plan=plan, array=array, info=info, select=select)
-
-
-@dataclasses.dataclass(eq=False)
-class _PcaJob:
-    """The hooks of a PCA release for :func:`pipeline.release.run_release`."""
-
-    plan: Any
-    array: Any
-    info: Any
-    select: bool
-    cluster: dict[str, Any] | None = None
-    source: Any = None
-
-    @property
-    def local(self) -> bool:
-        return isinstance(self.array, np.ndarray)
-
-    @contextlib.contextmanager
-    def open_source(
-        self, job: ReleaseJob, client: Any, cluster: dict[str, Any] | None
-    ) -> Iterator[Any]:
-        from pipeline.algorithms.power_pca import ArrayRowSource
-
-        p = self.plan.params
-        if self.local:
-            self.source = ArrayRowSource(
-                self.array, row_norm_bound=p.row_norm_bound, clip=p.private
-            )
-            yield self.source
-            return
-        from pipeline.execution.pca import DaskRowSource
-
-        self.source = DaskRowSource(
-            self.array, client, row_norm_bound=p.row_norm_bound, clip=p.private,
-            # a selection's passes would reveal the number of trials (spec 3.5)
-            progress=None if self.select else job.runtime.progress,
-        )  # fmt: skip
-        self.cluster = {**(cluster or {}), "n_row_bands": self.source.n_bands}
-        yield self.source
-
-    def compute(self, job: ReleaseJob, src: Any) -> PcaRelease:
-        from pipeline.algorithms.power_pca import run_pca, run_selection
-
-        p, cal = self.plan.params, self.plan.calibration
-        details = {
-            "rank": p.rank,
-            "iterations": None if self.select else self.plan.iterations,
-            "clip_radius": None if self.select else getattr(cal, "clip_radius", None),
-        }
-        kw: dict[str, Any] = {
-            "noise_key": job.noise_key,
-            "journal": _JobJournal(job),
-            "before_first_release": lambda: job.charge(
-                algorithm="pca-select" if self.select else f"pca-{p.method}",
-                details=details,
-            ),
-        }
-        if self.select:
-            job.runtime.say(
-                "private selection of (R, T): running; its progress is withheld (it "
-                "would reveal the number of trials)"
-            )
-            result: Any = run_selection(src, cal, **kw)
-        else:
-            result = run_pca(src, self.plan, on_step=job.runtime.say, **kw)
-        job.mark("run")
-        if self.cluster is not None and not self.select:
-            self.cluster["n_graph_tasks"] = src.n_tasks
-        report = build_pca_report(self.plan, result, job, info=self.info, cluster=self.cluster)
-        return PcaRelease(
-            components=result.components, eigenvalues=result.eigenvalues, report=report
-        )
-
-    def publish(self, job: ReleaseJob, rel: PcaRelease, client: Any) -> PcaRelease:
-        from pipeline.io import write_group
-
-        if not self.select:  # the time of a selection would reveal its trials
-            rel.report["timings_seconds"]["total"] = round(time.perf_counter() - job.t0, 4)
-        out = job.spec.out
-        arrays = {"components": rel.components, "eigenvalues": rel.eigenvalues}
-        job.publish(
-            None
-            if out is None
-            else lambda: write_group(out, arrays, rel.report, overwrite=job.spec.overwrite)
-        )
-        return rel
-
-    def read(self, out: str) -> PcaRelease:
-        from pipeline.io import read_group
-
-        arrays, report = read_group(out, ("components", "eigenvalues"))
-        return PcaRelease(
-            components=arrays["components"], eigenvalues=arrays["eigenvalues"],
-            report=report,
-        )  # fmt: skip
-
-
-class _JobJournal:
-    """The job's journal as a per-label release journal (written at the charge)."""
-
-    def __init__(self, job: ReleaseJob) -> None:
-        self.job = job
-        self.memory: dict[str, np.ndarray] = {}
-
-    def load(self, label: str) -> np.ndarray | None:
-        jr = self.job.journal
-        if jr is not None:
-            return jr.load(label)  # type: ignore[no-any-return]
-        v = self.memory.get(label)
-        return None if v is None else v.copy()
-
-    def record(self, label: str, value: np.ndarray) -> None:
-        jr = self.job.durable_journal()
-        if jr is not None:
-            jr.record(label, value)
-        else:
-            self.memory[label] = np.array(value, copy=True)
-
-
-def build_pca_report(
-    plan: Any,
-    result: Any,
-    job: ReleaseJob,
-    *,
-    info: Any,
-    cluster: dict[str, Any] | None,
-) -> dict[str, Any]:
-    """The privacy report and run metadata of a PCA release (public values only)."""
-    p, cal = plan.params, plan.calibration
-    n, d = plan.shape
-    selected = hasattr(result, "gap")
-    report: dict[str, Any] = {
-        "format": "dplr-pca-release/1",
-        **job.report_core(),
-        "algorithm": f"pca-{p.method}",
-        "rank": p.rank,
-        "shape": [n, d],
-        "parameters": {
-            "method": p.method,
-            "iterations": plan.iterations,
-            "clip_radius": None if math.isinf(plan.clip_radius) else plan.clip_radius,
-            "requested_clip_radius": p.clip_radius,
-            "gamma": plan.gamma,
-            "route": plan.route,
-            "row_norm_bound": p.row_norm_bound,
-            "accounting": p.accounting,
-            "sensitivity": p.sensitivity,
-            "neighboring": p.neighboring,
-            "init_fraction": p.init_fraction,
-            "h_fraction": p.h_fraction,
-            "beta": p.beta,
-            "gamma_scale": p.gamma_scale,
-            "centred": False,
-        },
-        "auto": plan.auto,
-        "n_passes": result.n_passes,
-        "n_passes_planned": plan.n_passes,
-        "releases": list(result.releases),
-        "resumed_releases": list(result.resumed),
-        "selection": None,
-        "input": {
-            "path": info.path,
-            "dtype": info.dtype,
-            "store_chunks": info.store_chunks,
-            "n_row_bands": len(info.dask_chunks[0]),
-        },
-        "cluster": cluster,
-        "versions": package_versions(),
-    }
-    if cal is None:
-        return report | _NON_PRIVATE
-    if selected:
-        return _selection_report(report, result, cal)
-    cd = cal.to_dict()
-    report.update(
-        {
-            "mechanism": "Gaussian releases M, H_t, Z_t composed exactly (mu-GDP); analytic calibration",
-            "epsilon": cal.epsilon,
-            "delta": cal.delta,
-            "realised_epsilon": cal.realised_epsilon(),
-            "accountant": p.accounting,
-            "neighboring": _relation_text(p.neighboring),
-            "idealized_numerics": True,
-            "calibration": cd,
-            "mechanisms": cd.get("mechanisms"),
-        }
-    )
-    return report
-
-
-def _relation_text(neighboring: str) -> str:
-    """The report's words for a PCA's neighbouring relation."""
-    what = "add or remove" if neighboring == "add-remove" else "replace"
-    return f"{what} one row (rows clipped to norm 1)"
-
-
-def _selection_report(report: dict[str, Any], result: Any, cal: Any) -> dict[str, Any]:
-    """The report of a private selection: the winner only.
-
-    The number of trials N, and anything that reveals it (passes, release
-    labels, task counts, the run's time), stays in the trusted zone, as the
-    random-stopping analysis requires (spec 3.5).
-    """
-    exhaustive = hasattr(cal, "candidates")
-    if result.iterations == 0:
-        gamma = None
-    elif exhaustive:
-        gamma = cal.gamma_of(cal.candidates.index((result.clip_radius, result.iterations)))
-    else:
-        gamma = cal.gamma(result.iterations)
-    report["parameters"].update(
-        {
-            "method": "private selection of the method, R and T"
-            if exhaustive
-            else "power (private selection of R and T)",
-            "accounting": "gdp" if exhaustive else "rdp",
-            "iterations": result.iterations,
-            "clip_radius": result.clip_radius,
-            "requested_clip_radius": None,
-            "gamma": gamma,
-        }
-    )
-    report.update(
-        {
-            # the run's time, like its passes, would reveal the number of trials
-            "timings_seconds": {},
-            "n_passes": None,
-            "n_passes_planned": None,
-            "releases": None,
-            "resumed_releases": [] if not result.resumed else ["(withheld)"],
-            "selection": {
-                "selected_clip_radius": result.clip_radius,
-                "selected_iterations": result.iterations,
-                "score_gap": result.gap,
-                "warm_start_gap_test_passed": result.gap > 0,
-                "withheld": "passes and per-trial values"
-                if exhaustive
-                else "number of trials, passes and per-trial values (they would void the random-stopping analysis)",
-            },
-            "mechanism": "Analyze Gauss and power-method candidates, each run once, the best noisy score released; composed exactly (mu-GDP)"
-            if exhaustive
-            else "Analyze Gauss warm start + Papernot-Steinke random stopping over (R, T) trials; RDP accountant",
-            "epsilon": cal.epsilon,
-            "delta": cal.delta,
-            "realised_epsilon": cal.realised_epsilon() if exhaustive else cal.rdp_epsilon,
-            "accountant": "gdp (every candidate once)"
-            if exhaustive
-            else "rdp (dp_accounting RepeatAndSelectDpEvent), capped number of trials",
-            "neighboring": _relation_text(cal.neighboring),
-            "idealized_numerics": True,
-            "calibration": cal.to_dict(),
-            "mechanisms": [m.to_dict() for m in cal.mechanisms] if exhaustive else [],
-        }
-    )
-    return report

@@ -53,17 +53,14 @@ from pipeline._validation import (
     check_privacy_pair,
 )
 from pipeline.algorithms.lrf import LrfParams
-from pipeline.api import (
-    PCA_BAND_BYTES,
-    pca,
-    release_factorization,
-)
+from pipeline.api import pca, release_factorization
 from pipeline.errors import InvalidParameterError
 from pipeline.pca_centred import (  # noqa: F401 - re-exported for existing callers
     MEAN_SENSITIVITY,
     centred_pca,
     split_mean_budget,
 )
+from pipeline.pca_job import PCA_BAND_BYTES
 from pipeline.release import (
     ReleaseOptions,
     Runtime,

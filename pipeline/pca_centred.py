@@ -37,9 +37,9 @@ from pipeline.accounting.gaussian import (
     gaussian_noise_multiplier,
 )
 from pipeline.algorithms.power_pca import PcaParams, Secret, plan_pca, prep_rows
-from pipeline.api import PCA_BAND_BYTES, _JobJournal, _PcaJob
 from pipeline.errors import PrivacyConfigError
 from pipeline.mechanisms.noise import GaussianNoise, NoiseKey
+from pipeline.pca_job import PCA_BAND_BYTES, JobJournal, PcaJob
 from pipeline.release import (
     InputRef,
     ReleaseJob,
@@ -394,7 +394,7 @@ class _CentredPca:
         self.client, self.cluster = client, cluster
         yield None
 
-    def _released_mean(self, job: ReleaseJob, journal: _JobJournal) -> FloatArray:
+    def _released_mean(self, job: ReleaseJob, journal: JobJournal) -> FloatArray:
         old = journal.load("dp-mean")
         if old is not None:
             return old[0]
@@ -411,10 +411,10 @@ class _CentredPca:
         return mean
 
     def compute(self, job: ReleaseJob, _: None) -> Any:
-        journal = _JobJournal(job)
+        journal = JobJournal(job)
         self.mean = self._released_mean(job, journal)
         centred = _centred_rows(self.array, self.mean, self.C, clip=True)
-        pca_job = _PcaJob(
+        pca_job = PcaJob(
             plan=self.plan["pca_plan"], array=centred, info=self.info, select=False
         )
         with pca_job.open_source(job, self.client, self.cluster) as src:

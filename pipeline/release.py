@@ -59,6 +59,7 @@ from pipeline.mechanisms.noise import NoiseKey
 
 __all__ = [
     "CRASH_ENV",
+    "NON_PRIVATE_REPORT",
     "InputRef",
     "ReleaseAlgorithm",
     "ReleaseJob",
@@ -82,6 +83,14 @@ _crash_counts: dict[str, int] = {}
 JOB_STEPS = ("after-journal", "after-pass", "after-charge", "before-publish", "after-publish")
 
 INSECURE_NOTE = "noise drawn from a public seed (--insecure-noise-seed): NOT PRIVATE"
+
+#: The privacy fields of a non-private release's report.
+NON_PRIVATE_REPORT = {
+    "mechanism": None,
+    "epsilon": None,
+    "delta": None,
+    "note": "non-private run: no clipping, no noise; NOT PRIVATE",
+}
 
 
 def crash_point(step: str) -> None:

@@ -12,7 +12,7 @@ import os
 import numpy as np
 import pytest
 
-from pipeline import api
+from pipeline import api, pca_job
 from pipeline.accounting.ledger import Ledger
 from pipeline.algorithms import power_pca
 from pipeline.errors import BudgetExceededError, InvalidParameterError
@@ -356,7 +356,7 @@ def test_default_selection_runs_every_candidate_once_composed_exactly(
     assert record["contract"]["accountant"] == "gdp"
     sel = rel.report["selection"]
     assert sel["selected_iterations"] in (0, AUTO_ITERATIONS)
-    plan = api._pca_plan(
+    plan = pca_job.pca_plan(
         power_pca.PcaParams(rank=K, epsilon=1.0, delta=1e-6), (N, D), api.Selection()
     )
     assert isinstance(plan.calibration, CandidateSelection)

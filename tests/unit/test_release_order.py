@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 
 import pipeline.mechanisms.noise as noise_module
-from pipeline import api
+from pipeline import api, lrf_job
 from pipeline.accounting.ledger import Ledger
 from pipeline.algorithms import power_pca
 from pipeline.algorithms.base import ArraySource
@@ -131,7 +131,7 @@ def test_a_release_that_draws_before_its_charge_is_caught(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Negative controls: the ledger hook moved after the noise, for both algorithms."""
-    real_run_lrf = api.run_lrf
+    real_run_lrf = lrf_job.run_lrf
 
     def run_lrf_charging_late(*a: Any, before_noise: Any = None, **kw: Any) -> Any:
         out = real_run_lrf(*a, **kw)  # the noise is drawn in here
@@ -139,7 +139,7 @@ def test_a_release_that_draws_before_its_charge_is_caught(
         return out
 
     with monkeypatch.context() as mp:
-        mp.setattr(api, "run_lrf", run_lrf_charging_late)
+        mp.setattr(lrf_job, "run_lrf", run_lrf_charging_late)
         RELEASES["factorize-spectral"](data, _ledger(tmp_path / "lrf"))
     with pytest.raises(AssertionError, match="noise drawn before the charge"):
         assert_charged_once_before_any_draw(events)

@@ -1,0 +1,287 @@
+"""What a factorization supplies to the one release job [design 2, "The release job"].
+
+:func:`lrf_release_spec` opens the input from metadata, plans the release (public
+inputs only) and returns the :class:`~pipeline.release.ReleaseSpec` and the hooks
+(:class:`LrfJob`) that :func:`~pipeline.release.run_release` calls: the source of
+the passes, the computation between them (journal, charge, noise through
+:func:`~pipeline.algorithms.lrf.run_lrf`), the publication. :func:`build_report`
+is the release's privacy report (public values only).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from pipeline import _scratch
+from pipeline.accounting.contract import Accountant, PrivacyContract
+from pipeline.algorithms import lrf_model
+from pipeline.algorithms.base import ArraySource, Factorization
+from pipeline.algorithms.lrf import (
+    Algorithm,
+    LrfParams,
+    LrfPlan,
+    plan_lrf,
+    run_lrf,
+    seed_fingerprint,
+)
+from pipeline.release import (
+    NON_PRIVATE_REPORT,
+    InputRef,
+    ReleaseJob,
+    ReleaseOptions,
+    ReleaseSpec,
+    crash_point,
+)
+
+__all__ = ["LrfJob", "build_report", "lrf_release_spec"]
+
+
+def build_report(
+    plan: LrfPlan,
+    job: ReleaseJob,
+    *,
+    info: Any,
+    passes: int,
+    cluster: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The privacy report and run metadata of a release (public values only)."""
+    p, cal = plan.params, plan.calibration
+    m, n = plan.shape
+    report: dict[str, Any] = {
+        "format": "dplr-release/1",
+        **job.report_core(),
+        "algorithm": p.algorithm.value,
+        "rank": p.rank,
+        "shape": [m, n],
+        "parameters": {
+            "sketch_size": plan.t,
+            "core_size": plan.v,
+            "transposed": plan.transpose,
+            "padded": p.padded,
+            "tile_size": p.tile_size,
+            "operator": plan.operator.value,
+            **_split_fields(plan),
+        },
+        "n_passes": passes,
+        "n_passes_planned": 2 if p.algorithm is Algorithm.TWO_PASS else 1,
+        "input": _input_report(info),
+        "cluster": cluster,
+        "sketch_seed_fingerprint": seed_fingerprint(job.sketch_seed),
+        "public_sketch_seed": plan.public_sketch_seed,
+    }
+    if cal is None:
+        return report | NON_PRIVATE_REPORT
+    two = p.algorithm is Algorithm.TWO_PASS
+    predicted = lrf_model.predict(plan)
+    return report | {
+        "mechanism": _TWO_PASS_MECHANISM if two else "Gaussian, one joint mechanism over all released sketches (analytic calibration [BW18])",
+        "epsilon": cal.epsilon,
+        "delta": cal.delta,
+        "accountant": "analytic Gaussian mechanism; releases on one dataset compose exactly in the ledger",
+        "idealized_numerics": True,
+        "privacy_unit": p.clip.unit.value,
+        "neighboring": p.neighboring.value,
+        "clip_norm": p.clip.clip_norm,
+        # a user-given seed is public: the calibration used its operators' worst case
+        "sensitivity": cal.sensitivity,
+        "calibration": cal.to_dict(),
+        "sketches": [
+            {
+                "name": s.name,
+                "shape": list(s.shape),
+                "sensitivity": s.sensitivity,
+                "sigma": s.sigma,
+                "weight": s.weight,
+            }
+            for s in cal.sketches
+        ],
+        # spec 7.3: public pre-flight estimate of the additive error, from the
+        # error model (public values only)
+        "noise_floor_estimate": predicted.error,
+        "error_model": predicted.to_dict(),
+    }
+
+
+_TWO_PASS_MECHANISM = (
+    "two Gaussian mechanisms, Z = S X + N_Z then Y = X V_k + N_Y with V_k from the noisy Z, "
+    "composed exactly in GDP (analytic calibration [BW18]); both sensitivities exactly Delta_F"
+)
+
+def _input_report(info: Any) -> dict[str, Any]:
+    return {
+        "path": info.path,
+        "dtype": info.dtype,
+        "store_chunks": info.store_chunks,
+        "n_chunks": [len(c) for c in info.dask_chunks],
+    }
+
+
+def lrf_release_spec(
+    params: LrfParams, source: Any, seed: int | None, options: ReleaseOptions
+) -> tuple[ReleaseSpec, LrfJob]:
+    """The release spec and the algorithm hooks of one factorization."""
+    from pipeline.io import open_input
+
+    _scratch.remove_dead(options.scratch, options.out)  # what a killed job left here
+    array, info = open_input(
+        source, unit=params.clip.unit.value if params.private else None
+    )
+    plan = plan_lrf(params, info.shape, public_seed=seed)
+    contract = None
+    if plan.calibration is not None:
+        contract = PrivacyContract(
+            unit=params.clip.unit, neighboring=params.neighboring,
+            clip_norm=params.clip.clip_norm, epsilon=plan.calibration.epsilon,
+            delta=plan.calibration.delta, accountant=Accountant.ANALYTIC_GAUSSIAN,
+            shape=info.shape, secret_noise=options.insecure_noise_seed is None,
+            public_operators=seed is not None, entry_reads=plan.entry_reads,
+        )  # fmt: skip
+    spec = ReleaseSpec(
+        kind="factorize", contract=contract, calibration=plan.calibration,
+        parameters=_lrf_parameters(plan), input=InputRef.of(info, array),
+        sketch_seed=seed, uses_sketch_seed=True, **options.spec_fields(),
+    )  # fmt: skip
+    scratch = options.scratch
+    if scratch is not None:
+        scratch = _scratch.check_scratch(scratch)
+    return spec, LrfJob(plan=plan, array=array, info=info, scratch=scratch)
+
+
+def _lrf_parameters(plan: LrfPlan) -> dict[str, Any]:
+    """The public parameters of a factorization (journal header)."""
+    p = plan.params
+    return {
+        "algorithm": p.algorithm.value,
+        "rank": p.rank,
+        "sketch_size": plan.t,
+        "core_size": plan.v,
+        "transposed": plan.transpose,
+        "private": p.private,
+        "unit": p.clip.unit.value,
+        "clip_norm": p.clip.clip_norm,
+        "neighboring": p.neighboring.value,
+        "padded": p.padded,
+        "delta_jl_fraction": p.delta_jl_fraction,
+        "tile_size": p.tile_size,
+        "operator": plan.operator.value,
+        **_split_fields(plan),
+    }
+
+
+def _split_fields(plan: LrfPlan) -> dict[str, Any]:
+    """The budget split (and one pass's range basis rank) of a private plan."""
+    if plan.calibration is None:
+        return {}
+    if plan.params.algorithm is Algorithm.TWO_PASS:
+        return {"weight_z": plan.weight_z, "weight_y": plan.weight_y}  # type: ignore[attr-defined]
+    return {"range_weight": plan.range_weight, "basis_rank": plan.basis_rank}
+
+
+@dataclasses.dataclass(eq=False)
+class LrfJob:
+    """The hooks of a factorization for :func:`pipeline.release.run_release`."""
+
+    plan: LrfPlan
+    array: Any
+    info: Any
+    scratch: str | None
+    source: Any = None
+    cluster: dict[str, Any] | None = None
+
+    @property
+    def local(self) -> bool:
+        return isinstance(self.array, np.ndarray)
+
+    @contextlib.contextmanager
+    def open_source(
+        self, job: ReleaseJob, client: Any, cluster: dict[str, Any] | None
+    ) -> Iterator[Any]:
+        if self.local:
+            self.source = ArraySource(self.array)
+            yield self.source
+            return
+        from pipeline.execution import DaskSource
+
+        tmp = _scratch.make_scratch(self.scratch, job.spec.out)
+        self.cluster = {**(cluster or {}), "n_graph_tasks_pass": 0}
+        self.source = DaskSource(
+            self.array, client, progress=job.runtime.progress,
+            reader=self.info.reader, scratch=tmp,
+        )  # fmt: skip
+        try:
+            yield self.source
+        finally:
+            self.source.close()  # the job's sealed secrets leave the cluster
+            if tmp is not None:
+                _scratch.remove_scratch(tmp)
+
+    def compute(self, job: ReleaseJob, src: Any) -> Factorization:
+        plan, p = self.plan, self.plan.params
+        exact = None if job.journal is None else job.journal.load_sketches()
+
+        # a stored input is fingerprinted (a resume refuses a changed one), so the
+        # tall exact sketches are recomputed on resume rather than written on
+        # every run; a dask array input may not read the same twice: written
+        tall = "recompute" if self.info.path is not None else "write"
+
+        def journal(sketches: dict[str, Any]) -> None:
+            jr = job.durable_journal()  # the exact sketches, key and seed: durable
+            if jr is not None:
+                jr.record_sketches(sketches, client=getattr(src, "client", None), tall=tall)
+            crash_point("after-pass")  # the N-th time: after pass N was journaled
+
+        details = {"rank": p.rank, "sketch_size": plan.t, "core_size": plan.v}
+        result = run_lrf(
+            src, plan, sketch_seed=job.sketch_seed, noise_key=job.noise_key,
+            before_noise=lambda: job.charge(algorithm=p.algorithm.value, details=details),
+            input_dtype=self.array.dtype, exact=exact, after_pass=journal,
+        )  # fmt: skip
+        job.mark("post")
+        if self.cluster is not None:
+            self.cluster["n_graph_tasks_pass"] = src.n_tasks
+        report = build_report(
+            plan, job, info=self.info, passes=src.n_passes, cluster=self.cluster
+        )
+        report["resumed_from_journal"] = exact is not None
+        return Factorization(U=result.U, S=result.S, V=result.V, report=report)
+
+    def publish(self, job: ReleaseJob, staged: Factorization, client: Any) -> Any:
+        from pipeline.io import read_release, write_release
+
+        out, total = job.spec.out, job.t0
+        if out is None:
+            job.publish(None)
+            final = Factorization(
+                U=_gather(staged.U, client), S=staged.S, V=_gather(staged.V, client),
+                report=staged.report,
+            )  # fmt: skip
+        else:
+            job.publish(
+                lambda: write_release(
+                    out, staged, overwrite=job.spec.overwrite, client=client
+                )
+            )
+            final = read_release(out, load=False)  # U stays in the store
+        final.report["timings_seconds"]["total"] = round(time.perf_counter() - total, 4)
+        return final
+
+    def read(self, out: str) -> Any:
+        from pipeline.io import read_release
+
+        return read_release(out, load=False)
+
+
+def _gather(x: Any, client: Any) -> np.ndarray:
+    """A (tall) dask array in client memory, its blocks fetched in one gather."""
+    if isinstance(x, np.ndarray):
+        return x
+    from pipeline.execution.source import gather_blocks
+
+    (out,) = gather_blocks(client, [x])
+    return out

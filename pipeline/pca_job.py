@@ -1,0 +1,434 @@
+"""What a PCA supplies to the one release job [design 2, "The release job"].
+
+:func:`pca_release_spec` opens the input from metadata, plans the release (and a
+private selection's candidates; public inputs only) and returns the
+:class:`~pipeline.release.ReleaseSpec` and the hooks (:class:`PcaJob`) that
+:func:`~pipeline.release.run_release` calls. :func:`build_pca_report` is the
+release's privacy report (public values only; a selection's report names the
+winner only).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from pipeline.accounting.contract import Accountant, PrivacyContract
+from pipeline.algorithms.power_pca import PcaRelease
+from pipeline.errors import InvalidParameterError
+from pipeline.mechanisms.clipping import Neighboring, PrivacyUnit
+from pipeline.release import (
+    NON_PRIVATE_REPORT,
+    InputRef,
+    ReleaseJob,
+    ReleaseOptions,
+    ReleaseSpec,
+    package_versions,
+)
+
+__all__ = [
+    "PCA_BAND_BYTES",
+    "JobJournal",
+    "PcaJob",
+    "Selection",
+    "build_pca_report",
+    "pca_plan",
+    "pca_release_spec",
+]
+
+#: Target size (float64 bytes) of the full-width row band one PCA task reads.
+PCA_BAND_BYTES = 64 * 2**20
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Selection:
+    """The public grids of a private selection of ``(R, T)`` (None: the defaults)."""
+
+    radii: tuple[float, ...] | None = None
+    iterations: tuple[int, ...] | None = None
+    expected_trials: float | None = None
+
+    @staticmethod
+    def of(
+        params: Any,
+        select: bool,
+        radius_grid: Sequence[float] | None,
+        iterations_grid: Sequence[int] | None,
+        expected_trials: float | None,
+    ) -> Selection | None:
+        """The selection's public grids (None: a fixed run); refuses a bad mix."""
+        if not isinstance(select, bool):
+            raise InvalidParameterError(
+                f"select must be True or False, got select={select!r}."
+            )
+        fixed = params.iterations is not None or params.clip_radius is not None
+        method_ok = params.method in ("auto", "power")
+        if select and (fixed or not params.private or not method_ok):
+            raise InvalidParameterError(
+                "select=True chooses the method, the clip radius and the number of iterations "
+                "privately; do not pass iterations or clip_radius, and use method='auto' (or "
+                "'power') with private=True."
+            )
+        grids = (radius_grid, iterations_grid, expected_trials)
+        if not select:
+            if any(g is not None for g in grids):
+                raise InvalidParameterError(
+                    "radius_grid, iterations_grid and expected_trials apply to select=True only."
+                )
+            return None
+        return Selection(
+            radii=None if radius_grid is None else tuple(radius_grid),
+            iterations=None if iterations_grid is None else tuple(iterations_grid),
+            expected_trials=expected_trials,
+        )
+
+
+def pca_plan(params: Any, shape: tuple[int, int], selection: Selection | None) -> Any:
+    """The plan of a fixed run, or of a selection with its calibration."""
+    from pipeline.accounting.pca import calibrate_selection
+    from pipeline.algorithms.power_pca import default_selection_grids, plan_pca
+
+    if selection is None:
+        return plan_pca(params, shape)
+    # validated as a fixed run first (rank, budget, route, bounds), then calibrated
+    params = dataclasses.replace(params, method="power")
+    plan = plan_pca(dataclasses.replace(params, iterations=1, clip_radius=1.0), shape)
+    if params.rank >= shape[1]:
+        raise InvalidParameterError(
+            f"select=True needs rank < n_features (with k = d every candidate spans the "
+            f"whole space, so there is nothing to select), got rank={params.rank} for "
+            f"{shape[1]} columns."
+        )
+    if selection.expected_trials is None:
+        return dataclasses.replace(
+            plan, calibration=_candidates_of(params, shape, selection), n_passes=-1
+        )
+    radii, grid = default_selection_grids(shape[0], params.rank)
+    radii = selection.radii if selection.radii is not None else radii
+    grid = selection.iterations if selection.iterations is not None else grid
+    expected = selection.expected_trials
+    cal = calibrate_selection(
+        epsilon=params.epsilon, delta=params.delta, rank=params.rank,
+        n_rows=shape[0], n_features=shape[1], radii=radii, iteration_grid=grid,
+        beta=params.beta,
+        expected_trials=expected if expected is not None else 4.0 * len(radii) * len(grid),
+        sensitivity=params.sensitivity, gamma_scale=params.gamma_scale,
+        neighboring=params.neighboring,
+    )  # fmt: skip
+    return dataclasses.replace(plan, calibration=cal, n_passes=-1)
+
+
+def _candidates_of(params: Any, shape: tuple[int, int], selection: Selection) -> Any:
+    """Exhaustive selection: Analyze Gauss and the public (R, T) candidates.
+
+    Default candidates: Analyze Gauss and the power method at the ``auto``
+    rule's ``T`` and ``R``; given grids: Analyze Gauss and their product.
+    """
+    from pipeline.accounting.pca_selection import calibrate_candidates
+    from pipeline.algorithms.pca_auto import AUTO_ITERATIONS, auto_radius
+
+    radii = selection.radii or (auto_radius(shape[0], params.rank),)
+    iterations = selection.iterations or (AUTO_ITERATIONS,)
+    candidates = [(None, 0)] + [(float(r), int(t)) for t in iterations for r in radii]
+    return calibrate_candidates(
+        epsilon=params.epsilon, delta=params.delta, rank=params.rank,
+        n_rows=shape[0], n_features=shape[1], candidates=candidates,
+        sensitivity=params.sensitivity, neighboring=params.neighboring,
+        h_fraction=params.h_fraction, beta=params.beta, gamma_scale=params.gamma_scale,
+    )  # fmt: skip
+
+
+def pca_release_spec(
+    params: Any, source: Any, selection: Selection | None, options: ReleaseOptions
+) -> tuple[ReleaseSpec, PcaJob]:
+    """The release spec and the algorithm hooks of one PCA."""
+    from pipeline.io import open_input
+
+    array, info = open_input(source, unit=None, band_bytes=PCA_BAND_BYTES)
+    plan = pca_plan(params, info.shape, selection)
+    cal, select = plan.calibration, selection is not None
+    random_stopping = select and selection.expected_trials is not None
+    contract = None
+    if cal is not None:
+        contract = PrivacyContract(
+            unit=PrivacyUnit.ROW, neighboring=Neighboring(params.neighboring),
+            clip_norm=params.row_norm_bound, epsilon=cal.epsilon, delta=cal.delta,
+            accountant=Accountant.RDP if random_stopping
+            else Accountant.GDP if select else Accountant(params.accounting),
+            shape=info.shape, secret_noise=options.insecure_noise_seed is None,
+        )  # fmt: skip
+    parameters = dataclasses.asdict(params)
+    if random_stopping:
+        parameters["grids"] = {
+            "radii": list(cal.radii),
+            "iterations": list(cal.iteration_grid),
+            "expected_trials": cal.expected_trials,
+        }
+    elif select:
+        parameters["candidates"] = [list(c) for c in cal.candidates]
+    spec = ReleaseSpec(
+        kind="pca-select" if select else "pca", contract=contract, calibration=cal,
+        parameters=parameters, input=InputRef.of(info, array), **options.spec_fields(),
+    )  # fmt: skip
+    return spec, PcaJob(plan=plan, array=array, info=info, select=select)
+
+
+@dataclasses.dataclass(eq=False)
+class PcaJob:
+    """The hooks of a PCA release for :func:`pipeline.release.run_release`."""
+
+    plan: Any
+    array: Any
+    info: Any
+    select: bool
+    cluster: dict[str, Any] | None = None
+    source: Any = None
+
+    @property
+    def local(self) -> bool:
+        return isinstance(self.array, np.ndarray)
+
+    @contextlib.contextmanager
+    def open_source(
+        self, job: ReleaseJob, client: Any, cluster: dict[str, Any] | None
+    ) -> Iterator[Any]:
+        from pipeline.algorithms.power_pca import ArrayRowSource
+
+        p = self.plan.params
+        if self.local:
+            self.source = ArrayRowSource(
+                self.array, row_norm_bound=p.row_norm_bound, clip=p.private
+            )
+            yield self.source
+            return
+        from pipeline.execution.pca import DaskRowSource
+
+        self.source = DaskRowSource(
+            self.array, client, row_norm_bound=p.row_norm_bound, clip=p.private,
+            # a selection's passes would reveal the number of trials (spec 3.5)
+            progress=None if self.select else job.runtime.progress,
+        )  # fmt: skip
+        self.cluster = {**(cluster or {}), "n_row_bands": self.source.n_bands}
+        yield self.source
+
+    def compute(self, job: ReleaseJob, src: Any) -> PcaRelease:
+        from pipeline.algorithms.power_pca import run_pca, run_selection
+
+        p, cal = self.plan.params, self.plan.calibration
+        details = {
+            "rank": p.rank,
+            "iterations": None if self.select else self.plan.iterations,
+            "clip_radius": None if self.select else getattr(cal, "clip_radius", None),
+        }
+        kw: dict[str, Any] = {
+            "noise_key": job.noise_key,
+            "journal": JobJournal(job),
+            "before_first_release": lambda: job.charge(
+                algorithm="pca-select" if self.select else f"pca-{p.method}",
+                details=details,
+            ),
+        }
+        if self.select:
+            job.runtime.say(
+                "private selection of (R, T): running; its progress is withheld (it "
+                "would reveal the number of trials)"
+            )
+            result: Any = run_selection(src, cal, **kw)
+        else:
+            result = run_pca(src, self.plan, on_step=job.runtime.say, **kw)
+        job.mark("run")
+        if self.cluster is not None and not self.select:
+            self.cluster["n_graph_tasks"] = src.n_tasks
+        report = build_pca_report(self.plan, result, job, info=self.info, cluster=self.cluster)
+        return PcaRelease(
+            components=result.components, eigenvalues=result.eigenvalues, report=report
+        )
+
+    def publish(self, job: ReleaseJob, rel: PcaRelease, client: Any) -> PcaRelease:
+        from pipeline.io import write_group
+
+        if not self.select:  # the time of a selection would reveal its trials
+            rel.report["timings_seconds"]["total"] = round(time.perf_counter() - job.t0, 4)
+        out = job.spec.out
+        arrays = {"components": rel.components, "eigenvalues": rel.eigenvalues}
+        job.publish(
+            None
+            if out is None
+            else lambda: write_group(out, arrays, rel.report, overwrite=job.spec.overwrite)
+        )
+        return rel
+
+    def read(self, out: str) -> PcaRelease:
+        from pipeline.io import read_group
+
+        arrays, report = read_group(out, ("components", "eigenvalues"))
+        return PcaRelease(
+            components=arrays["components"], eigenvalues=arrays["eigenvalues"],
+            report=report,
+        )  # fmt: skip
+
+
+class JobJournal:
+    """The job's journal as a per-label release journal (written at the charge)."""
+
+    def __init__(self, job: ReleaseJob) -> None:
+        self.job = job
+        self.memory: dict[str, np.ndarray] = {}
+
+    def load(self, label: str) -> np.ndarray | None:
+        jr = self.job.journal
+        if jr is not None:
+            return jr.load(label)  # type: ignore[no-any-return]
+        v = self.memory.get(label)
+        return None if v is None else v.copy()
+
+    def record(self, label: str, value: np.ndarray) -> None:
+        jr = self.job.durable_journal()
+        if jr is not None:
+            jr.record(label, value)
+        else:
+            self.memory[label] = np.array(value, copy=True)
+
+
+def build_pca_report(
+    plan: Any,
+    result: Any,
+    job: ReleaseJob,
+    *,
+    info: Any,
+    cluster: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The privacy report and run metadata of a PCA release (public values only)."""
+    p, cal = plan.params, plan.calibration
+    n, d = plan.shape
+    selected = hasattr(result, "gap")
+    report: dict[str, Any] = {
+        "format": "dplr-pca-release/1",
+        **job.report_core(),
+        "algorithm": f"pca-{p.method}",
+        "rank": p.rank,
+        "shape": [n, d],
+        "parameters": {
+            "method": p.method,
+            "iterations": plan.iterations,
+            "clip_radius": None if math.isinf(plan.clip_radius) else plan.clip_radius,
+            "requested_clip_radius": p.clip_radius,
+            "gamma": plan.gamma,
+            "route": plan.route,
+            "row_norm_bound": p.row_norm_bound,
+            "accounting": p.accounting,
+            "sensitivity": p.sensitivity,
+            "neighboring": p.neighboring,
+            "init_fraction": p.init_fraction,
+            "h_fraction": p.h_fraction,
+            "beta": p.beta,
+            "gamma_scale": p.gamma_scale,
+            "centred": False,
+        },
+        "auto": plan.auto,
+        "n_passes": result.n_passes,
+        "n_passes_planned": plan.n_passes,
+        "releases": list(result.releases),
+        "resumed_releases": list(result.resumed),
+        "selection": None,
+        "input": {
+            "path": info.path,
+            "dtype": info.dtype,
+            "store_chunks": info.store_chunks,
+            "n_row_bands": len(info.dask_chunks[0]),
+        },
+        "cluster": cluster,
+        "versions": package_versions(),
+    }
+    if cal is None:
+        return report | NON_PRIVATE_REPORT
+    if selected:
+        return _selection_report(report, result, cal)
+    cd = cal.to_dict()
+    report.update(
+        {
+            "mechanism": "Gaussian releases M, H_t, Z_t composed exactly (mu-GDP); analytic calibration",
+            "epsilon": cal.epsilon,
+            "delta": cal.delta,
+            "realised_epsilon": cal.realised_epsilon(),
+            "accountant": p.accounting,
+            "neighboring": _relation_text(p.neighboring),
+            "idealized_numerics": True,
+            "calibration": cd,
+            "mechanisms": cd.get("mechanisms"),
+        }
+    )
+    return report
+
+
+def _relation_text(neighboring: str) -> str:
+    """The report's words for a PCA's neighbouring relation."""
+    what = "add or remove" if neighboring == "add-remove" else "replace"
+    return f"{what} one row (rows clipped to norm 1)"
+
+
+def _selection_report(report: dict[str, Any], result: Any, cal: Any) -> dict[str, Any]:
+    """The report of a private selection: the winner only.
+
+    The number of trials N, and anything that reveals it (passes, release
+    labels, task counts, the run's time), stays in the trusted zone, as the
+    random-stopping analysis requires (spec 3.5).
+    """
+    exhaustive = hasattr(cal, "candidates")
+    if result.iterations == 0:
+        gamma = None
+    elif exhaustive:
+        gamma = cal.gamma_of(cal.candidates.index((result.clip_radius, result.iterations)))
+    else:
+        gamma = cal.gamma(result.iterations)
+    report["parameters"].update(
+        {
+            "method": "private selection of the method, R and T"
+            if exhaustive
+            else "power (private selection of R and T)",
+            "accounting": "gdp" if exhaustive else "rdp",
+            "iterations": result.iterations,
+            "clip_radius": result.clip_radius,
+            "requested_clip_radius": None,
+            "gamma": gamma,
+        }
+    )
+    report.update(
+        {
+            # the run's time, like its passes, would reveal the number of trials
+            "timings_seconds": {},
+            "n_passes": None,
+            "n_passes_planned": None,
+            "releases": None,
+            "resumed_releases": [] if not result.resumed else ["(withheld)"],
+            "selection": {
+                "selected_clip_radius": result.clip_radius,
+                "selected_iterations": result.iterations,
+                "score_gap": result.gap,
+                "warm_start_gap_test_passed": result.gap > 0,
+                "withheld": "passes and per-trial values"
+                if exhaustive
+                else "number of trials, passes and per-trial values (they would void the random-stopping analysis)",
+            },
+            "mechanism": "Analyze Gauss and power-method candidates, each run once, the best noisy score released; composed exactly (mu-GDP)"
+            if exhaustive
+            else "Analyze Gauss warm start + Papernot-Steinke random stopping over (R, T) trials; RDP accountant",
+            "epsilon": cal.epsilon,
+            "delta": cal.delta,
+            "realised_epsilon": cal.realised_epsilon() if exhaustive else cal.rdp_epsilon,
+            "accountant": "gdp (every candidate once)"
+            if exhaustive
+            else "rdp (dp_accounting RepeatAndSelectDpEvent), capped number of trials",
+            "neighboring": _relation_text(cal.neighboring),
+            "idealized_numerics": True,
+            "calibration": cal.to_dict(),
+            "mechanisms": [m.to_dict() for m in cal.mechanisms] if exhaustive else [],
+        }
+    )
+    return report
