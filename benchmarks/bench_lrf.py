@@ -5,6 +5,7 @@ Usage::
     python benchmarks/bench_lrf.py --rows 200000 --cols 1000 --rank 10 --repeat 3 \
         --out benchmarks/results/lrf.json
     python benchmarks/bench_lrf.py --quick          # 20000 x 1000, chunks of 2000 rows
+    python benchmarks/bench_lrf.py --dp-sketch-sizes 30 60   # also the private pass at t = 30, 60
 
 On ONE LocalCluster (2 worker processes x 1 thread) and one synthetic Zarr store
 (float32, row chunks x all columns, default zstd codec, generated once into
@@ -19,6 +20,11 @@ benchmarks/work/), every repetition runs, in a rotating order:
                    ``ours_dp / ours_np_dp_sizes`` is the cost of privacy itself (clipping,
                    float64 products, the noise and the basis from the noisy sketch) and
                    ``ours_np_dp_sizes / ours_np`` the cost of the larger sketch
+* ``ours_dp_t<T>``  for each T of ``--dp-sketch-sizes`` (default: the non-private t,
+                   30 at k = 10): the DP Spectral-LRF with sketch_size=T (v as planned).
+                   ``ours_dp_t<T> / ours_np`` is the speed side of the trade-off whose
+                   utility side ``bench_utility.py --sketch-size T`` measures: a smaller t
+                   makes the private pass cheaper and its release noisier
 * ``ours_ls_dp``   the same with algorithm="low-space"                (Low-Space-LRF, DP)
 * ``ours_dp2``     the same with algorithm="two-pass"                 (two passes, DP)
 * ``svdc``         dask.compute(*da.linalg.svd_compressed(da.from_zarr(path), k, n_power_iter=0, seed=0))
@@ -88,6 +94,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--no-profile", action="store_true", help="skip the task-stream/profile round"
+    )
+    p.add_argument(
+        "--dp-sketch-sizes",
+        type=int,
+        nargs="*",
+        default=None,
+        help="t of extra DP Spectral-LRF runs, one method ours_dp_t<T> each (default: the "
+        "non-private default t; none with an empty list)",
     )
     p.add_argument(
         "--max-foreign",
@@ -174,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     sv = C.singular_values(path)
     sigma_k1 = float(sv[k])
     t_np, v_np = default_sketch_sizes(k, private=False)
+    dp_ts = [t_np] if args.dp_sketch_sizes is None else args.dp_sketch_sizes
+    dp_names = [f"ours_dp_t{T}" for T in dp_ts]
     cluster, client = C.start_cluster(2)
     meter = CpuMeter()
     ledger_dir = tempfile.mkdtemp(prefix="dplr-bench-ledger-")
@@ -185,12 +201,13 @@ def main(argv: list[str] | None = None) -> int:
     dp_sizes: dict[str, int] = {}
 
     def ours(
-        private: bool, algorithm: str, operator: str = "auto", at_dp_sizes: bool = False
+        private: bool, algorithm: str, operator: str = "auto", sizes: Any = "planned"
     ) -> Any:
+        """One factorize call; ``sizes``: "planned" (its own plan), "dp" (the t, v of
+        the private Spectral-LRF plan) or an int t (v as planned)."""
+
         def run() -> tuple[Any, ...]:
             kw: dict[str, Any] = {"private": False, "operator": operator}
-            if at_dp_sizes:
-                kw.update(sketch_size=dp_sizes["t"], core_size=dp_sizes["v"])
             if private:
                 kw = {
                     "epsilon": 1.0,
@@ -198,6 +215,10 @@ def main(argv: list[str] | None = None) -> int:
                     "ledger": os.path.join(ledger_dir, "ledger.json"),
                     "budget": (1e6, 0.5),
                 }
+            if sizes == "dp":
+                kw.update(sketch_size=dp_sizes["t"], core_size=dp_sizes["v"])
+            elif isinstance(sizes, int):
+                kw.update(sketch_size=sizes)
             f = factorize(path, k, algorithm=algorithm, seed=0, **kw)
             rep = f.report
             extra = {
@@ -211,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
                 ),
                 "noise_floor_estimate": rep.get("noise_floor_estimate"),
             }
-            if private and algorithm == "spectral":
+            if private and algorithm == "spectral" and sizes == "planned":
                 dp_sizes.update(t=extra["t"], v=extra["v"])
             return f.U, f.S, f.V, extra
 
@@ -255,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
         "ours_np": ours(False, "spectral"),
         "ours_np_gauss": ours(False, "spectral", "gaussian"),
         "ours_dp": ours(True, "spectral"),
-        "ours_np_dp_sizes": ours(False, "spectral", at_dp_sizes=True),
+        "ours_np_dp_sizes": ours(False, "spectral", sizes="dp"),
+        **{f"ours_dp_t{T}": ours(True, "spectral", sizes=T) for T in dp_ts},
         "ours_ls_dp": ours(True, "low-space"),
         "ours_dp2": ours(True, "two-pass"),
         "svdc": svdc,
@@ -319,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         A_mem.clear()
     profiles: dict[str, Any] = {}
     if not args.no_profile:
-        for nm in ("ours_np", "ours_np_gauss", "ours_dp", "ours_np_dp_sizes", "ours_ls_dp", "ours_dp2", "svdc", "read"):
+        for nm in ("ours_np", "ours_np_gauss", "ours_dp", "ours_np_dp_sizes", *dp_names, "ours_ls_dp", "ours_dp2", "svdc", "read"):
             C.collect_everywhere(client)
             time.sleep(1.1)
             t_epoch = time.time()
@@ -356,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
             "repeat": args.repeat,
             "t_np": t_np,
             "v_np": v_np,
+            "dp_sketch_sizes": dp_ts,
             "epsilon": 1.0,
             "delta": 1e-6,
             "cluster": "LocalCluster(n_workers=2, threads_per_worker=1, processes=True)",
@@ -380,6 +403,8 @@ def main(argv: list[str] | None = None) -> int:
             "svdc/read": C.ratio(times["svdc"], times["read"]),
             "ours_dp/ours_np": C.ratio(times["ours_dp"], times["ours_np"]),
             "ours_dp/ours_np_dp_sizes": C.ratio(times["ours_dp"], times["ours_np_dp_sizes"]),
+            "ours_np_dp_sizes/ours_np": C.ratio(times["ours_np_dp_sizes"], times["ours_np"]),
+            **{f"{nm}/ours_np": C.ratio(times[nm], times["ours_np"]) for nm in dp_names},
             "ours_ls_dp/ours_np": C.ratio(times["ours_ls_dp"], times["ours_np"]),
             "ours_dp/svdc": C.ratio(times["ours_dp"], times["svdc"]),
             "ours_dp2/svdc": C.ratio(times["ours_dp2"], times["svdc"]),
@@ -414,6 +439,11 @@ def markdown(res: dict[str, Any]) -> str:
         "ours_np_gauss": "dplr Spectral-LRF, non-private, Gaussian S",
         "ours_dp": "dplr Spectral-LRF, DP (eps=1, delta=1e-6)",
         "ours_np_dp_sizes": "dplr Spectral-LRF, non-private at the DP run's t, v",
+        **{
+            nm: f"dplr Spectral-LRF, DP at t = {nm.removeprefix('ours_dp_t')}"
+            for nm in res["records"]
+            if nm.startswith("ours_dp_t")
+        },
         "ours_ls_dp": "dplr Low-Space-LRF, DP (eps=1, delta=1e-6)",
         "ours_dp2": "dplr two-pass, DP (eps=1, delta=1e-6)",
         "svdc": "dask svd_compressed (n_power_iter=0)",

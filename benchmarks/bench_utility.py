@@ -152,6 +152,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="file stem (default utility; utility_quick with --quick)",
     )
+    p.add_argument(
+        "--sketch-size",
+        type=int,
+        default=None,
+        help="t for the one-pass algorithms instead of their planned size (the speed/utility "
+        "trade-off: a smaller t makes the pass cheaper and the release noisier)",
+    )
+    p.add_argument(
+        "--core-size",
+        type=int,
+        default=None,
+        help="v for the one-pass algorithms instead of their planned size",
+    )
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
     p.add_argument(
         "--blas-threads",
@@ -303,6 +316,9 @@ def run_algorithm(
 ) -> tuple[Any, float]:
     from pipeline.api import factorize
 
+    sizes = {}
+    if alg != "two-pass":  # the two-pass sizes are not a sketch of the range
+        sizes = {"sketch_size": args.sketch_size, "core_size": args.core_size}
     t0 = time.perf_counter()
     f = factorize(
         A,
@@ -314,6 +330,7 @@ def run_algorithm(
         clip_norm=args.clip_norm,
         neighboring=args.neighboring,
         insecure_noise_seed=None if args.noise_seed is None else args.noise_seed + j,
+        **sizes,
     )
     return f, time.perf_counter() - t0
 
@@ -567,6 +584,8 @@ def main(argv: list[str] | None = None) -> int:
             "neighboring": args.neighboring,
             "seed": args.seed,
             "blas_threads": args.blas_threads,
+            "sketch_size": args.sketch_size or "planned",
+            "core_size": args.core_size or "planned",
             "noise": "secret CSPRNG"
             if args.noise_seed is None
             else f"insecure_noise_seed {args.noise_seed} + draw",

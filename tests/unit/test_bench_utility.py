@@ -196,3 +196,27 @@ def test_floor_catches_a_release_without_noise(monkeypatch):
     model = s * (math.sqrt(m) + math.sqrt(k))
     U, S, V = B.full_gm(A, k, 2 * s, np.random.default_rng(3))
     assert (B.Residual(A)(U, S, V) - sigma[k]) / model > GM_MODEL_BAND[1]
+
+
+def test_sketch_size_option_reaches_the_one_pass_releases_only(tmp_path):
+    """``--sketch-size/--core-size`` (the speed/utility trade-off) set t and v of the
+    one-pass releases, as their reports say; the two-pass plan keeps its own sizes."""
+    proc = subprocess.run(
+        [
+            sys.executable, str(SCRIPT), "--quick", "--results", str(tmp_path),
+            "--name", "sized", "--units", "entry", "--epsilons", "4",
+            "--spectra", "low-rank", "--algorithms", "spectral", "two-pass",
+            "--sketch-size", "20", "--core-size", "50", "--no-plot",
+        ],
+        capture_output=True, text=True, timeout=300, check=False, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads((tmp_path / "sized.json").read_text())
+    assert res["params"]["sketch_size"] == 20
+    assert res["params"]["core_size"] == 50
+    (cell,) = res["cells"]
+    spectral, two_pass = cell["algorithms"]["spectral"], cell["algorithms"]["two-pass"]
+    assert (spectral["t"], spectral["v"]) == (20, 50)
+    # negative control: the option is not applied everywhere (two-pass: t = k)
+    assert (two_pass["t"], two_pass["v"]) != (20, 50)
+    assert two_pass["t"] == cell["rank"]
