@@ -12,6 +12,8 @@ import json
 import sys
 from typing import Any
 
+from pipeline.cli_common import budget_of, cluster_of
+
 EXIT_LOCKED = 75  # EX_TEMPFAIL: a concurrent run holds the lock; try again later
 
 
@@ -90,7 +92,7 @@ def add_parsers(sub: Any) -> None:
                    help="validate, plan and check the horizon and ledger; read and write nothing")
 
 
-def run(args: argparse.Namespace, cluster_of: Any) -> int:
+def run(args: argparse.Namespace) -> int:
     """Dispatch ``dplr stream ...`` / ``dplr nightly``; errors propagate to main()."""
     from pipeline.io.stream_state import StateLockedError
 
@@ -100,7 +102,7 @@ def run(args: argparse.Namespace, cluster_of: Any) -> int:
         return {
             "init": _init,
             "ingest": _ingest,
-            "release": lambda a: _release(a, cluster_of),
+            "release": _release,
             "status": _status,
         }[args.stream_command](args)
     except StateLockedError as exc:
@@ -134,17 +136,6 @@ def _init(a: argparse.Namespace) -> int:
     return 0
 
 
-def budget_of(a: argparse.Namespace) -> tuple[float, float] | None:
-    """The lifetime budget of ``--budget-epsilon``/``--budget-delta`` (both or neither)."""
-    if a.budget_epsilon is None and a.budget_delta is None:
-        return None
-    if a.budget_epsilon is None or a.budget_delta is None:
-        from pipeline.errors import InvalidParameterError
-
-        raise InvalidParameterError("--budget-epsilon and --budget-delta go together.")
-    return a.budget_epsilon, a.budget_delta
-
-
 def _ingest(a: argparse.Namespace) -> int:
     from pipeline.stream import stream_ingest
 
@@ -154,7 +145,7 @@ def _ingest(a: argparse.Namespace) -> int:
     return 0
 
 
-def _release(a: argparse.Namespace, cluster_of: Any) -> int:
+def _release(a: argparse.Namespace) -> int:
     import os
 
     from pipeline.stream import stream_release

@@ -320,6 +320,15 @@ def test_demo_runs_and_prints_the_report(tmp_path: Path) -> None:
         == rep["release_id"]
     )
     assert "nan" not in proc.stdout.lower()
+    # the announced algorithm is the one the report says ran (the private default)
+    assert f"factorization ({rep['algorithm']}, unit=entry" in proc.stdout
+    assert rep["algorithm"] == "two-pass"
+
+
+def test_demo_refuses_bad_privacy_parameters_before_writing(tmp_path: Path) -> None:
+    proc = run_dplr("demo", "--dir", tmp_path / "work", "--epsilon", "-1", timeout=60)
+    assert_one_line_error(proc, 2, "dplr: error: ")
+    assert not (tmp_path / "work").exists()  # no store generated, no ledger declared
 
 
 @pytest.mark.timeout(120)

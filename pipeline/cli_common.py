@@ -1,0 +1,213 @@
+"""What the ``dplr`` subcommands share: exit codes, option groups, argument types,
+the release options and runtime built from parsed arguments, and report lines.
+
+Used by :mod:`pipeline.cli` (factorize, budget, the parser and ``main``),
+:mod:`pipeline.cli_pca`, :mod:`pipeline.cli_data` and :mod:`pipeline.cli_stream`;
+nothing here imports :mod:`pipeline.cli`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from pipeline.errors import InvalidParameterError
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_BUDGET = 0, 1, 2, 3
+
+
+def pair(text: str) -> tuple[int, int]:
+    """``ROWS,COLS`` (argument type of ``--chunks``)."""
+    try:
+        a, b = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected ROWS,COLS (e.g. 10000,-1), got {text!r}"
+        ) from None
+    return a, b
+
+
+def floats(text: str) -> tuple[float, ...]:
+    """Comma-separated numbers (argument type)."""
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers, got {text!r}"
+        ) from None
+
+
+def ints(text: str) -> tuple[int, ...]:
+    """Comma-separated integers (argument type)."""
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+
+
+def add_privacy(p: argparse.ArgumentParser, *, lrf: bool = True) -> None:
+    """The ``privacy`` option group: epsilon, delta, --non-private and the ledger;
+    with ``lrf``, also the clip norm, the unit and the neighbouring relation."""
+    g = p.add_argument_group("privacy")
+    g.add_argument("--epsilon", type=float, help="epsilon of this release (> 0)")
+    g.add_argument("--delta", type=float, help="delta of this release, in (0, 1)")
+    g.add_argument(
+        "--non-private",
+        action="store_true",
+        help="no clipping, no noise, no ledger: NOT PRIVATE (for comparison)",
+    )
+    if lrf:
+        _add_lrf_privacy(g)
+    add_ledger(g)
+
+
+def _add_lrf_privacy(g: Any) -> None:
+    g.add_argument(
+        "--clip-norm",
+        type=float,
+        default=1.0,
+        help="C: each individual's contribution is clipped to norm <= C (default 1)",
+    )
+    g.add_argument(
+        "--unit",
+        choices=("row", "column", "entry"),
+        default="row",
+        help="who one individual is (default: row)",
+    )
+    g.add_argument(
+        "--neighboring",
+        choices=("add-remove", "replace"),
+        default="add-remove",
+        help="Delta_F = C (add-remove) or 2C (replace)",
+    )
+
+
+def add_ledger(g: Any) -> None:
+    """The ledger's options: its path, the lifetime budget it is created with, test-only noise."""
+    g.add_argument(
+        "--ledger",
+        help="the dataset's privacy ledger (default: <INPUT>.dplr-ledger.json beside the store)",
+    )
+    g.add_argument(
+        "--budget-epsilon",
+        type=float,
+        help="lifetime epsilon declared when the ledger is created",
+    )
+    g.add_argument(
+        "--budget-delta",
+        type=float,
+        help="lifetime delta declared when the ledger is created",
+    )
+    g.add_argument(
+        "--insecure-noise-seed",
+        type=int,
+        help="TESTS ONLY: reproducible noise; the report says private: false",
+    )
+
+
+def add_cluster(p: argparse.ArgumentParser) -> None:
+    """``--scheduler`` or ``--cluster`` (one of them)."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument(
+        "--scheduler",
+        help="Dask scheduler address (default: DASK_SCHEDULER_ADDRESS, else an embedded LocalCluster)",
+    )
+    g.add_argument(
+        "--cluster",
+        metavar="FILE",
+        help="cluster configuration to start or connect to (cluster/*.yaml: "
+        "local, scheduler, ssh, slurm, pbs or a Kubernetes DaskCluster)",
+    )
+
+
+def cluster_of(args: argparse.Namespace) -> Any:
+    """The validated --cluster file, or None: checked before anything starts."""
+    if args.cluster is None:
+        return None
+    from pipeline.execution.clusters import load_cluster_config
+
+    return load_cluster_config(args.cluster)
+
+
+def budget_of(args: argparse.Namespace) -> tuple[float, float] | None:
+    """The lifetime budget of ``--budget-epsilon``/``--budget-delta`` (both or neither)."""
+    if args.budget_epsilon is None and args.budget_delta is None:
+        return None
+    if args.budget_epsilon is None or args.budget_delta is None:
+        raise InvalidParameterError("--budget-epsilon and --budget-delta go together.")
+    return args.budget_epsilon, args.budget_delta
+
+
+def ledger_lines(report: dict[str, Any]) -> list[str]:
+    """The summary's lines about where a release was charged and what the budget has left."""
+    led = report.get("ledger")
+    if not led:
+        return []
+    if led.get("kind") == "in-process":
+        return [
+            (f"  charged to this process's accountant (no ledger file): {led['n_releases']} "
+            f"release(s) compose to epsilon={led['epsilon_used']:.4g} at "
+            f"delta={led['delta_used']:.3g}")
+        ]
+    return [
+        (f"  ledger: {led['path']}  lifetime budget (epsilon={led['budget_epsilon']:g}, "
+        f"delta={led['budget_delta']:g}) for one {led['unit']} under {led['neighboring']} "
+        f"neighbours; {led['n_releases']} release(s) compose to "
+        f"epsilon={led['epsilon_used']:.4g} at the budget's delta")
+    ]
+
+
+def factorize_summary(report: dict[str, Any], out: str) -> str:
+    """The human summary of a factorization's report (``dplr factorize``
+    without ``--json``, and ``dplr demo``)."""
+    lines = [f"released rank-{report['rank']} factorization to {out}"]
+    if report.get("epsilon") is None:
+        lines.append("  NOT PRIVATE: non-private run (no clipping, no noise)")
+    else:
+        lines.append(
+            f"  privacy: ({report['epsilon']:g}, {report['delta']:g})-DP, unit={report['privacy_unit']}, "
+            f"neighboring={report['neighboring']}, clip norm={report['clip_norm']:g}"
+        )
+        for s in report["sketches"]:
+            lines.append(
+                f"  sketch {s['name']:<3} shape={tuple(s['shape'])} sensitivity={s['sensitivity']:.4g} sigma={s['sigma']:.4g}"
+            )
+        lines.extend(ledger_lines(report))
+        if not report["private"]:
+            lines.append("  NOT PRIVATE: noise drawn from --insecure-noise-seed")
+    p = report["parameters"]
+    lines.append(
+        f"  algorithm={report['algorithm']} t={p['sketch_size']} v={p['core_size']} passes={report['n_passes']} "
+        f"time={report['timings_seconds'].get('total', float('nan')):.2f}s"
+    )
+    if report.get("resumed_from_journal"):
+        lines.append(
+            "  resumed from the journal of an interrupted run (same noise, no new charge)"
+        )
+    return "\n".join(lines)
+
+
+def options_of(args: argparse.Namespace) -> Any:
+    """Where a release of ``dplr factorize`` or ``dplr pca`` goes and is charged."""
+    from pipeline.release import ReleaseOptions
+
+    return ReleaseOptions(
+        out=args.out, overwrite=args.overwrite, ledger=args.ledger,
+        budget=budget_of(args), journal=args.journal,
+        scratch=getattr(args, "scratch", None),
+        insecure_noise_seed=args.insecure_noise_seed,
+    )  # fmt: skip
+
+
+def runtime_of(args: argparse.Namespace) -> Any:
+    """Where a release runs: the scheduler or cluster file; progress on stderr
+    unless ``--quiet``."""
+    from pipeline.release import Runtime
+
+    return Runtime(
+        scheduler=args.scheduler, cluster_config=cluster_of(args),
+        progress=None if args.quiet else sys.stderr,
+    )  # fmt: skip
