@@ -61,6 +61,15 @@ directions). So ``err_GM < sigma_1`` needs ``s < 1``, i.e. eps above about 5 at
 delta = 1e-6 (s(4, 1e-6) = 1.19, s(8, 1e-6) = 0.65): no row-unit cell of the
 default grid is in that regime, whatever m and n. ``--epsilons`` extends the grid.
 
+**Real matrices** (``--real source_bow digits``; ``k = --rank`` or 8): the matrices
+of the private PCA benchmark, built from data installed on the machine
+(``pca_real_data.py``: a bag of words of the installed Python sources,
+115650 x 128, and scikit-learn's digits, 1797 x 64; columns centred, rows of
+norm <= 1), scaled as above so that clipping is tight but inactive. Their rows
+have norm about 1, so the full GM's error is about ``s (sqrt(m) + sqrt(k))``
+against sigma_1 of 111 and 16: their cells reach the regime at larger epsilon
+(``--epsilons 8 16 32 64``).
+
 Algorithms not available in this version of the package (``Algorithm(name)``
 raises) are skipped with a note. Nothing here is an assertion.
 """
@@ -87,6 +96,9 @@ EPSILONS = (0.5, 1.0, 2.0, 4.0)
 UNITS = ("row", "entry")
 SPECTRA = ("decaying", "flat-tail", "low-rank")
 ALGORITHMS = ("spectral", "low-space", "two-pass")
+#: Real matrices (``--real``): their preparation is in ``pca_real_data.py``.
+REAL = ("source_bow", "digits")
+REAL_RANK = 8
 #: Default rank per spectrum (--rank overrides all).
 DEFAULT_RANK = {"decaying": 8, "flat-tail": 8, "low-rank": 5}
 LOW_RANK_SIGMA = (1.0, 0.8, 0.65, 0.5, 0.4)
@@ -122,6 +134,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--delta", type=float, default=DELTA)
     p.add_argument("--units", nargs="+", choices=UNITS, default=list(UNITS))
     p.add_argument("--spectra", nargs="+", choices=SPECTRA, default=None)
+    p.add_argument(
+        "--real",
+        nargs="+",
+        choices=REAL,
+        default=None,
+        help="real matrices from data installed here (pca_real_data.py) instead of the "
+        "synthetic spectra (add --spectra to run both); k = --rank or 8",
+    )
     p.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS))
     p.add_argument(
         "--draws", type=int, default=3, help="noise draws per method and cell (>= 3)"
@@ -180,7 +200,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.rows = a.rows or (QUICK["rows"] if a.quick else 20000)
     a.cols = a.cols or (QUICK["cols"] if a.quick else 600)
     a.epsilons = tuple(a.epsilons or (QUICK["epsilons"] if a.quick else EPSILONS))
-    a.spectra = tuple(a.spectra or (QUICK["spectra"] if a.quick else SPECTRA))
+    a.real = tuple(a.real or ())
+    if a.spectra is None:
+        a.spectra = () if a.real else (QUICK["spectra"] if a.quick else SPECTRA)
+    a.spectra = tuple(a.spectra)
     if a.rows < 2 * a.cols:
         p.error("--rows must be at least twice --cols (tall matrices); raise --rows.")
     return a
@@ -400,48 +423,74 @@ def _release_meta(report: dict[str, Any]) -> dict[str, Any]:
 def matrix_key(seed: int, spectrum: str, unit: str) -> list[int]:
     """Seed of one cell's matrix (its GM noise adds epsilon): keyed by the cell,
     not by the grid, so a cell is the same whatever else the run covers."""
+    if spectrum.startswith("real:"):
+        return [seed, 100 + REAL.index(spectrum[5:]), UNITS.index(unit)]
     return [seed, SPECTRA.index(spectrum), UNITS.index(unit)]
+
+
+def real_matrix(name: str, unit: str, clip: float) -> np.ndarray:
+    """A real matrix as ``pca_real_data.load_real`` prepares it (columns centred,
+    rows of norm <= 1), scaled as :func:`make_matrix` scales: the largest row norm
+    (row unit) or |a_ij| (entry unit) is exactly C, so clipping is tight but inactive."""
+    import pca_real_data
+
+    A = pca_real_data.load_real(name, cache_dir=C.WORK)["A"]
+    if unit == "row":
+        scale = float(np.sqrt(np.einsum("ij,ij->i", A, A)).max())
+    else:
+        scale = float(np.abs(A).max())
+    return A * (clip / scale)
+
+
+def matrices(args: argparse.Namespace) -> Any:
+    """``(label, k, unit, key, A)`` of every matrix of the grid, built one at a time."""
+    for spectrum in args.spectra:
+        k = args.rank or DEFAULT_RANK[spectrum]
+        for unit in args.units:
+            key = matrix_key(args.seed, spectrum, unit)
+            rng = np.random.default_rng(key)
+            A = make_matrix(spectrum, unit, args.rows, args.cols, k, args.clip_norm, rng)
+            yield spectrum, k, unit, key, A
+    for name in args.real:
+        for unit in args.units:
+            label = f"real:{name}"
+            A = real_matrix(name, unit, args.clip_norm)
+            yield label, args.rank or REAL_RANK, unit, matrix_key(args.seed, label, unit), A
 
 
 def run_grid(
     args: argparse.Namespace, algs: list[str], log: Any = print
 ) -> list[dict[str, Any]]:
-    m, n = args.rows, args.cols
     cells = []
-    for spectrum in args.spectra:
-        k = args.rank or DEFAULT_RANK[spectrum]
-        for unit in args.units:
-            key = matrix_key(args.seed, spectrum, unit)
-            A = make_matrix(
-                spectrum, unit, m, n, k, args.clip_norm, np.random.default_rng(key)
+    for spectrum, k, unit, key, A in matrices(args):
+        m, n = A.shape
+        sigma = np.linalg.svd(A, compute_uv=False)
+        resid = Residual(A)
+        for eps in args.epsilons:
+            t0 = time.perf_counter()
+            gm_rng = np.random.default_rng([*key, round(1e6 * eps)])
+            cell = run_cell(resid, sigma, k, eps, unit, algs, args, gm_rng)
+            cell = {
+                "spectrum": spectrum,
+                "unit": unit,
+                "m": m,
+                "n": n,
+                "rank": k,
+                "sigma_1": float(sigma[0]),
+                "sigma_k": float(sigma[k - 1]),
+                "sigma_k+1": float(sigma[k]),
+                "max_row_norm": float(np.sqrt(np.einsum("ij,ij->i", A, A)).max()),
+                "max_abs_entry": float(np.abs(A).max()),
+                **cell,
+            }
+            cells.append(cell)
+            rs = ", ".join(
+                f"{a} {c['ratio']:.2f}" for a, c in cell["algorithms"].items()
             )
-            sigma = np.linalg.svd(A, compute_uv=False)
-            resid = Residual(A)
-            for eps in args.epsilons:
-                t0 = time.perf_counter()
-                gm_rng = np.random.default_rng([*key, round(1e6 * eps)])
-                cell = run_cell(resid, sigma, k, eps, unit, algs, args, gm_rng)
-                cell = {
-                    "spectrum": spectrum,
-                    "unit": unit,
-                    "m": m,
-                    "n": n,
-                    "rank": k,
-                    "sigma_1": float(sigma[0]),
-                    "sigma_k": float(sigma[k - 1]),
-                    "sigma_k+1": float(sigma[k]),
-                    "max_row_norm": float(np.sqrt(np.einsum("ij,ij->i", A, A)).max()),
-                    "max_abs_entry": float(np.abs(A).max()),
-                    **cell,
-                }
-                cells.append(cell)
-                rs = ", ".join(
-                    f"{a} {c['ratio']:.2f}" for a, c in cell["algorithms"].items()
-                )
-                log(
-                    f"{spectrum:9s} {unit:5s} eps={eps:<4g} GM err/sigma_1 "
-                    f"{cell['gm_over_sigma1']:.2f}  ratios: {rs}  ({time.perf_counter() - t0:.1f} s)"
-                )
+            log(
+                f"{spectrum:9s} {m}x{n} {unit:5s} eps={eps:<4g} GM err/sigma_1 "
+                f"{cell['gm_over_sigma1']:.2f}  ratios: {rs}  ({time.perf_counter() - t0:.1f} s)"
+            )
     return cells
 
 
@@ -454,7 +503,7 @@ def markdown(res: dict[str, Any]) -> str:
         (
             f"{res['machine']['date']}; {res['machine']['cpus']} CPUs ({res['machine']['processor']}), "
             f"Python {res['versions']['python']}, numpy {res['versions']['numpy']}, dplr "
-            f"{res['versions'].get('dplr', '?')}; {p['m']} x {p['n']} float64 in memory, "
+            f"{res['versions'].get('dplr', '?')}; {_matrices_text(res)} float64 in memory, "
             f"delta = {p['delta']:g}, C = {p['clip_norm']:g}, {p['neighboring']}, "
             f"{p['draws']} draws per method and cell; noise: {p['noise']}; wall {res['wall_s']:.0f} s."
         ),
@@ -473,12 +522,16 @@ def markdown(res: dict[str, Any]) -> str:
     for c in res["cells"]:
         mark = "" if c["in_regime"] else " *"
         ratios = [f"{c['algorithms'][a]['ratio']:.2f}" for a in algs]
+        label = c["spectrum"]
+        if label.startswith("real:"):
+            label = f"{label} ({c['m']} x {c['n']})"
         lines.append(
-            f"| {c['spectrum']} | {c['unit']} | {c['rank']} | {c['epsilon']:g} | {c['sigma_1']:.4g} | "
+            f"| {label} | {c['unit']} | {c['rank']} | {c['epsilon']:g} | {c['sigma_1']:.4g} | "
             f"{c['sigma_k+1']:.3g} | {c['gm']['median']:.4g} | {c['gm_over_sigma1']:.2f}{mark} | "
             + " | ".join(ratios)
             + " |"
         )
+    lines += _relative_table(res)
     lines += ["", "Sizes chosen by each algorithm (from its release report):", ""]
     seen = {}
     for c in res["cells"]:
@@ -498,6 +551,51 @@ def markdown(res: dict[str, Any]) -> str:
     for a, why in res["skipped"].items():
         lines += ["", f"`{a}`: {why}."]
     return "\n".join(lines) + "\n"
+
+
+def _relative_table(res: dict[str, Any]) -> list[str]:
+    """The real matrices' errors relative to the best rank-k approximation.
+
+    Their tails are heavy (sigma_{k+1} is half of sigma_1 or more), so where the
+    noise is small the additive error of every method is second order in it
+    (the error adds to sigma_{k+1} in quadrature) and the ratio to the full GM's
+    becomes a ratio of two small numbers; ``err / sigma_{k+1}`` says how far each
+    release is from the best rank-k approximation.
+    """
+    algs = res["algorithms"]
+    real = [c for c in res["cells"] if c["spectrum"].startswith("real:")]
+    if not real:
+        return []
+    lines = [
+        "",
+        ("Real matrices: additive error over sigma_k+1, i.e. ||A - A_hat||_2 / sigma_k+1 - 1 "
+        "(medians of the draws):"),
+        "",
+        "| matrix | unit | eps | full GM | " + " | ".join(algs) + " |",
+        "|---|---|---|---|" + "---|" * len(algs),
+    ]
+    for c in real:
+        tail = c["sigma_k+1"]
+        rel = [f"{c['algorithms'][a]['median'] / tail:.3f}" for a in algs]
+        lines.append(
+            f"| {c['spectrum'][5:]} | {c['unit']} | {c['epsilon']:g} | "
+            f"{c['gm']['median'] / tail:.3f} | " + " | ".join(rel) + " |"
+        )
+    return lines
+
+
+def _matrices_text(res: dict[str, Any]) -> str:
+    """The header's words for the matrices of a run (synthetic, real or both)."""
+    p = res["params"]
+    parts = [f"synthetic {p['m']} x {p['n']}"] if p["spectra"] else []
+    shapes = {c["spectrum"]: (c["m"], c["n"]) for c in res["cells"]}
+    parts += [
+        f"{name} {shapes[f'real:{name}'][0]} x {shapes[f'real:{name}'][1]} (real, see "
+        "pca_real_data.py)"
+        for name in p.get("real", [])
+        if f"real:{name}" in shapes
+    ]
+    return ", ".join(parts)
 
 
 def plot(path: str, res: dict[str, Any]) -> None:
@@ -533,7 +631,8 @@ def plot(path: str, res: dict[str, Any]) -> None:
             ax.axhline(1.0, color="black", lw=0.8)
             ax.set_xscale("log", base=2)
             ax.set_xticks(eps, [f"{e:g}" for e in eps])
-            ax.set_title(f"{sp}, {un} unit (k = {cs[0]['rank']})", fontsize=10)
+            shape = f"{cs[0]['m']} x {cs[0]['n']}, " if sp.startswith("real:") else ""
+            ax.set_title(f"{sp}, {un} unit ({shape}k = {cs[0]['rank']})", fontsize=10)
             ax.set_ylim(bottom=0)
             if j == 0:
                 ax.set_ylabel("err / err(full GM)")
@@ -541,8 +640,9 @@ def plot(path: str, res: dict[str, Any]) -> None:
                 ax.set_xlabel("epsilon")
     axes[0][0].legend(fontsize=8, title="hollow: err_GM >= sigma_1", title_fontsize=7)
     p = res["params"]
+    synthetic = f", synthetic {p['m']} x {p['n']}" if p["spectra"] else ""
     fig.suptitle(
-        f"Additive spectral error vs the full GM, {p['m']} x {p['n']}, delta = {p['delta']:g}",
+        f"Additive spectral error vs the full GM{synthetic}, delta = {p['delta']:g}",
         fontsize=11,
     )
     fig.tight_layout()
@@ -579,6 +679,7 @@ def main(argv: list[str] | None = None) -> int:
             "delta": args.delta,
             "units": list(args.units),
             "spectra": list(args.spectra),
+            "real": list(args.real),
             "draws": args.draws,
             "clip_norm": args.clip_norm,
             "neighboring": args.neighboring,

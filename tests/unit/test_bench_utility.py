@@ -220,3 +220,32 @@ def test_sketch_size_option_reaches_the_one_pass_releases_only(tmp_path):
     # negative control: the option is not applied everywhere (two-pass: t = k)
     assert (two_pass["t"], two_pass["v"]) != (20, 50)
     assert two_pass["t"] == cell["rank"]
+
+
+def test_real_matrices_come_from_the_installed_data_with_tight_clipping(tmp_path):
+    """``--real digits``: scikit-learn's digits as ``pca_real_data`` prepares them,
+    scaled so that the largest row norm (row unit) is exactly C; the relative-error
+    table of the real matrices is written."""
+    proc = subprocess.run(
+        [
+            sys.executable, str(SCRIPT), "--real", "digits", "--units", "row",
+            "--epsilons", "16", "--algorithms", "two-pass", "--results", str(tmp_path),
+            "--name", "real", "--no-plot", "--clip-norm", "2",
+        ],
+        capture_output=True, text=True, timeout=300, check=False, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads((tmp_path / "real.json").read_text())
+    (cell,) = res["cells"]
+    assert (cell["spectrum"], cell["m"], cell["n"]) == ("real:digits", 1797, 64)
+    assert cell["max_row_norm"] == pytest.approx(2.0, rel=1e-12)
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import pca_real_data
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    A = pca_real_data.load_real("digits")["A"]
+    sigma_1 = float(np.linalg.svd(A, compute_uv=False)[0])
+    # the same matrix, times C / (its largest row norm, 1): not a synthetic one
+    assert cell["sigma_1"] == pytest.approx(2.0 * sigma_1, rel=1e-9)
+    assert "Real matrices: additive error over sigma_k+1" in (tmp_path / "real.md").read_text()
