@@ -183,7 +183,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--core-size",
         type=int,
         default=None,
-        help="v for the one-pass algorithms instead of their planned size",
+        help="v (the co-range sketch's rows) of every algorithm instead of its planned size",
     )
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
     p.add_argument(
@@ -339,9 +339,9 @@ def run_algorithm(
 ) -> tuple[Any, float]:
     from pipeline.api import factorize
 
-    sizes = {}
-    if alg != "two-pass":  # the two-pass sizes are not a sketch of the range
-        sizes = {"sketch_size": args.sketch_size, "core_size": args.core_size}
+    sizes = {"core_size": args.core_size}
+    if alg != "two-pass":  # its range side is X V_k: t is k, not a size to choose
+        sizes["sketch_size"] = args.sketch_size
     t0 = time.perf_counter()
     f = factorize(
         A,
