@@ -60,8 +60,8 @@ def _add_factorize_parser(sub: Any) -> None:
         default="auto",
         help="default auto: two-pass for a private release (reads the store twice, "
         "exact sensitivities, both charged once before any noise; the most accurate), "
-        "spectral (one pass) when --sketch-size, --padded or --operator gaussian asks "
-        "for one pass, or with --non-private",
+        "spectral (one pass) when --sketch-size or --operator gaussian asks for one "
+        "pass, or with --non-private; low-space with --padded",
     )
     f.add_argument(
         "--padded",
@@ -87,8 +87,8 @@ def _add_factorize_parser(sub: Any) -> None:
         "--core-size",
         "-v",
         type=int,
-        help="co-range/core sketch size v (default: 2t one pass, max(10k, 100) two-pass, "
-        "6t+1 with --non-private)",
+        help="co-range/core sketch size v (default: one pass, 2 x the larger of t and the "
+        "error model's t; two-pass, max(10k, 100); 6t+1 with --non-private)",
     )
     f.add_argument(
         "--seed",

@@ -245,15 +245,16 @@ class LrfParams:
         ``"auto"``: the two-pass algorithm for a private release (the most
         accurate, at comparable time: ``benchmarks/bench_utility.py``,
         ``benchmarks/bench_lrf.py``), unless a one-pass option is set
-        (``sketch_size``, ``padded``, a Gaussian ``operator``); Spectral-LRF for
-        a non-private run, where one pass is as accurate and reads A once.
+        (``sketch_size``, a Gaussian ``operator``: Spectral-LRF; ``padded``:
+        Low-Space-LRF, the only algorithm with the paper's padding); Spectral-LRF
+        for a non-private run, where one pass is as accurate and reads A once.
         """
         if not (isinstance(self.algorithm, str) and self.algorithm == AUTO):
             return check_enum(Algorithm, self.algorithm, "algorithm")
+        if self.padded:
+            return Algorithm.LOW_SPACE
         one_pass_only = (
-            self.sketch_size is not None
-            or self.padded
-            or self.operator is OperatorKind.GAUSSIAN
+            self.sketch_size is not None or self.operator is OperatorKind.GAUSSIAN
         )
         if self.private and not one_pass_only:
             return Algorithm.TWO_PASS
@@ -522,6 +523,9 @@ def choose_private_sizes(plan: LrfPlan) -> LrfPlan:
     p = plan.params
     _resolve_sizes(p, M, N)  # the rank checks and messages of any plan of this shape
     t0, v0 = lrf_model.default_sizes(plan)
+    if p.sketch_size is not None and p.core_size is None and 2 * p.sketch_size > v0:
+        # the model's v = 2t for a user's t above the model's: t < v must hold
+        v0 = min(2 * p.sketch_size, M) if p.algorithm is Algorithm.SPECTRAL else 2 * p.sketch_size
     t, v = _resolve_sizes(
         dataclasses.replace(p, sketch_size=p.sketch_size or t0, core_size=p.core_size or v0),
         M, N,

@@ -118,6 +118,23 @@ def test_default_sketch_sizes_follow_spec() -> None:
         assert (t, v) == (max(3 * k, k + 20), 6 * max(3 * k, k + 20) + 1)
 
 
+@pytest.mark.parametrize("algorithm", [SPECTRAL, LOW_SPACE])
+def test_private_sketch_size_alone_keeps_room_for_the_core(algorithm: Algorithm) -> None:
+    """A private ``sketch_size`` without ``core_size`` plans (it used to be refused with
+    a message about a core size nobody gave when t reached the model's v = 2 t_model):
+    v = 2 * max(t, t_model), the model's rule."""
+    shape = (200000, 1000)
+    t_model, v_model = lrf_model.default_sizes(plan_lrf(_params(private=True, algorithm=algorithm, rank=10), shape))
+    for t in (30, t_model, v_model, 3 * t_model, 999):
+        plan = plan_lrf(_params(private=True, algorithm=algorithm, rank=10, sketch_size=t), shape)
+        assert (plan.t, plan.v) == (t, max(v_model, 2 * t))
+    # a given core size is kept, and refused when it leaves no room (negative control)
+    plan = plan_lrf(_params(private=True, algorithm=algorithm, rank=10, sketch_size=300, core_size=301), shape)
+    assert (plan.t, plan.v) == (300, 301)
+    with pytest.raises(InvalidParameterError, match="core_size must be in"):
+        plan_lrf(_params(private=True, algorithm=algorithm, rank=10, sketch_size=300, core_size=300), shape)
+
+
 @pytest.mark.parametrize("private", [False, True])
 @pytest.mark.parametrize("algorithm", [SPECTRAL, LOW_SPACE])
 @pytest.mark.parametrize(
@@ -249,3 +266,13 @@ def test_non_private_plan_has_no_noise() -> None:
     plan = plan_lrf(_params(), (50, 30))
     assert plan.calibration is None
     assert plan.sigma("Y") == 0.0
+
+
+def test_auto_with_padded_is_low_space_the_only_padded_algorithm() -> None:
+    """``padded=True`` under ``algorithm="auto"`` plans Low-Space-LRF (it used to pick
+    Spectral-LRF, which then refused the padding); an explicit Spectral is still refused."""
+    p = LrfParams.of(3, epsilon=1.0, delta=1e-6, padded=True)
+    assert p.algorithm is LOW_SPACE
+    assert plan_lrf(p, (300, 100)).params.padded
+    with pytest.raises(InvalidParameterError, match="padded=True applies to algorithm='low-space'"):
+        plan_lrf(LrfParams.of(3, epsilon=1.0, delta=1e-6, padded=True, algorithm="spectral"), (300, 100))
