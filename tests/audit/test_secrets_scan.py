@@ -478,7 +478,8 @@ def _restore_levels(old: dict[str, int]) -> None:
 
 
 def _lrf_run(
-    tmp: Path, name: str, client: Client, logs: ListHandler, *, fresh: bool
+    tmp: Path, name: str, client: Client, logs: ListHandler, *, fresh: bool,
+    algorithm: str = "auto",
 ) -> dict[str, Any]:
     """A private factorize and three failing ones, everything they emitted."""
     mp = pytest.MonkeyPatch()
@@ -489,6 +490,7 @@ def _lrf_run(
     kw: dict[str, Any] = {} if fresh else {
         "seed": SKETCH_SEED, "insecure_noise_seed": NOISE_SEED_LRF
     }  # fmt: skip
+    kw["algorithm"] = algorithm
     try:
         a = write_matrix(tmp / f"{name}.zarr", _planted_matrix(300, 40, 1), (100, 40))
         prog = io.StringIO()
@@ -575,15 +577,24 @@ def _pca_run(
     }
 
 
+#: The factorize runs: test keys, fresh keys (default algorithm), fresh keys (one pass).
+LRF_RUNS = ("lrf", "lrf-fresh", "lrf-spectral-fresh")
+
+
 @pytest.fixture(scope="module")
 def runs(client: Client, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The four full runs (test keys and fresh secret keys) and the failing runs,
+    """The five full runs (test keys and fresh secret keys; factorize's default and
+    one-pass algorithms) and the failing runs,
     each with everything it emitted, under DEBUG logging everywhere."""
     tmp = tmp_path_factory.mktemp("secrets")
     with debug_logging(client) as logs:
         return {
             "lrf": _lrf_run(tmp, "lrf", client, logs, fresh=False),
             "lrf-fresh": _lrf_run(tmp, "lrf-fresh", client, logs, fresh=True),
+            # one pass: the tall noise is drawn on the workers, from the release key
+            "lrf-spectral-fresh": _lrf_run(
+                tmp, "lrf-spectral-fresh", client, logs, fresh=True, algorithm="spectral"
+            ),
             "pca": _pca_run(tmp, "pca", client, logs, fresh=False),
             "pca-fresh": _pca_run(tmp, "pca-fresh", client, logs, fresh=True),
         }
@@ -597,13 +608,13 @@ def _print_findings(name: str, found: dict[str, list[str]]) -> None:
 def _patterns(runs: dict[str, Any], run: str) -> dict[str, bytes]:
     """The secrets of ``run``: its test key and given seed, or the fresh ones it drew."""
     if run.endswith("-fresh"):
-        pats = runs[run]["keys"].patterns(run.removesuffix("-fresh"))
+        pats = runs[run]["keys"].patterns("pca" if run.startswith("pca") else "lrf")
     else:
         pats = lrf_secrets() if run == "lrf" else pca_secrets()
     return pats | data_patterns()
 
 
-@pytest.mark.parametrize("run", ["lrf", "lrf-fresh"])
+@pytest.mark.parametrize("run", LRF_RUNS)
 def test_factorize_leaks_nothing_outside_the_task_graph(
     runs: dict[str, Any], run: str
 ) -> None:
@@ -628,15 +639,15 @@ def test_pca_leaks_nothing_outside_the_task_graph(
 def test_fresh_runs_scanned_the_keys_their_journals_held(runs: dict[str, Any]) -> None:
     """The fresh-key runs used secret keys (and factorize a secret sketch seed),
     and the scanned values are those their journals held while they ran."""
-    for run in ("lrf-fresh", "pca-fresh"):
+    for run in ("lrf-fresh", "lrf-spectral-fresh", "pca-fresh"):
         keys = runs[run]["keys"]
         # the full run, the over-budget run, and (factorize) the NaN run drew keys
-        assert len(keys.jobs) == (3 if run == "lrf-fresh" else 2), run
+        assert len(keys.jobs) == (3 if run.startswith("lrf") else 2), run
         assert len({k.secret for k, _ in keys.jobs}) == len(keys.jobs), run
         ((key_hex, seed_hex),) = keys.journaled  # read from header.json at the charge
         key, seed = keys.jobs[0]
         assert key_hex == key.secret.hex(), run
-        if run == "lrf-fresh":
+        if run.startswith("lrf"):
             assert seed is not None
             assert seed.bit_length() > 64
             assert seed_hex == format(seed, "x")
@@ -650,15 +661,17 @@ def test_task_graphs_hold_no_data_and_no_release_key(runs: dict[str, Any]) -> No
     lrf_key = _key_patterns(
         "factorize release key", NoiseKey.insecure_from_seed(NOISE_SEED_LRF)
     )
-    fresh = runs["lrf-fresh"]["keys"].jobs
-    fresh_keys = {
-        n: p
-        for i, (key, _) in enumerate(fresh)
-        for n, p in _key_patterns(f"fresh key {i}", key).items()
-    }
+    def fresh_keys(run: str) -> dict[str, bytes]:
+        return {
+            n: p
+            for i, (key, _) in enumerate(runs[run]["keys"].jobs)
+            for n, p in _key_patterns(f"fresh key {i}", key).items()
+        }
+
     for run, pats in (
         ("lrf", {**lrf_key, **data_patterns()}),
-        ("lrf-fresh", {**fresh_keys, **data_patterns()}),
+        ("lrf-fresh", {**fresh_keys("lrf-fresh"), **data_patterns()}),
+        ("lrf-spectral-fresh", {**fresh_keys("lrf-spectral-fresh"), **data_patterns()}),
         ("pca", _patterns(runs, "pca")),
         ("pca-fresh", _patterns(runs, "pca-fresh")),
     ):
@@ -667,7 +680,7 @@ def test_task_graphs_hold_no_data_and_no_release_key(runs: dict[str, Any]) -> No
         assert found == {}, run
 
 
-@pytest.mark.parametrize("run", ["lrf", "lrf-fresh"])
+@pytest.mark.parametrize("run", LRF_RUNS)
 def test_factorize_task_graphs_hold_no_secret(runs: dict[str, Any], run: str) -> None:
     """Tasks carry sealed references; the seed and the tall noise key reach the
     workers in a worker plugin (pipeline.execution.secrets), not in the graph."""
@@ -689,7 +702,7 @@ def test_pca_journal_is_private_while_running_and_gone_after(
 def test_every_surface_was_captured(runs: dict[str, Any]) -> None:
     """The scan is not vacuous: every surface holds what it should, and the
     workers' DEBUG records were captured during every run."""
-    for run in ("lrf", "lrf-fresh", "pca", "pca-fresh"):
+    for run in ("lrf", *LRF_RUNS[1:], "pca", "pca-fresh"):
         s = runs[run]["surfaces"]
         for where, blob in s.items():
             print(f"[{run}] {where}: {len(blob)} bytes")
@@ -709,11 +722,16 @@ def test_every_surface_was_captured(runs: dict[str, Any]) -> None:
         assert b"BudgetExceededError" in s["exception texts"]
     assert b"NonFiniteInputError" in runs["lrf"]["surfaces"]["exception texts"]
     assert b"NonFiniteInputError" in runs["lrf-fresh"]["surfaces"]["exception texts"]
+    # the runs are the algorithms they stand for: two-pass by default, one pass asked for
+    algorithms = {
+        run: json.loads(runs[run]["surfaces"]["report (json)"])["algorithm"] for run in LRF_RUNS
+    }
+    assert algorithms == {"lrf": "two-pass", "lrf-fresh": "two-pass", "lrf-spectral-fresh": "spectral"}
 
 
 def test_reports_state_idealized_numerics_and_not_private(runs: dict[str, Any]) -> None:
     """Every report carries the floating-point caveat; the test-key runs say NOT PRIVATE."""
-    for run in ("lrf", "lrf-fresh", "pca", "pca-fresh"):
+    for run in (*LRF_RUNS, "pca", "pca-fresh"):
         report = json.loads(runs[run]["surfaces"]["report (json)"])
         assert '"idealized_numerics": true' in json.dumps(report), run
         assert report["private"] is run.endswith("-fresh"), run
