@@ -117,7 +117,11 @@ def factorize(
     insecure_noise_seed: int | None = None,
     progress: TextIO | None = None,
 ) -> Factorization:
-    """Differentially private rank-``rank`` factorization ``A ~ U diag(S) V^T`` in one pass.
+    """Differentially private rank-``rank`` factorization ``A ~ U diag(S) V^T``.
+
+    A private release reads a stored matrix twice by default (the two-pass
+    algorithm) or once (Spectral-LRF, Low-Space-LRF); a non-private run reads
+    it once.
 
     Parameters
     ----------
@@ -131,7 +135,8 @@ def factorize(
         Budget of this release; required unless ``private=False``.
     algorithm : {"auto", "spectral", "low-space", "two-pass"}
         ``"auto"`` (default): ``"two-pass"`` for a private release unless
-        ``sketch_size``, ``padded`` or ``operator="gaussian"`` asks for one pass,
+        ``sketch_size`` or ``operator="gaussian"`` asks for one pass
+        (``"spectral"``) or ``padded`` for the paper's padding (``"low-space"``);
         ``"spectral"`` for a non-private run (docs/algorithms.md, "Which
         algorithm"). ``"two-pass"`` reads a stored matrix twice, with both sensitivities
         exact (:mod:`pipeline.algorithms.two_pass`); both passes are charged
@@ -140,7 +145,9 @@ def factorize(
     private : bool
         False runs the non-private variant (no clipping, no noise, no ledger).
     sketch_size, core_size : int or None
-        ``t`` and ``v`` [spec 2.3]; None picks the defaults.
+        ``t`` and ``v`` [spec 2.3]; None picks the defaults (a private one-pass
+        release: the error model's t and ``v = 2 max(t, t_model)``; two-pass:
+        ``v = max(10k, 100)``; see ``plan_factorization``).
     clip_norm : float
         ``C``: every individual's contribution is clipped to norm ``<= C``.
     unit : {"row", "column", "entry"}
@@ -151,10 +158,12 @@ def factorize(
         Low-Space-LRF in the paper's padded form (comparison only).
     operator : {"gaussian", "sparse-sign"} or None
         Distribution of the co-range operator ``S`` (and ``T``). None (or
-        ``"auto"``): Gaussian when private -- the only kind the noise calibration
-        covers, so ``"sparse-sign"`` is refused there -- and sparse sign (8
-        non-zeros per row of ``A``) when not, which is as accurate and several
-        times cheaper [spec 5.3].
+        ``"auto"``): a sparse sign map (8 non-zeros per row of ``A``, columns of
+        norm exactly 1) wherever its sensitivity is exact
+        (:func:`pipeline.algorithms.lrf.sparse_is_exact`: every non-private run;
+        a private release whose individual is one row of the sketched matrix,
+        or one entry with a secret seed [spec private-lrf-2, 2]); Gaussian
+        elsewhere, where ``"sparse-sign"`` is refused.
     seed : int or None
         Sketch seed (data-independent; None draws a fresh secret one). Never
         seeds the noise. A given seed is public: a private release is then

@@ -57,17 +57,20 @@ def add_parser(sub: Any) -> None:
     pc.add_argument(
         "--radius-grid",
         type=floats,
-        help="with --select: comma-separated public clip radii (default: powers of 2 from sqrt(k/n) to 1)",
+        help="with --select: comma-separated public clip radii (default: the auto rule's "
+        "sqrt(k/n); with --expected-trials: powers of 2 from sqrt(k/n) to 1)",
     )
     pc.add_argument(
         "--iterations-grid",
         type=ints,
-        help="with --select: comma-separated public iteration counts (default: 1,2,4,8,16)",
+        help="with --select: comma-separated public iteration counts (default: the auto "
+        "rule's 3; with --expected-trials: 1,2,4,8,16)",
     )
     pc.add_argument(
         "--expected-trials",
         type=float,
-        help="with --select: expected number of random trials (default: 4 x grid size)",
+        help="with --select: random stopping over the grids with this expected number of "
+        "trials (default: none; every candidate then runs once)",
     )
     pc.add_argument(
         "--row-norm-bound",

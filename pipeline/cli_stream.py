@@ -47,8 +47,8 @@ def add_parsers(sub: Any) -> None:
     i.add_argument("--unit", choices=("general", "row", "column", "entry"), default="general",
                    help="what one entity may touch (default: general)")
     i.add_argument("--neighboring", choices=("add-remove", "replace"), default="add-remove")
-    i.add_argument("--sketch-size", "-t", type=int, help="t (default as for dplr factorize)")
-    i.add_argument("--core-size", "-v", type=int, help="v (default as for dplr factorize)")
+    i.add_argument("--sketch-size", "-t", type=int, help="t (default: max(4k, k + 20))")
+    i.add_argument("--core-size", "-v", type=int, help="v (default: 4t)")
     i.add_argument("--ledger", metavar="PATH",
                    help="the privacy ledger of the stream's population, charged once now and "
                    "shared with its other streams and releases (required unless --non-private)")

@@ -112,12 +112,11 @@ def pca_plan(params: Any, shape: tuple[int, int], selection: Selection | None) -
     radii, grid = default_selection_grids(shape[0], params.rank)
     radii = selection.radii if selection.radii is not None else radii
     grid = selection.iterations if selection.iterations is not None else grid
-    expected = selection.expected_trials
     cal = calibrate_selection(
         epsilon=params.epsilon, delta=params.delta, rank=params.rank,
         n_rows=shape[0], n_features=shape[1], radii=radii, iteration_grid=grid,
         beta=params.beta,
-        expected_trials=expected if expected is not None else 4.0 * len(radii) * len(grid),
+        expected_trials=selection.expected_trials,
         sensitivity=params.sensitivity, gamma_scale=params.gamma_scale,
         neighboring=params.neighboring,
     )  # fmt: skip

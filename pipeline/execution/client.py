@@ -71,7 +71,7 @@ def cluster_client(
        ``DASK_SCHEDULER_ADDRESS`` environment variable;
     2. the active client of this process, if there is one (as dask-ml does);
     3. an embedded ``LocalCluster`` with one single-threaded worker process per
-       core (threaded BLAS inside one worker would make results depend on the
+       core, at most 4 (threaded BLAS inside one worker would make results depend on the
        thread count), closed on exit.
 
     Every cluster but an embedded local one must pass
