@@ -185,6 +185,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="v (the co-range sketch's rows) of every algorithm instead of its planned size",
     )
+    p.add_argument(
+        "--workdir",
+        default=C.WORK,
+        help="where the real matrices are cached (git-ignored; default benchmarks/work)",
+    )
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
     p.add_argument(
         "--blas-threads",
@@ -428,13 +433,13 @@ def matrix_key(seed: int, spectrum: str, unit: str) -> list[int]:
     return [seed, SPECTRA.index(spectrum), UNITS.index(unit)]
 
 
-def real_matrix(name: str, unit: str, clip: float) -> np.ndarray:
+def real_matrix(name: str, unit: str, clip: float, workdir: str = C.WORK) -> np.ndarray:
     """A real matrix as ``pca_real_data.load_real`` prepares it (columns centred,
     rows of norm <= 1), scaled as :func:`make_matrix` scales: the largest row norm
     (row unit) or |a_ij| (entry unit) is exactly C, so clipping is tight but inactive."""
     import pca_real_data
 
-    A = pca_real_data.load_real(name, cache_dir=C.WORK)["A"]
+    A = pca_real_data.load_real(name, cache_dir=workdir)["A"]
     if unit == "row":
         scale = float(np.sqrt(np.einsum("ij,ij->i", A, A)).max())
     else:
@@ -454,7 +459,7 @@ def matrices(args: argparse.Namespace) -> Any:
     for name in args.real:
         for unit in args.units:
             label = f"real:{name}"
-            A = real_matrix(name, unit, args.clip_norm)
+            A = real_matrix(name, unit, args.clip_norm, args.workdir)
             yield label, args.rank or REAL_RANK, unit, matrix_key(args.seed, label, unit), A
 
 

@@ -106,6 +106,7 @@ def load_real(name: str, cache_dir: str | None = None) -> dict[str, Any]:
         raw = _source_bow() if name == "source_bow" else _sklearn(name)
         A = _normalise(raw, standardise=name in ("breast_cancer", "wine"))
         if path is not None:
+            os.makedirs(cache_dir, exist_ok=True)  # type: ignore[arg-type]
             np.save(path, A)
     source = (
         "python source of site-packages, 40-line blocks, log(1 + count) of the 128 "

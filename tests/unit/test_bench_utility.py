@@ -231,6 +231,7 @@ def test_real_matrices_come_from_the_installed_data_with_tight_clipping(tmp_path
             sys.executable, str(SCRIPT), "--real", "digits", "--units", "row",
             "--epsilons", "16", "--algorithms", "two-pass", "--results", str(tmp_path),
             "--name", "real", "--no-plot", "--clip-norm", "2",
+            "--workdir", str(tmp_path / "work"),  # not there yet, as on a clean checkout
         ],
         capture_output=True, text=True, timeout=300, check=False, cwd=ROOT,
     )  # fmt: skip
@@ -249,3 +250,4 @@ def test_real_matrices_come_from_the_installed_data_with_tight_clipping(tmp_path
     # the same matrix, times C / (its largest row norm, 1): not a synthetic one
     assert cell["sigma_1"] == pytest.approx(2.0 * sigma_1, rel=1e-9)
     assert "Real matrices: additive error over sigma_k+1" in (tmp_path / "real.md").read_text()
+    assert (tmp_path / "work" / "pca_real_digits.npy").exists()  # the cache was made
