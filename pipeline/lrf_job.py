@@ -79,6 +79,9 @@ def build_report(
         return report | NON_PRIVATE_REPORT
     two = p.algorithm is Algorithm.TWO_PASS
     predicted = lrf_model.predict(plan)
+    if two:
+        # post-processing with public values: the noise's energy taken out of S
+        report["singular_values"] = _TWO_PASS_SINGULAR_VALUES
     return report | {
         "mechanism": _TWO_PASS_MECHANISM if two else "Gaussian, one joint mechanism over all released sketches (analytic calibration [BW18])",
         "epsilon": cal.epsilon,
@@ -107,6 +110,11 @@ def build_report(
         "error_model": predicted.to_dict(),
     }
 
+
+_TWO_PASS_SINGULAR_VALUES = (
+    "debiased: S_i = sqrt(max(s_i^2 - M sigma_Y^2, 0)) for the singular values s of the "
+    "noisy Y (M rows); the noisy s_i = sqrt(S_i^2 + M sigma_Y^2) where S_i > 0"
+)
 
 _TWO_PASS_MECHANISM = (
     "two Gaussian mechanisms, Z = S X + N_Z then Y = X V_k + N_Y with V_k from the noisy Z, "

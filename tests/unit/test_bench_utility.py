@@ -11,16 +11,17 @@ something (``err_GM < sigma_1``) a ratio far below 1 would mean a bug, because:
 * every algorithm releases its left factor through a sketch of the range with
   noise of standard deviation ``Delta_i s / sqrt(w_i) >= Delta_F s`` (each sketch
   gets a share ``w_i <= 1`` of the budget, at a sensitivity ``Delta_i >= Delta_F``),
-  so its error carries at least the same term.
+  so its error carries the same term, less what post-processing with public
+  values can remove: the two-pass release subtracts the noise's known energy
+  ``m sigma_Y^2`` from its squared singular values, which the full GM does not.
 
-The best case of that argument is an oracle that knows ``V_k`` exactly and spends
-the whole budget on ``A V_k + N`` (m x k): it beats the full GM only by the GM's
-second-order error in ``V``, and scores 0.83-0.95 of it on the quick grid's
-in-regime cells (``test_exact_vk_oracle_clears_the_floor``); the smallest ratio in
-spec private-lrf-2 §6 is 0.94. ``RATIO_FLOOR = 0.8`` sits below that oracle, with
-room for the spread of a median of 3 draws (the full GM's errors vary by about 1%
-between draws); a release without noise scores far below it (0.06,
-``test_floor_catches_a_release_without_noise``).
+The best case of that argument is an oracle that knows ``V_k`` exactly, spends
+the whole budget on ``A V_k + N`` (m x k) and releases the same debiased singular
+values (``pipeline.algorithms.two_pass.debiased_singular_values``): it scores
+0.62-0.86 of the full GM on the quick grid's in-regime cells (0.83-0.95 without
+the debiasing; ``test_exact_vk_oracle_clears_the_floor``). ``RATIO_FLOOR = 0.5``
+sits below it, with room for the spread of a median of 3 draws; a release without
+noise scores far below it (0.06, ``test_floor_catches_a_release_without_noise``).
 """
 
 from __future__ import annotations
@@ -36,10 +37,11 @@ import numpy as np
 import pytest
 
 from pipeline.accounting.gaussian import gaussian_noise_multiplier
+from pipeline.algorithms.two_pass import debiased_singular_values
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "bench_utility.py"
-RATIO_FLOOR = 0.8
+RATIO_FLOOR = 0.5
 #: first-order model of the full GM's error (module docstring), relative band
 GM_MODEL_BAND = (0.8, 1.2)
 
@@ -141,7 +143,8 @@ def test_exact_vk_oracle_clears_the_floor(quick):
         for _ in range(p["draws"]):
             Y = A @ Vk + c["gm_noise_std"] * rng.standard_normal((m, k))
             Uy, Sy, Wt = np.linalg.svd(Y, full_matrices=False)
-            errs.append(resid(Uy, Sy, Vk @ Wt.T) - sig[k])
+            Sd = debiased_singular_values(Sy, m, c["gm_noise_std"])
+            errs.append(resid(Uy, Sd, Vk @ Wt.T) - sig[k])
         oracle = float(np.median(errs)) / c["gm"]["median"]
         assert RATIO_FLOOR < oracle < 1.0, (c["spectrum"], c["unit"], c["epsilon"])
 
