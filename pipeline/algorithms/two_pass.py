@@ -479,8 +479,8 @@ def debiased_singular_values(s: FloatArray, n_rows: int, sigma: float) -> FloatA
     singular values of ``X V_k``, what the data hold in the released right
     subspace (less than ``X``'s own when ``V_k`` is noisy). Without this the
     released ``s`` carries the noise's energy, ``sqrt(n_rows) sigma`` in
-    quadrature (165 for a sigma_1 of 111 on a 115650-row bag of words at
-    epsilon = 16), and so does the error of ``U diag(s) V^T``. A component
+    quadrature (about sqrt(111^2 + 115650 * 0.40^2) = 176 for a sigma_1 of
+    111 on a 115650-row bag of words at epsilon = 16, row unit), and so does the error of ``U diag(s) V^T``. A component
     below the noise is released as 0. Post-processing of the noisy ``Y`` with
     the public ``sigma`` and shape only; ``sigma = 0`` (a non-private run)
     changes nothing.
