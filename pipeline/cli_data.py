@@ -172,16 +172,23 @@ def run_generate(args: argparse.Namespace) -> int:
         head_value=args.head_value,
         max_rank=args.max_rank,
         max_row_norm=args.max_row_norm,
-        chunks=args.chunks,
-        dtype=args.dtype,
-        seed=args.seed,
-        overwrite=args.overwrite,
-        progress=bar,
+        **_store_options(args, bar),
     )
-    print(
-        f"wrote {args.rows} x {args.cols} {args.dtype} matrix to {args.out} "
-        f"(spectrum {args.spectrum}, rank {meta['rank']}, max row norm {args.max_row_norm:g})"
+    return _wrote(
+        args, f"spectrum {args.spectrum}, rank {meta['rank']}, max row norm {args.max_row_norm:g}"
     )
+
+
+def _store_options(args: argparse.Namespace, bar: Any) -> dict[str, Any]:
+    """The keyword arguments both generators take from ``dplr generate``."""
+    return {
+        "chunks": args.chunks, "dtype": args.dtype, "seed": args.seed,
+        "overwrite": args.overwrite, "progress": bar,
+    }  # fmt: skip
+
+
+def _wrote(args: argparse.Namespace, detail: str) -> int:
+    print(f"wrote {args.rows} x {args.cols} {args.dtype} matrix to {args.out} ({detail})")
     return EXIT_OK
 
 
@@ -207,19 +214,14 @@ def _generate_pca(args: argparse.Namespace, bar: Any) -> int:
         top=args.top,
         bottom=args.bottom,
         head_ratio=1.2 if args.head_ratio is None else args.head_ratio,
-        chunks=args.chunks,
-        dtype=args.dtype,
-        seed=args.seed,
-        overwrite=args.overwrite,
-        progress=bar,
+        **_store_options(args, bar),
     )
-    print(
-        f"wrote {args.rows} x {args.cols} {args.dtype} matrix to {args.out} "
-        f"(pca-coherent, rank {meta['rank']}, support {meta['support']}, "
+    return _wrote(
+        args,
+        f"pca-coherent, rank {meta['rank']}, support {meta['support']}, "
         f"coherence {meta['coherence']:.4g}, gap_k {meta['gap_k']:g}, "
-        f"kappa_k {meta['kappa_k']:.4g}, max row norm {meta['max_row_norm']:.4g})"
+        f"kappa_k {meta['kappa_k']:.4g}, max row norm {meta['max_row_norm']:.4g}",
     )
-    return EXIT_OK
 
 
 def run_demo(args: argparse.Namespace) -> int:
