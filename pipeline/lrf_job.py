@@ -188,7 +188,11 @@ def _split_fields(plan: LrfPlan) -> dict[str, Any]:
         return {}
     if plan.params.algorithm is Algorithm.TWO_PASS:
         return {"weight_z": plan.weight_z, "weight_y": plan.weight_y}  # type: ignore[attr-defined]
-    return {"range_weight": plan.range_weight, "basis_rank": plan.basis_rank}
+    # range_clip: rho of the sketch-space clipping of Y (rows to rho C), or None
+    return {
+        "range_weight": plan.range_weight, "basis_rank": plan.basis_rank,
+        "range_clip": plan.range_clip,
+    }  # fmt: skip
 
 
 @dataclasses.dataclass(eq=False)

@@ -92,12 +92,19 @@ class SketchRequest:
         ``Z = S A`` -> ``(v,)``, two-sided ``Z = S A T`` -> ``(v, v)``.
     weight : float
         Budget weight ``w_i > 0``; the weights of one release sum to 1.
+    clip_factor : float
+        ``rho >= 1`` when the sketch's rows are clipped to norm ``rho Delta_F``
+        before the noise (a range sketch in sketch-space clipping, see
+        :mod:`pipeline.mechanisms.clipping`): one individual's row then moves
+        the sketch by at most ``rho Delta_F`` for every operator, so it takes no
+        ``jl_dims``. 1.0 otherwise.
     """
 
     name: str
     shape: tuple[int, int]
     jl_dims: tuple[int, ...]
     weight: float
+    clip_factor: float = 1.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -115,7 +122,8 @@ class SketchNoise:
         good event (spec section 4.2).
     jl_factor : float
         ``Delta_i``, product of ``Delta_JL(d, beta)`` over ``jl_dims``; for
-        public operators the exact worst-case factor of the actual operators.
+        public operators the exact worst-case factor of the actual operators;
+        ``rho`` for a sketch clipped in sketch space (its ``clip_factor``).
     weight : float
         Budget weight ``w_i``.
     sigma : float
@@ -180,7 +188,8 @@ class ReleaseCalibration:
         ``"worst-case"``: every neighbour of the actual (public) operators;
         ``"jl-fixed-neighbour"``: the Laurent-Massart tail for a pair fixed
         before secret operators are drawn, ``delta_JL`` charged; ``"exact"``:
-        no sketch operator at all (a plain Gaussian release).
+        every sensitivity holds for every draw of the operators (sparse sign
+        operators, sketch-space clipping, or no operator at all).
         """
         if self.public_sketch_seed:
             return "worst-case"
@@ -288,6 +297,14 @@ def _check_request(req: object, index: int) -> SketchRequest:
     for dim in req.jl_dims:
         check_int_in_range(dim, f"{where}.jl_dims[*]", 1)
     check_float_in_interval(req.weight, f"{where}.weight", 0.0, 1.0, high_open=False)
+    check_float_in_interval(
+        req.clip_factor, f"{where}.clip_factor", 1.0, math.inf, low_open=False
+    )
+    if req.clip_factor != 1.0 and req.jl_dims:
+        raise InvalidParameterError(
+            f"{where} is clipped in sketch space (clip_factor={req.clip_factor!r}), so "
+            f"its sensitivity needs no tail bound; got jl_dims={tuple(req.jl_dims)!r}."
+        )
     return req
 
 
@@ -412,9 +429,13 @@ def calibrate_release(
     s = gaussian_noise_multiplier(eps, delta_m)
     sketches = []
     for r in reqs:
-        jl = factors[r.name] if public else math.prod(
-            jl_sensitivity_factor(d, beta) for d in r.jl_dims
-        )
+        if r.clip_factor != 1.0:
+            # clipped in sketch space: rho for every operator, public or secret
+            jl = r.clip_factor
+        elif public:
+            jl = factors[r.name]
+        else:
+            jl = math.prod(jl_sensitivity_factor(d, beta) for d in r.jl_dims)
         sketches.append(
             SketchNoise(
                 name=r.name,

@@ -69,7 +69,7 @@ from pipeline.linalg.core import (
     orth,
     sign_convention,
 )
-from pipeline.mechanisms.clipping import ClipSpec, Neighboring, PrivacyUnit
+from pipeline.mechanisms.clipping import ClipSpec, Neighboring, PrivacyUnit, clip_rows
 from pipeline.mechanisms.noise import GaussianNoise, NoiseCode, NoiseKey
 from pipeline.sketches.apply import PassRequest
 from pipeline.sketches.gaussian import DEFAULT_TILE_SIZE, OperatorCode
@@ -180,6 +180,11 @@ class LrfParams:
         Private releases: the share ``w`` of the budget (in ``mu^2`` of the joint
         Gaussian mechanism) spent on the range sketch(es); None picks it by the
         public error model (:mod:`pipeline.algorithms.lrf_model`).
+    range_clip : bool
+        Private Spectral-LRF where one individual is one row of the sketched
+        matrix: clip the rows of ``Y = X Phi`` to ``rho(t) C`` before the noise
+        (sensitivity exactly ``rho Delta_F``, :func:`clips_range`). False keeps
+        the Gaussian tail bound ``Delta_JL(t, beta)`` (comparison mode).
     """
 
     algorithm: Algorithm
@@ -198,6 +203,7 @@ class LrfParams:
     tile_size: int = DEFAULT_TILE_SIZE
     operator: OperatorKind | None = None
     range_weight: float | None = None
+    range_clip: bool = True
 
     def __post_init__(self) -> None:
         """Validate every field and turn names into enums (no data needed)."""
@@ -207,7 +213,7 @@ class LrfParams:
             check_int_in_range(self.sketch_size, "sketch_size", 2)
         if self.core_size is not None:
             check_int_in_range(self.core_size, "core_size", 3)
-        for name in ("private", "padded"):
+        for name in ("private", "padded", "range_clip"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidParameterError(
                     f"{name} must be True or False, got {name}={getattr(self, name)!r}."
@@ -310,6 +316,34 @@ def sparse_is_exact(unit: PrivacyUnit, transpose: bool, *, public_seed: bool) ->
     return reach_of(unit, transpose) is Reach.ROW
 
 
+def clips_range(params: LrfParams, transpose: bool, reach: Reach | None) -> bool:
+    """True when a plan clips the rows of its range sketch in sketch space.
+
+    A private Spectral-LRF release of a stored matrix (``reach`` None) whose
+    individuals are rows of ``X`` (:func:`reach_of`): one individual's row
+    ``x`` moves ``Y = X Phi`` by the one row ``x Phi``, which the clip keeps
+    within ``rho C`` for every ``Phi`` -- an exact sensitivity ``rho Delta_F``
+    in place of the tail bound ``Delta_JL(t, beta)``, which needed a share of
+    delta and a large ``t``. A stream's sketches are sums over time, whose
+    rows cannot be clipped once; an individual spread over a column of ``X``
+    (the entry unit, or the row unit of a wide matrix) changes every row.
+
+    Examples
+    --------
+    >>> p = LrfParams(algorithm=Algorithm.SPECTRAL, rank=2, epsilon=1.0, delta=1e-6)
+    >>> clips_range(p, False, None), clips_range(p, True, None)
+    (True, False)
+    """
+    return (
+        params.private
+        and params.range_clip
+        and params.algorithm is Algorithm.SPECTRAL
+        and reach is None
+        and params.clip.unit is not PrivacyUnit.ENTRY
+        and reach_of(params.clip.unit, transpose) is Reach.ROW
+    )
+
+
 def default_operator(*, private: bool, exact_sparse: bool = False) -> OperatorKind:
     """The co-range operator kind used when none is asked for.
 
@@ -343,6 +377,8 @@ class LrfPlan:
     basis is the top ``k'`` left singular vectors of the noisy range sketch,
     [private-lrf-2, 4]) and ``predicted_error`` (the public error model's
     prediction of the additive spectral error, :mod:`~pipeline.algorithms.lrf_model`).
+    ``range_clip`` is ``rho`` when the rows of ``Y`` are clipped to ``rho C``
+    before the noise (:func:`clips_range`), else None.
     """
 
     params: LrfParams
@@ -357,6 +393,15 @@ class LrfPlan:
     range_weight: float | None = None
     basis_rank: int | None = None
     predicted_error: float | None = None
+    range_clip: float | None = None
+
+    @property
+    def range_clip_bound(self) -> float | None:
+        """``rho C``: the norm the rows of ``Y`` are clipped to before the noise
+        (:func:`clips_range`), or None."""
+        if self.range_clip is None:
+            return None
+        return self.range_clip * self.params.clip.clip_norm
 
     @property
     def public_sketch_seed(self) -> bool:
@@ -373,10 +418,14 @@ class LrfPlan:
     def n_gaussian_operators(self) -> int:
         """``J``: the Gaussian operators whose norm bound a sensitivity relies on.
 
-        Spectral: ``Phi``, and ``S`` unless it is sparse (exact, [private-lrf-2,
-        2]). Low-Space: ``Phi_c``, ``Psi``, ``T``, and ``S`` unless sparse.
+        Spectral: ``Phi`` unless ``Y`` is clipped in sketch space, and ``S``
+        unless it is sparse (exact, [private-lrf-2, 2]). Low-Space: ``Phi_c``,
+        ``Psi``, ``T``, and ``S`` unless sparse.
         """
-        base = 1 if self.params.algorithm is Algorithm.SPECTRAL else 3
+        if self.params.algorithm is Algorithm.SPECTRAL:
+            base = 0 if self.range_clip is not None else 1  # a clipped Y needs no bound
+        else:
+            base = 3
         return base + int(self.operator is OperatorKind.GAUSSIAN)
 
     @property
@@ -465,8 +514,11 @@ def plan_lrf(
     Spectral-LRF ``Y`` (M x t, ``Delta_JL(t, beta)``) and ``Z`` (v x N,
     ``Delta_JL(v, beta)``), ``beta = delta_JL / 2`` [spec 3.2, S3]; for
     Low-Space-LRF ``Y_c``, ``Y_r`` and ``Z`` (``Delta_JL(v, beta)^2``),
-    ``beta = delta_JL / 4`` [spec 3.3, S3]. With ``public_seed`` the factors
-    are :func:`worst_case_factors` and ``delta_JL = 0`` [private-lrf-2, 3].
+    ``beta = delta_JL / 4`` [spec 3.3, S3]. A sparse ``S`` has the exact factor
+    1 [private-lrf-2, 2]; a range sketch clipped in sketch space
+    (:func:`clips_range`) the exact factor ``rho(t)``, with no tail event. With
+    ``public_seed`` the factors are :func:`worst_case_factors` and ``delta_JL =
+    0`` [private-lrf-2, 3].
     Costs ``O((M + N) d^2)`` flops for a public seed (the operators are
     generated once, tile by tile), nothing otherwise.
 
@@ -474,8 +526,8 @@ def plan_lrf(
     --------
     >>> plan = plan_lrf(LrfParams(algorithm=Algorithm.SPECTRAL, rank=2, epsilon=1.0,
     ...                           delta=1e-6), (500, 300))
-    >>> plan.t, plan.v, plan.transpose
-    (116, 232, False)
+    >>> plan.t, plan.v, plan.transpose, round(plan.range_clip, 3)
+    (22, 133, False, 1.353)
     """
     if params.algorithm is Algorithm.TWO_PASS:
         from pipeline.algorithms.two_pass import plan_two_pass
@@ -498,7 +550,7 @@ def plan_lrf(
     if not params.private:
         t, v = _resolve_sizes(params, M, N)
         return dataclasses.replace(plan, t=t, v=v)
-    plan = choose_private_sizes(plan)
+    plan = choose_private_sizes(plan, clipped_range=clips_range(params, transpose, reach))
     if public_seed is None:
         return calibrate_plan(plan)
     reach = reach or reach_of(params.clip.unit, transpose)
@@ -508,21 +560,22 @@ def plan_lrf(
     return calibrate_plan(plan, worst_case_factors(plan, public_seed, reach))
 
 
-def choose_private_sizes(plan: LrfPlan) -> LrfPlan:
+def choose_private_sizes(plan: LrfPlan, *, clipped_range: bool = False) -> LrfPlan:
     """``plan`` with its private sizes, budget split and range basis rank.
 
     User-given ``sketch_size``, ``core_size`` and ``range_weight`` are kept; the
     others come from the public error model (:mod:`pipeline.algorithms.lrf_model`),
     which reads only the shape, the rank, the budget and the operators' kinds --
     never the data. The paper's padded construction keeps its own basis and
-    even split.
+    even split. ``clipped_range`` (:func:`clips_range`) sets ``range_clip`` to
+    ``rho(t)`` (:func:`~pipeline.algorithms.lrf_model.range_clip_factor`).
     """
     from pipeline.algorithms import lrf_model
 
     M, N = plan.oriented_shape
     p = plan.params
     _resolve_sizes(p, M, N)  # the rank checks and messages of any plan of this shape
-    t0, v0 = lrf_model.default_sizes(plan)
+    t0, v0 = lrf_model.default_sizes(plan, clipped_range=clipped_range)
     if p.sketch_size is not None and p.core_size is None and 2 * p.sketch_size > v0:
         # the model's v = 2t for a user's t above the model's: t < v must hold
         v0 = min(2 * p.sketch_size, M) if p.algorithm is Algorithm.SPECTRAL else 2 * p.sketch_size
@@ -530,7 +583,10 @@ def choose_private_sizes(plan: LrfPlan) -> LrfPlan:
         dataclasses.replace(p, sketch_size=p.sketch_size or t0, core_size=p.core_size or v0),
         M, N,
     )  # fmt: skip
-    plan = dataclasses.replace(plan, t=t, v=v, basis_rank=None if p.padded else p.rank)
+    plan = dataclasses.replace(
+        plan, t=t, v=v, basis_rank=None if p.padded else p.rank,
+        range_clip=lrf_model.range_clip_factor(t) if clipped_range else None,
+    )  # fmt: skip
     weight = p.range_weight
     if weight is None:
         weight = 2.0 / 3.0 if p.padded else lrf_model.weight_of(plan)
@@ -636,13 +692,16 @@ def worst_case_factors(plan: LrfPlan, seed: int, reach: Reach) -> dict[str, floa
     Examples
     --------
     >>> plan = plan_lrf(LrfParams(algorithm=Algorithm.SPECTRAL, rank=2, epsilon=1.0,
-    ...                           delta=1e-6), (500, 300))
+    ...                           delta=1e-6, range_clip=False), (500, 300))
     >>> f = worst_case_factors(plan, 7, Reach.ROW)
     >>> bool(f["Y"] > 2.0), round(f["Z"], 12)  # a sparse S: columns of norm 1
     (True, 1.0)
     """
     ops = _operators(plan, seed)
-    sides = _SIDES[plan.params.algorithm]
+    sides = dict(_SIDES[plan.params.algorithm])
+    clipped = {"Y": plan.range_clip} if plan.range_clip is not None else {}
+    for name in clipped:  # rho for any operator: its norm is not needed
+        del sides[name]
     # True: the operator's largest row norm is its factor (D's index along the
     # operator's axis is fixed); False: its spectral norm. Each operator acts on
     # one side only.
@@ -658,7 +717,7 @@ def worst_case_factors(plan: LrfPlan, seed: int, reach: Reach) -> dict[str, floa
         value = nm.max_row if use_rows else nm.spectral
         assert value is not None
         factor[name] = value
-    return {
+    return clipped | {
         sketch: math.prod(factor[op] for op in (left, right) if op is not None)
         for sketch, (left, right) in sides.items()
     }
@@ -677,8 +736,10 @@ def _requests(plan: LrfPlan) -> list[SketchRequest]:
     w = plan.range_weight
     if plan.params.algorithm is Algorithm.SPECTRAL:
         w = 0.5 if w is None else w
+        rho = plan.range_clip
+        y_side = {"jl_dims": (), "clip_factor": rho} if rho is not None else {"jl_dims": (t,)}
         return [
-            SketchRequest(name="Y", shape=(M, t), jl_dims=(t,), weight=w),
+            SketchRequest(name="Y", shape=(M, t), weight=w, **y_side),
             SketchRequest(name="Z", shape=(v, N), jl_dims=s_dims, weight=1.0 - w),
         ]
     wc = wr = 1.0 / 3.0 if w is None else w / 2.0
@@ -742,12 +803,29 @@ def pass_request(plan: LrfPlan, root: int, input_dtype: Any = np.float64) -> Pas
     )
 
 
-def _row_noise(noise: GaussianNoise, source: MatrixSource) -> Callable[[int, FloatArray], FloatArray]:
-    """The row-block noise map of a tall sketch, its key sealed for the source's tasks."""
+def _row_noise(
+    noise: GaussianNoise, source: MatrixSource, clip_bound: float | None = None
+) -> Callable[[int, FloatArray], FloatArray]:
+    """The row-block noise map of a tall sketch, its key sealed for the source's
+    tasks; with ``clip_bound`` each row is clipped to that norm first."""
     seal = getattr(source, "seal", None)
-    if seal is None:
+    if seal is not None:
+        noise = dataclasses.replace(noise, key=seal(noise.key))
+    if clip_bound is None:
         return noise.add_to_block
-    return dataclasses.replace(noise, key=seal(noise.key)).add_to_block
+    return ClippedNoise(noise=noise, bound=clip_bound)
+
+
+@dataclass(frozen=True, slots=True)
+class ClippedNoise:
+    """``(start, block) -> clip_rows(block, bound) + noise``: a range sketch clipped
+    in sketch space, then noised (:func:`clips_range`); cheap to pickle."""
+
+    noise: GaussianNoise
+    bound: float
+
+    def __call__(self, start: int, block: FloatArray) -> FloatArray:
+        return self.noise.add_to_block(start, clip_rows(block, self.bound))
 
 
 def run_lrf(
@@ -927,7 +1005,8 @@ def _range_basis(source: MatrixSource, plan: LrfPlan, Y: Any, S: SketchOperator,
     still too large for the Gram matrix, TSQR on the noisy ``Y`` takes over.
     """
     if noise is not None:
-        Y, gram, SY = source.tall_noise_gram(Y, _row_noise(noise, source), S)
+        row_noise = _row_noise(noise, source, plan.range_clip_bound)
+        Y, gram, SY = source.tall_noise_gram(Y, row_noise, S)
         B = gram_basis(gram, plan.basis_rank)
         if B is not None:
             return Y, SY @ B, B

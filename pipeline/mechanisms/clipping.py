@@ -99,6 +99,47 @@ def clip_by_peak(vectors: FloatArray, clip_norm: float) -> FloatArray:
         return scaled * (clip_norm * (1.0 - 4.0 * np.finfo(np.float64).eps) / sn)
 
 
+def clip_rows(block: FloatArray, bound: float) -> FloatArray:
+    """``block`` in float64 with every row rescaled to norm ``<= bound``.
+
+    Sketch-space clipping of a range sketch ``Y = X Phi`` (rows of ``X``
+    already clipped, so every entry is finite and no square overflows).
+
+    Parameters
+    ----------
+    block : ndarray of shape (r, d)
+    bound : float
+        ``> 0``.
+
+    Returns
+    -------
+    ndarray of shape (r, d)
+        A new array when a row is clipped, else ``block`` itself (as float64);
+        ``block`` is never modified, and rows within ``bound`` are unchanged
+        bit for bit.
+
+    Notes
+    -----
+    Privacy. After it, one row of the sketch moves by at most ``bound`` when
+    its individual is added or removed (``2 bound`` when replaced), whatever
+    the operator that made it: the bound needs no tail event and holds for a
+    public operator too.
+
+    Examples
+    --------
+    >>> clip_rows(np.array([[3.0, 4.0], [0.3, 0.4]]), 1.0).round(6).tolist()
+    [[0.6, 0.8], [0.3, 0.4]]
+    """
+    x = np.asarray(block, dtype=np.float64)
+    scale = scale_factors_from_sumsq(np.einsum("ij,ij->i", x, x), bound)
+    big = np.flatnonzero(scale < 1.0)
+    if big.size == 0:
+        return x
+    x = x.copy()
+    x[big] *= scale[big, None]
+    return x
+
+
 def clip_entries(block: FloatArray, clip_norm: float) -> FloatArray:
     """Clip every entry to ``[-C, C]`` (privacy unit ``entry``).
 

@@ -169,6 +169,10 @@ def _clip_vectors(
     huge = np.flatnonzero(np.isposinf(sumsq))
     kept = clip_by_peak(x[huge], clip_norm) if huge.size else None
     scale = scale_factors_from_sumsq(sumsq, clip_norm)
+    if kept is None and not (scale < 1.0).any():
+        # no row to clip (data scaled within C): a product by ones would change no
+        # bit and cost a pass over the block; x is out when clipping in place
+        return x
     res = np.multiply(x, scale.astype(x.dtype, copy=False)[:, None], out=out)
     if kept is not None:
         res[huge] = kept

@@ -72,7 +72,7 @@ from pipeline.algorithms.power_pca import (
     sym,
     topk_eig,
 )
-from pipeline.mechanisms.clipping import ClipSpec, Neighboring, PrivacyUnit
+from pipeline.mechanisms.clipping import ClipSpec, Neighboring, PrivacyUnit, clip_rows
 from pipeline.mechanisms.entities import EntityTable, StreamUnit, clip_updates
 from pipeline.mechanisms.noise import NoiseKey
 from pipeline.sketches.operators import OperatorKind
@@ -137,7 +137,7 @@ class Case:
 
     @property
     def broken(self) -> bool:
-        return self.variant != "correct"
+        return not self.variant.startswith("correct")
 
 
 # --------------------------------------------------------------------------
@@ -225,12 +225,25 @@ def lrf_plan(
     return plan_lrf(params, shape)
 
 
-def lrf_exact(A: np.ndarray, plan: LrfPlan, *, clip: bool = True) -> dict[str, Any]:
-    """The exact sketches of one pass over ``A`` (the real clipping and operators)."""
+def lrf_exact(
+    A: np.ndarray, plan: LrfPlan, *, clip: bool = True, range_clip: bool = True
+) -> dict[str, Any]:
+    """The exact sketches one pass over ``A`` releases before their noise (the real
+    clipping and operators, and the rows of ``Y`` clipped to ``rho C`` where the
+    plan clips its range sketch in sketch space)."""
     request = pass_request(plan, SKETCH_SEED)
     if not clip:
         request = dataclasses.replace(request, clip=None)
-    return ArraySource(A).sketch(request)
+    exact = ArraySource(A).sketch(request)
+    if range_clip and plan.range_clip_bound is not None:
+        exact["Y"] = clip_rows(exact["Y"], plan.range_clip_bound)
+    return exact
+
+
+def lrf_exact_unclipped_range(A: np.ndarray, plan: LrfPlan) -> dict[str, Any]:
+    """BROKEN: noise calibrated for the sketch-space clip of ``Y`` (``rho Delta_F``),
+    but the rows of ``Y`` are released unclipped."""
+    return lrf_exact(A, plan, range_clip=False)
 
 
 def lrf_exact_clip_after_sum(A: np.ndarray, plan: LrfPlan) -> dict[str, Any]:
@@ -399,15 +412,25 @@ def lrf_public_neighbours(plan: LrfPlan) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _public_seed_case(epsilon: float, variant: str) -> Case:
-    """Spectral-LRF with a public sketch seed, audited on its worst-case pair."""
+    """Spectral-LRF with a public sketch seed, audited on its worst-case pair.
+
+    ``correct``: the default plan (Y clipped in sketch space, exact for any
+    operator); ``correct-tail-bound``: Y not clipped, the worst case of the
+    operators; ``jl-bound``: Y not clipped, the secret-seed tail bound;
+    ``unclipped-range``: the clipped plan's noise, Y released unclipped."""
     plan = lrf_plan(Algorithm.SPECTRAL, epsilon, shape=PUBLIC_SEED_SHAPE)
-    if variant == "correct":
+    if variant != "correct":
+        plan = plan_lrf(dataclasses.replace(plan.params, range_clip=variant == "unclipped-range"), plan.shape)
+    if variant in ("correct", "correct-tail-bound", "unclipped-range"):
         plan = plan_lrf(plan.params, plan.shape, public_seed=SKETCH_SEED)
+    exact = lrf_exact_unclipped_range if variant == "unclipped-range" else lrf_exact
     A, A2 = lrf_public_neighbours(plan)
-    blocks = lrf_blocks(plan, lrf_exact(A, plan), lrf_exact(A2, plan))
+    blocks = lrf_blocks(plan, exact(A, plan), exact(A2, plan))
     names = {
         "correct": "correct",
+        "correct-tail-bound": "correct (Y not clipped: worst case of the operators)",
         "jl-bound": "BROKEN: fixed-neighbour Delta_JL calibration for a public seed",
+        "unclipped-range": "BROKEN: noise for a clipped Y, Y released unclipped",
     }
     return Case(
         key=f"spectral-public-seed-{variant}-eps{epsilon:g}",
@@ -792,7 +815,9 @@ def _registry() -> tuple[dict[str, Callable[[], Case]], dict[str, Callable[[], C
             _continual_case(eps, variant)
         )
     pca(cases, "M", 1.0, "correct", method="analyze-gauss", sensitivity="paper")
-    for eps, variant in ((1.0, "correct"), (1.0, "jl-bound")):
+    for eps, variant in (
+        (1.0, "correct"), (1.0, "correct-tail-bound"), (1.0, "jl-bound"), (1.0, "unclipped-range")
+    ):
         cases[f"spectral-public-seed-{variant}-eps{eps:g}"] = (
             lambda eps=eps, variant=variant: _public_seed_case(eps, variant)
         )

@@ -157,7 +157,10 @@ def test_defaults_clamp_to_a_small_matrix(
     assert plan.t < plan.v
     if algorithm is SPECTRAL:
         assert plan.v <= M
-    if private:  # one-shot private sizes come from the error model
+    if private and plan.range_clip is not None:  # a clipped Y: the non-private sizes
+        t0, v0 = default_sketch_sizes(rank, private=False)
+        assert plan.range_clip == lrf_model.range_clip_factor(plan.t)
+    elif private:  # one-shot private sizes come from the error model
         assert plan.calibration is not None
         t0 = lrf_model.range_size(rank, plan.calibration.beta)
         v0 = 2 * t0
@@ -196,8 +199,10 @@ def test_orientation() -> None:
 
 def _worked(algorithm: Algorithm, **kw) -> object:  # type: ignore[no-untyped-def]
     # spec 4.4 worked example: eps = 1, delta = 1e-6, Delta_F = 1, t = 40, v = 160,
-    # Gaussian S and the paper's even split of the budget
+    # Gaussian S, the tail bound on Phi (no sketch-space clipping) and the paper's
+    # even split of the budget
     kw.setdefault("operator", "gaussian")
+    kw.setdefault("range_clip", False)
     kw.setdefault("range_weight", 0.5 if algorithm is SPECTRAL else 2.0 / 3.0)
     return plan_lrf(
         _params(

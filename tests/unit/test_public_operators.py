@@ -31,8 +31,10 @@ from scipy.stats import norm
 
 from pipeline.algorithms.base import ArraySource
 from pipeline.algorithms.continual import plan_stream
+from pipeline.algorithms import lrf_model
 from pipeline.algorithms.lrf import (
     Algorithm,
+    ClippedNoise,
     LrfParams,
     LrfPlan,
     pass_request,
@@ -42,7 +44,7 @@ from pipeline.algorithms.lrf import (
 from pipeline.api import factorize
 from pipeline.errors import InvalidParameterError, PrivacyConfigError
 from pipeline.mechanisms.clipping import ClipSpec, Neighboring, PrivacyUnit
-from pipeline.mechanisms.noise import NoiseKey
+from pipeline.mechanisms.noise import GaussianNoise, NoiseKey
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))
 from cli_util import leading_json, run_dplr
@@ -60,6 +62,9 @@ EPS_TOL = 1e-9
 
 def _params(shape_rank: int = ISSUE_RANK, *, algorithm: Algorithm = Algorithm.SPECTRAL,
             unit: PrivacyUnit = PrivacyUnit.ROW, **kw: object) -> LrfParams:
+    # the tail bound of a Gaussian Phi, public or secret; the sketch-space clipping
+    # that replaces it in a row-unit Spectral-LRF release has its own tests (5)
+    kw.setdefault("range_clip", False)
     return LrfParams(
         algorithm=algorithm, rank=shape_rank, epsilon=EPSILON, delta=DELTA,
         clip=ClipSpec(unit=unit, clip_norm=CLIP), **kw,  # type: ignore[arg-type]
@@ -338,10 +343,20 @@ def test_factorize_report_states_the_seed_kind() -> None:
     assert (default["algorithm"], default["sensitivity"]) == ("two-pass", "exact")
     assert (public["public_sketch_seed"], public["sensitivity"]) == (True, "worst-case")
     assert public["calibration"]["delta_jl"] == 0.0
-    assert (secret["public_sketch_seed"], secret["sensitivity"]) == (False, "jl-fixed-neighbour")
-    # Phi's tail bound only: the sparse S of a row unit on a tall matrix is exact
-    assert secret["calibration"]["delta_jl"] == DELTA / 2
-    assert secret["calibration"]["n_sketch_matrices"] == 1
+    # a row unit on a tall matrix: the sparse S is exact and Y is clipped in sketch
+    # space, so no tail bound is left, public seed or not
+    assert (secret["public_sketch_seed"], secret["sensitivity"]) == (False, "exact")
+    assert secret["calibration"]["delta_jl"] == 0.0
+    assert secret["calibration"]["n_sketch_matrices"] == 0
+    rho = lrf_model.range_clip_factor(public["parameters"]["sketch_size"])
+    for rep in (public, secret):
+        assert rep["parameters"]["range_clip"] == rho
+        (y,) = [s for s in rep["sketches"] if s["name"] == "Y"]
+        assert y["sensitivity"] == pytest.approx(rho * CLIP, rel=1e-12)
+    # the comparison mode keeps Phi's tail bound (plan level: factorize has no switch)
+    jl = plan_lrf(_params(2), (120, 40)).calibration
+    assert jl is not None
+    assert (jl.sensitivity, jl.delta_jl, jl.n_sketch_matrices) == ("jl-fixed-neighbour", DELTA / 2, 1)
 
 
 @pytest.mark.cli
@@ -361,9 +376,88 @@ def test_cli_private_factorize_with_seed_reports_a_public_seed(tmp_path: Path) -
     assert rep["public_sketch_seed"] is True
     assert rep["sensitivity"] == "worst-case"
     assert rep["calibration"]["delta_jl"] == 0.0
-    # Y's sensitivity is Delta_F ||Phi||_2 of the operator the pass generated
-    plan = plan_lrf(_params(3), (600, 50), public_seed=4242)
+    # Y is clipped in sketch space: rho(t) Delta_F for this public operator too,
+    # far below Delta_F ||Phi||_2, which the unclipped Y would need
+    plan = plan_lrf(_params(3, range_clip=True), (600, 50), public_seed=4242)
     phi = pass_operators(plan, 4242)["Y"]
     (y,) = [s for s in rep["sketches"] if s["name"] == "Y"]
-    assert y["sensitivity"] == pytest.approx(CLIP * np.linalg.norm(phi, 2), rel=1e-9)
+    rho = lrf_model.range_clip_factor(rep["parameters"]["sketch_size"])
+    assert y["sensitivity"] == pytest.approx(CLIP * rho, rel=1e-12)
+    assert rep["parameters"]["range_clip"] == rho
+    assert CLIP * np.linalg.norm(phi, 2) > 1.5 * y["sensitivity"]
     assert json.loads(json.dumps(rep))["public_sketch_seed"] is True
+
+
+# -- (5) sketch-space clipping of Y: exact for every operator, public or not ----
+
+
+def released_difference(plan: LrfPlan, seed: int, A: np.ndarray, A2: np.ndarray, *, clip_y: bool = True) -> dict[str, np.ndarray]:
+    """Released sketch of ``A`` minus that of ``A2`` under the same noise: the Y rows go
+    through the release's own map (:class:`ClippedNoise`: clip, then noise), so the
+    identical noise cancels and the clipped difference is left (to one rounding of
+    the noise). ``clip_y=False``: the unclipped Y, as a release without the clip."""
+    request = pass_request(plan, seed)
+    ex, ex2 = ArraySource(A).sketch(request), ArraySource(A2).sketch(request)
+    M, t = ex["Y"].shape
+    noise = GaussianNoise(key=NoiseKey.insecure_from_seed(5), sigma=plan.sigma("Y"), length=M, dim=t)
+    assert plan.range_clip is not None
+    if clip_y:
+        release = ClippedNoise(noise=noise, bound=plan.range_clip * CLIP)
+        y_diff = release(0, ex["Y"]) - release(0, ex2["Y"])
+    else:
+        y_diff = noise.add_to_block(0, ex["Y"]) - noise.add_to_block(0, ex2["Y"])
+    return {"Y": y_diff, "Z": ex["Z"] - ex2["Z"]}
+
+
+def epsilon_of(plan: LrfPlan, diff: dict[str, np.ndarray]) -> float:
+    assert plan.calibration is not None
+    mu2 = sum(float(np.sum(diff[s.name] ** 2)) / s.sigma**2 for s in plan.calibration.sketches)
+    return epsilon_indep(math.sqrt(mu2), DELTA)
+
+
+@pytest.mark.parametrize("seed", [1, 2**127 + 12345])
+def test_clipped_range_covers_the_worst_neighbour_of_a_public_seed(seed: int) -> None:
+    """The pair that breaks the tail bound (a row along Phi's top singular direction,
+    ||Phi||_2 / Delta_JL = 3.4 times too far) moves the released Y by rho C exactly:
+    the release is (epsilon, delta)-DP for it, and the pair attains the bound."""
+    shape = (400, 300)
+    public = plan_lrf(_params(4, range_clip=True), shape, public_seed=seed)
+    secret = plan_lrf(_params(4, range_clip=True), shape)
+    cal = public.calibration
+    assert cal is not None and secret.calibration is not None
+    rho = lrf_model.range_clip_factor(public.t)
+    assert public.range_clip == secret.range_clip == rho
+    assert (cal.delta_jl, cal.n_sketch_matrices, cal.sensitivity) == (0.0, 0, "worst-case")
+    assert (secret.calibration.delta_jl, secret.calibration.sensitivity) == (0.0, "exact")
+    # the seed changes nothing in the calibration: the clip does not depend on Phi
+    assert [s.sigma for s in cal.sketches] == [s.sigma for s in secret.calibration.sketches]
+    A, A2, attained = adversarial_spectral_pair(public, seed)
+    assert attained["Y"] > 2.5 * rho  # far outside the clip, so the clip acts
+    diff = released_difference(public, seed, A, A2)
+    assert np.linalg.norm(diff["Y"]) == pytest.approx(rho * CLIP, rel=1e-9)
+    eps = epsilon_of(public, diff)
+    assert eps <= EPSILON + EPS_TOL
+    assert eps == pytest.approx(EPSILON, abs=1e-6)  # attained: nothing tighter would do
+
+
+def test_negative_control_range_calibrated_for_the_clip_but_not_clipped_is_caught() -> None:
+    """The same noise without the clip: the worst pair realises more than 2 epsilon."""
+    seed, shape = 3, (400, 300)
+    plan = plan_lrf(_params(4, range_clip=True), shape, public_seed=seed)
+    A, A2, _ = adversarial_spectral_pair(plan, seed)
+    assert epsilon_of(plan, released_difference(plan, seed, A, A2, clip_y=False)) > 2 * EPSILON
+    assert epsilon_of(plan, released_difference(plan, seed, A, A2)) <= EPSILON + EPS_TOL
+
+
+def test_range_clip_applies_where_one_individual_is_one_row_of_the_sketched_matrix() -> None:
+    """Row unit on a tall matrix, column unit on a wide one: clipped; the entry unit,
+    a transposed row unit, Low-Space, a stream and the comparison mode: not."""
+    tall, wide = (400, 300), (300, 400)
+    assert plan_lrf(_params(4), tall).range_clip is None  # range_clip=False
+    assert plan_lrf(_params(4, range_clip=True), tall).range_clip is not None
+    assert plan_lrf(_params(4, range_clip=True, unit=PrivacyUnit.COLUMN), wide).range_clip is not None
+    assert plan_lrf(_params(4, range_clip=True), wide).range_clip is None
+    assert plan_lrf(_params(4, range_clip=True, unit=PrivacyUnit.ENTRY), tall).range_clip is None
+    low = plan_lrf(_params(4, range_clip=True, algorithm=Algorithm.LOW_SPACE), tall)
+    assert low.range_clip is None
+    assert plan_stream(_params(4, range_clip=True), tall, horizon=4).lrf.range_clip is None

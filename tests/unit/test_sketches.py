@@ -15,9 +15,12 @@ import sys
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 from pipeline.errors import NonFiniteInputError
-from pipeline.mechanisms.clipping import ClipSpec, PrivacyUnit, scale_factors_from_sumsq
+from pipeline.mechanisms.clipping import ClipSpec, PrivacyUnit, clip_rows, scale_factors_from_sumsq
 from pipeline.sketches.apply import PassRequest, block_partials, clip_block
 from pipeline.sketches.gaussian import (
     GaussianOperator,
@@ -387,3 +390,25 @@ def test_non_numeric_block_is_refused() -> None:
         block_partials(
             np.array([["a", "b"], ["c", "d"]]), 0, 0, req, where="chunk (0, 0)"
         )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=hnp.arrays(np.float64, st.tuples(st.integers(1, 12), st.integers(1, 9)),
+                    elements=st.floats(-1e6, 1e6, allow_subnormal=False)),
+    bound=st.floats(1e-3, 1e3),
+)
+def test_clip_rows_bounds_every_row_and_keeps_the_others_bit_for_bit(rows: np.ndarray, bound: float) -> None:
+    """Sketch-space clipping: every row ends within the bound (one rounding); a row
+    already within it is unchanged; a clipped row keeps its direction; the input
+    is not modified (the exact sketch is kept for a resumed release)."""
+    before = rows.copy()
+    out = clip_rows(rows, bound)
+    np.testing.assert_array_equal(rows, before)
+    norms_in, norms_out = np.linalg.norm(rows, axis=1), np.linalg.norm(out, axis=1)
+    assert np.all(norms_out <= bound * (1 + 1e-12))
+    inside = norms_in <= bound
+    np.testing.assert_array_equal(out[inside], rows[inside])
+    big = ~inside
+    np.testing.assert_allclose(norms_out[big], bound, rtol=1e-12)
+    np.testing.assert_allclose(out[big] * norms_in[big, None], rows[big] * bound, rtol=1e-9, atol=0)
