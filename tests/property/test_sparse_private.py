@@ -132,9 +132,10 @@ def _plan(unit: str, shape: tuple[int, int], **kw: object):  # type: ignore[no-u
 @pytest.mark.parametrize(
     ("unit", "shape", "algorithm", "kind", "n_gaussian"),
     [
-        ("row", (400, 60), "spectral", OperatorKind.SPARSE_SIGN, 1),  # Phi only
+        # a row of X per individual: Y clipped in sketch space, no Gaussian bound left
+        ("row", (400, 60), "spectral", OperatorKind.SPARSE_SIGN, 0),
         ("row", (60, 400), "spectral", OperatorKind.GAUSSIAN, 2),  # rows of A are columns of X
-        ("column", (60, 400), "spectral", OperatorKind.SPARSE_SIGN, 1),
+        ("column", (60, 400), "spectral", OperatorKind.SPARSE_SIGN, 0),
         ("entry", (60, 400), "spectral", OperatorKind.SPARSE_SIGN, 1),
         ("row", (400, 60), "low-space", OperatorKind.SPARSE_SIGN, 3),  # Phi_c, Psi, T
         ("row", (60, 400), "low-space", OperatorKind.GAUSSIAN, 4),

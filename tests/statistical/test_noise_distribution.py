@@ -68,8 +68,10 @@ def _plan(
             epsilon=epsilon,
             delta=1e-6,
             clip=ClipSpec(unit=PrivacyUnit.ROW, clip_norm=clip_norm),
-            # the spec's worked-example calibration: Gaussian S, even split
+            # the spec's worked-example calibration: Gaussian S, the tail bound on
+            # Phi (no sketch-space clipping), even split
             operator="gaussian",
+            range_clip=False,
             range_weight=0.5 if alg is SPECTRAL else 2.0 / 3.0,
         ),
         shape,
