@@ -527,7 +527,7 @@ def plan_lrf(
     >>> plan = plan_lrf(LrfParams(algorithm=Algorithm.SPECTRAL, rank=2, epsilon=1.0,
     ...                           delta=1e-6), (500, 300))
     >>> plan.t, plan.v, plan.transpose, round(plan.range_clip, 3)
-    (22, 133, False, 1.353)
+    (12, 133, False, 1.478)
     """
     if params.algorithm is Algorithm.TWO_PASS:
         from pipeline.algorithms.two_pass import plan_two_pass

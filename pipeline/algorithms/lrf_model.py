@@ -51,12 +51,18 @@ rows of ``Y = X Phi`` to ``rho(t) C`` before the noise
 ``g_Y = rho(t)``, exact for every ``Phi``: ``rho`` is the ``1 - q`` quantile of
 ``||x Phi|| / ||x||`` (``q = RANGE_CLIP_QUANTILE = 0.01``; 1.30 at t = 30), so a
 row at the clip norm is shortened with probability ``q`` -- a small bias, not a
-privacy failure. With no tail to shrink, ``t`` and ``v`` are the non-private
-sizes: measured (``benchmarks/bench_utility.py --units row --epsilons 16
---algorithms spectral``, 20000 x 600, k = 8 and 5), the error over the full GM
-was 1.04 and 1.04 at t = 3k, v = 6t + 1 against 0.97 and 1.06 for the tail
-bound at t = 116, v = 232; 1.35 and 1.17 at v = 2t (the small core amplifies
-the co-range noise), and 1.01 and 1.03 at t = 40, v = 160.
+privacy failure. With no tail to shrink, a large ``t`` buys only the sketch's
+own approximation, and the pass pays for every column of ``Y`` (its product,
+its noise): ``t = max(2k, k + 10)``, with the non-private ``v = 6 max(3k, k +
+20) + 1`` (:func:`clipped_range_sizes`). Measured with ``benchmarks/bench_utility.py
+--units row --epsilons 16 --algorithms spectral --draws 5`` (20000 x 600,
+k = 8 and 5; error over the full GM): 1.06 and 1.15 at these sizes, 1.06 and
+1.08 at t = 3k, against 0.97 and 1.06 (3 draws) for the tail bound at t = 116,
+v = 232; v = 2t gave 1.35 and 1.17 at t = 3k (a small core amplifies the
+co-range noise). Where the noise is small against a heavy-tailed spectrum a
+larger ``t`` still pays (``--real source_bow``, epsilon = 32: 1.90 at t = 18,
+1.33 at t = 60, v = 232), and the two-pass release is the accurate choice
+(0.74 there).
 
 Sizes. The range side's factor ``Delta_JL(t, beta)`` falls slowly with ``t``
 (1.71 at t = 40, 1.43 at 100, 1.30 at 200, beta = 5e-7) while the pass costs
@@ -213,6 +219,20 @@ def range_size(rank: int, beta: float) -> int:
     return t
 
 
+def clipped_range_sizes(rank: int) -> tuple[int, int]:
+    """``(t, v)`` of a clipped range sketch: ``t = max(2k, k + 10)`` and the
+    non-private ``v`` (module docstring, "Range clipping").
+
+    Examples
+    --------
+    >>> clipped_range_sizes(10), clipped_range_sizes(5)
+    ((20, 181), (15, 151))
+    """
+    from pipeline.algorithms.lrf import default_sketch_sizes
+
+    return max(2 * rank, rank + 10), default_sketch_sizes(rank, private=False)[1]
+
+
 def default_sizes(plan: LrfPlan, *, clipped_range: bool | None = None) -> tuple[int, int]:
     """The model's ``(t, v)`` for a private ``plan``, clamped to its shape.
 
@@ -220,18 +240,15 @@ def default_sizes(plan: LrfPlan, *, clipped_range: bool | None = None) -> tuple[
     with ``Delta_JL(t, beta) <= JL_TARGET`` and ``v = 2t``. When the range
     sketch is clipped in sketch space (``clipped_range``; None reads it from
     ``plan.range_clip``) its factor ``rho(t)`` has no tail to shrink, and the
-    sizes are the non-private ones, ``t = max(3k, k + 20)``, ``v = 6t + 1``
-    (module docstring, "Range clipping"). ``v <= M`` for Spectral-LRF, which
-    needs ``t < v``.
+    sizes are :func:`clipped_range_sizes` (module docstring, "Range
+    clipping"). ``v <= M`` for Spectral-LRF, which needs ``t < v``.
     """
-    from pipeline.algorithms.lrf import default_sketch_sizes
-
     M, N = plan.oriented_shape
     k = plan.params.rank
     if clipped_range is None:
         clipped_range = plan.range_clip is not None
     if clipped_range:
-        t0, v0 = default_sketch_sizes(k, private=False)
+        t0, v0 = clipped_range_sizes(k)
     else:
         t0 = range_size(k, _beta(plan))
         v0 = 2 * t0

@@ -157,8 +157,8 @@ def test_defaults_clamp_to_a_small_matrix(
     assert plan.t < plan.v
     if algorithm is SPECTRAL:
         assert plan.v <= M
-    if private and plan.range_clip is not None:  # a clipped Y: the non-private sizes
-        t0, v0 = default_sketch_sizes(rank, private=False)
+    if private and plan.range_clip is not None:  # a clipped Y: t = 2k, the non-private v
+        t0, v0 = lrf_model.clipped_range_sizes(rank)
         assert plan.range_clip == lrf_model.range_clip_factor(plan.t)
     elif private:  # one-shot private sizes come from the error model
         assert plan.calibration is not None
