@@ -49,7 +49,7 @@ row unit of a matrix with m >= n) a private Spectral-LRF release clips the
 rows of ``Y = X Phi`` to ``rho(t) C`` before the noise
 (:func:`pipeline.algorithms.lrf.clips_range`). Its range factor is then
 ``g_Y = rho(t)``, exact for every ``Phi``: ``rho`` is the ``1 - q`` quantile of
-``||x Phi|| / ||x||`` (``q = RANGE_CLIP_QUANTILE = 0.01``; 1.30 at t = 30), so a
+``||x Phi|| / ||x||`` (``q = RANGE_CLIP_QUANTILE = 0.01``; 1.37 at t = 20), so a
 row at the clip norm is shortened with probability ``q`` -- a small bias, not a
 privacy failure. With no tail to shrink, a large ``t`` buys only the sketch's
 own approximation, and the pass pays for every column of ``Y`` (its product,
