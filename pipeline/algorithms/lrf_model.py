@@ -56,13 +56,13 @@ own approximation, and the pass pays for every column of ``Y`` (its product,
 its noise): ``t = max(2k, k + 10)``, with the non-private ``v = 6 max(3k, k +
 20) + 1`` (:func:`clipped_range_sizes`). Measured with ``benchmarks/bench_utility.py
 --units row --epsilons 16 --algorithms spectral --draws 5`` (20000 x 600,
-k = 8 and 5; error over the full GM): 1.06 and 1.15 at these sizes, 1.06 and
-1.08 at t = 3k, against 0.97 and 1.06 (3 draws) for the tail bound at t = 116,
-v = 232; v = 2t gave 1.35 and 1.17 at t = 3k (a small core amplifies the
-co-range noise). Where the noise is small against a heavy-tailed spectrum a
-larger ``t`` still pays (``--real source_bow``, epsilon = 32: 1.90 at t = 18,
-1.33 at t = 60, v = 232), and the two-pass release is the accurate choice
-(0.74 there).
+k = 8 and 5; error over the full GM): 1.11 and 1.11 at these sizes, 0.98 and
+1.05 at t = 24, v = 169, 1.41 and 1.21 at t = 24, v = 48 (a small core
+amplifies the co-range noise), against 0.97 and 1.06 (3 draws) for the tail
+bound at t = 116, v = 232. Where the noise is small against a heavy-tailed
+spectrum a larger ``t`` still pays (``--real source_bow``, epsilon = 32: 2.00
+at t = 18, 1.30 at t = 60, v = 232), and the two-pass release is the
+accurate choice (0.75 there). docs/algorithms.md has the commands and files.
 
 Sizes. The range side's factor ``Delta_JL(t, beta)`` falls slowly with ``t``
 (1.71 at t = 40, 1.43 at 100, 1.30 at 200, beta = 5e-7) while the pass costs
