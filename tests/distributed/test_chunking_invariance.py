@@ -306,3 +306,48 @@ def test_noise_gram_step_is_the_numpy_one(
             assert any(p.suffix == ".npy" for p in scratch.iterdir())  # kept on disk
     finally:
         src.close()
+
+
+@pytest.mark.timeout(180)
+def test_sketch_space_clip_is_chunk_invariant_where_it_binds(
+    client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row-unit Spectral-LRF release clips the rows of ``Y = X Phi`` to ``rho C`` after
+    the global sum (column-split chunks add their partial rows first). With a third of the
+    rows along the top singular direction of the public ``Phi``, the clip binds on each of
+    them (checked on the exact sketch: the fault lands where it says), and the release is
+    still the same for the in-memory array, row bands and column-split blocks."""
+    from pipeline.algorithms.base import ArraySource
+    from pipeline.algorithms.lrf import LrfParams, pass_request, plan_lrf
+
+    plan = plan_lrf(
+        LrfParams.of(RANK, **PRIVACY, algorithm="spectral"), (M, N), public_seed=SKETCH_SEED
+    )
+    assert plan.range_clip_bound is not None
+    phi = pass_request(plan, SKETCH_SEED).right[0][1].dense()  # N x t
+    u = np.linalg.svd(phi, full_matrices=False)[0][:, 0]
+    rng = np.random.default_rng(3)
+    A = rng.standard_normal((M, N))
+    A *= (0.5 / np.linalg.norm(A, axis=1))[:, None]  # inside the clip norm C = 1
+    hot = np.arange(0, M, 3)
+    A[hot] = 10.0 * rng.choice([-1.0, 1.0], size=(hot.size, 1)) * u  # clipped to C first
+    y = ArraySource(A).sketch(pass_request(plan, SKETCH_SEED))["Y"]
+    norms = np.linalg.norm(y, axis=1)
+    assert np.all(norms[hot] > 2.0 * plan.range_clip_bound)  # the clip binds on every hot row
+    cold = np.setdiff1d(np.arange(M), hot)
+    assert np.all(norms[cold] < plan.range_clip_bound)
+
+    reference = factorize(
+        A, RANK, **PRIVACY, algorithm="spectral", seed=SKETCH_SEED, insecure_noise_seed=NOISE_SEED
+    )
+    assert reference.report["parameters"]["range_clip"] == plan.range_clip
+    ref_L = low_rank_product(reference.U, reference.S, reference.V)
+    for name in ("row-bands", "blocks", "blocks-prepass"):
+        chunks, force_split, _, _ = LAYOUTS[name]
+        path = write_matrix(tmp_path / f"hot-{name}.zarr", A, chunks)
+        with monkeypatch.context() as mp:
+            if force_split:
+                mp.setattr(pipeline.io.inputs, "ROW_BAND_LIMIT", 0)
+            rel = _run(path, "spectral", tmp_path, f"hot-{name}")
+        assert rel_diff(low_rank_product(rel.U, rel.S, rel.V), ref_L) < RTOL_CHUNKING, name
+        np.testing.assert_allclose(rel.S, reference.S, rtol=RTOL_CHUNKING, atol=0.0, err_msg=name)

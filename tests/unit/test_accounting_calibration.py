@@ -265,3 +265,35 @@ def test_invalid_privacy(kwargs: dict[str, object], match: str) -> None:
     args.update(kwargs)
     with pytest.raises(PrivacyConfigError, match=match):
         calibrate_release([_req()], **args)  # type: ignore[arg-type]
+
+
+def test_a_sketch_clipped_in_sketch_space_has_the_factor_rho_for_any_operator() -> None:
+    """clip_factor rho: sensitivity rho Delta_F, no tail bound (J = 0, no delta_JL),
+    public operators or not; it takes no jl_dims and is never below 1."""
+    reqs = [
+        SketchRequest(name="Y", shape=(100, 20), jl_dims=(), weight=0.9, clip_factor=1.37),
+        SketchRequest(name="Z", shape=(181, 50), jl_dims=(), weight=0.1),
+    ]
+    secret = calibrate_release(reqs, epsilon=1.0, delta=1e-6, frobenius_bound=2.0, n_sketch_matrices=0)
+    public = calibrate_release(
+        reqs, epsilon=1.0, delta=1e-6, frobenius_bound=2.0, n_sketch_matrices=0,
+        public_operator_factors={"Y": 99.0, "Z": 1.0},
+    )
+    for cal in (secret, public):
+        y, z = cal.sketches
+        assert (y.jl_factor, y.sensitivity) == (1.37, 2.0 * 1.37)
+        assert (z.jl_factor, z.sensitivity) == (1.0, 2.0)
+        assert cal.delta_jl == 0.0
+        assert y.sigma == pytest.approx(2.0 * 1.37 * cal.noise_multiplier / math.sqrt(0.9), rel=1e-12)
+        cal.check()
+    assert (secret.sensitivity, public.sensitivity) == ("exact", "worst-case")
+    with pytest.raises(InvalidParameterError, match="needs no tail bound"):
+        calibrate_release(
+            [dataclasses.replace(reqs[0], jl_dims=(20,)), reqs[1]],
+            epsilon=1.0, delta=1e-6, frobenius_bound=1.0, n_sketch_matrices=1,
+        )
+    with pytest.raises(InvalidParameterError, match="clip_factor"):
+        calibrate_release(
+            [dataclasses.replace(reqs[0], clip_factor=0.5), reqs[1]],
+            epsilon=1.0, delta=1e-6, frobenius_bound=1.0, n_sketch_matrices=0,
+        )
