@@ -87,8 +87,8 @@ def _add_factorize_parser(sub: Any) -> None:
         "--core-size",
         "-v",
         type=int,
-        help="co-range/core sketch size v (default: one pass, 2 x the larger of t and the "
-        "error model's t; two-pass, max(10k, 100); 6t+1 with --non-private)",
+        help="co-range/core sketch size v (default: one pass, the planned v, see --plan, "
+        "or 2t for a larger --sketch-size; two-pass, max(10k, 100); 6t+1 with --non-private)",
     )
     f.add_argument(
         "--seed",
