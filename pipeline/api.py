@@ -160,7 +160,7 @@ def factorize(
         Distribution of the co-range operator ``S`` (and ``T``). None (or
         ``"auto"``): a sparse sign map (8 non-zeros per row of ``A``, columns of
         norm exactly 1) wherever its sensitivity is exact
-        (:func:`pipeline.algorithms.lrf.sparse_is_exact`: every non-private run;
+        (:func:`pipeline.algorithms.lrf_plan.sparse_is_exact`: every non-private run;
         a private release whose individual is one row of the sketched matrix,
         or one entry with a secret seed [spec private-lrf-2, 2]); Gaussian
         elsewhere, where ``"sparse-sign"`` is refused.

@@ -54,17 +54,16 @@ import scipy.sparse as sp
 from pipeline._types import FloatArray, IntArray
 from pipeline._validation import check_int_in_range
 from pipeline.algorithms.base import ArraySource, Factorization
-from pipeline.algorithms.lrf import (
+from pipeline.algorithms.lrf import _low_space_post, _spectral_post
+from pipeline.algorithms.lrf_plan import (
     Algorithm,
     LrfParams,
     LrfPlan,
     Reach,
-    _low_space_post,
-    _operators,
     _resolve_sizes,
-    _spectral_post,
     calibrate_plan,
     plan_lrf,
+    plan_operators,
 )
 from pipeline.errors import EpochError, HorizonExceededError, InvalidParameterError
 from pipeline.mechanisms.noise import GaussianNoise, NoiseCode, NoiseKey
@@ -272,7 +271,7 @@ def _stream_sizes(params: LrfParams, shape: tuple[int, int]) -> LrfParams:
 
 def operators(plan: StreamPlan, sketch_seed: int) -> dict[str, SketchOperator]:
     """The stream's sketch operators (the same as a one-shot release's)."""
-    return _operators(plan.lrf, sketch_seed)
+    return plan_operators(plan.lrf, sketch_seed)
 
 
 def empty_sketches(plan: StreamPlan) -> dict[str, FloatArray]:
@@ -472,7 +471,7 @@ def noisy_sketches(
 def release_factorization(plan: StreamPlan, sketches: Mapping[str, FloatArray], sketch_seed: int) -> Factorization:
     """Factorize released (already noisy) sketches: pure post-processing [spec 3.4, step 6]."""
     lrf = plan.lrf
-    ops = _operators(lrf, sketch_seed)
+    ops = plan_operators(lrf, sketch_seed)
     src = ArraySource(np.zeros((0, 0)))  # only its in-memory tall-matrix operations are used
     exact = {name: (x.T if name in plan.wide else x) for name, x in sketches.items()}
     post = _spectral_post if lrf.params.algorithm is Algorithm.SPECTRAL else _low_space_post

@@ -16,15 +16,18 @@ Method [Upa18, Fig. 1 and Fig. 2], as corrected by spec sketch-lrf.md:
   noise stream (the paper's public padding would carry no noise at all).
 
 Privacy [spec 4.4]: all noisy sketches of a release form ONE Gaussian mechanism,
-calibrated with the analytic Gaussian mechanism [BW18]; sketch sensitivities are
-``Delta_F * Delta_JL(d, beta)`` from the actual sizes [spec 4.2], with the JL
-failure probabilities charged to delta. (epsilon, delta)-DP for neighbours with
-``||A - A'||_F <= Delta_F`` (Priv1, hence Priv2). That tail bound is for a pair
-fixed before the operators are drawn, so it needs a secret sketch seed. With a
-public seed (``plan_lrf(..., public_seed=seed)``) the sensitivities are the
-exact worst case of the actual operators instead (``Delta_F ||Phi||_2`` and
-``Delta_F max_i ||S[:, i]||`` for a row unit, spec private-lrf-2 section 3;
-:func:`worst_case_factors`), and no delta is spent on the JL events.
+calibrated with the analytic Gaussian mechanism [BW18]. (epsilon, delta)-DP for
+neighbours with ``||A - A'||_F <= Delta_F`` (Priv1, hence Priv2). A Gaussian
+operator's sensitivity factor is ``Delta_JL(d, beta)`` from the actual sizes
+[spec 4.2], its failure probability charged to delta; that tail bound is for a
+pair fixed before the operators are drawn, so it needs a secret sketch seed. With
+a public seed (``plan_lrf(..., public_seed=seed)``) the factors are the exact
+worst case of the actual operators instead (spec private-lrf-2 section 3;
+:func:`worst_case_factors`). A sparse sign ``S`` has the exact factor 1, and a
+range sketch clipped in sketch space (:func:`clips_range`, :class:`ClippedNoise`:
+its rows to ``rho(t) C`` after the pass, before the noise) the exact factor
+``rho``, for any seed. The plan (:mod:`pipeline.algorithms.lrf_plan`) reads only
+public values; this module runs it.
 
 Passes over A: 1 (plus one norm pass when clipping rows of a column-split store).
 
@@ -39,29 +42,33 @@ References
 from __future__ import annotations
 
 import dataclasses
-import enum
-import hashlib
-import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from pipeline._types import FloatArray, Shape2D
-from pipeline._validation import (
-    check_enum,
-    check_float_in_interval,
-    check_int_in_range,
-    check_privacy_pair,
-)
-from pipeline.accounting.calibration import (
-    ReleaseCalibration,
-    SketchRequest,
-    calibrate_release,
-)
+from pipeline._types import FloatArray
 from pipeline.algorithms.base import Factorization, MatrixSource, complete_from_pass
-from pipeline.errors import InvalidParameterError, PrivacyConfigError
+from pipeline.algorithms.lrf_plan import (
+    AUTO,
+    Algorithm,
+    LrfParams,
+    LrfPlan,
+    Reach,
+    calibrate_plan,
+    choose_private_sizes,
+    clips_range,
+    default_operator,
+    default_sketch_sizes,
+    plan_lrf,
+    plan_operators,
+    reach_of,
+    seed_fingerprint,
+    sparse_is_exact,
+    worst_case_factors,
+)
+from pipeline.errors import InvalidParameterError
 from pipeline.linalg.core import (
     core_one_sided,
     core_two_sided,
@@ -69,719 +76,42 @@ from pipeline.linalg.core import (
     orth,
     sign_convention,
 )
-from pipeline.mechanisms.clipping import ClipSpec, Neighboring, PrivacyUnit, clip_rows
+from pipeline.mechanisms.clipping import clip_rows
 from pipeline.mechanisms.noise import GaussianNoise, NoiseCode, NoiseKey
 from pipeline.sketches.apply import PassRequest
-from pipeline.sketches.gaussian import DEFAULT_TILE_SIZE, OperatorCode
-from pipeline.sketches.norms import operator_norms
-from pipeline.sketches.operators import OperatorKind, SketchOperator, make_operator
-
-#: The algorithm name that :class:`LrfParams` resolves by its other parameters.
-AUTO = "auto"
-
-
-class Algorithm(enum.Enum):
-    """The factorizations: two one-pass, one two-pass (stored matrices only)."""
-
-    SPECTRAL = "spectral"
-    LOW_SPACE = "low-space"
-    TWO_PASS = "two-pass"  # pipeline.algorithms.two_pass
-
-
-class Reach(enum.Enum):
-    """What one individual's difference may touch in the sketched matrix ``X``.
-
-    Decides the worst-case sensitivity of public operators (:func:`worst_case_factors`).
-    """
-
-    ROW = "row"  # one row of X
-    COLUMN = "column"  # one column of X
-    ANY = "any"  # any cells: only ||D||_F <= Delta_F is known
-
-
-def reach_of(unit: PrivacyUnit, transpose: bool) -> Reach:
-    """The reach of a privacy unit of ``A`` in ``X`` (``A`` or ``A.T``).
-
-    The entry unit gets ``ANY``: a ledger reads an entry-unit release at row or
-    column level through ``||dA||_F <= sqrt(n) Delta_F``
-    (:mod:`pipeline.accounting.contract`), which needs a bound linear in
-    ``||dA||_F`` for every ``dA``.
-
-    Examples
-    --------
-    >>> reach_of(PrivacyUnit.ROW, transpose=True).value
-    'column'
-    """
-    if unit is PrivacyUnit.ENTRY:
-        return Reach.ANY
-    along_rows = (unit is PrivacyUnit.ROW) != transpose
-    return Reach.ROW if along_rows else Reach.COLUMN
-
-
-def default_sketch_sizes(rank: int, *, private: bool) -> tuple[int, int]:
-    """Default ``(t, v)`` for rank ``k`` [spec 2.3, corrected by measurement].
-
-    DP: ``t = max(4k, k + 20)``, ``v = 4t`` -- the noise that reaches the output is
-    amplified by ``||(S U)^+|| ~ 1/(1 - sqrt(t/v))``, 2 at ``v = 4t``.
-
-    Non-private: ``t = max(3k, k + 20)``, ``v = 6t + 1``. The specification's
-    ``t = max(2k, k + 10)``, ``v = 2t + 1`` is too small for one-pass accuracy on
-    spectra that do not decay fast (its own addendum says so). Measured on
-    20000 x 2000, k = 10, ``||A - M_k||_2 / sigma_11`` over 12 seeds: decay 0.8 max
-    1.068, decay 0.9 max 1.087 with (30, 181), against 1.21 and 1.51 for (20, 81);
-    at decay 0.9 the error is governed by t (t = 20 fails whatever v is), at 0.8 by
-    v. Cost grows as ``2 m n (t + v)`` flops per pass.
-
-    Examples
-    --------
-    >>> default_sketch_sizes(10, private=True), default_sketch_sizes(10, private=False)
-    ((40, 160), (30, 181))
-    """
-    if private:
-        t = max(4 * rank, rank + 20)
-        return t, 4 * t
-    t = max(3 * rank, rank + 20)
-    return t, 6 * t + 1
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class LrfParams:
-    """Public parameters of one factorization release (never chosen from data).
-
-    Parameters
-    ----------
-    algorithm : Algorithm or "auto"
-        ``"auto"`` is resolved at construction (:meth:`_algorithm`): two-pass
-        for a private release, Spectral-LRF otherwise.
-    rank : int
-        Target rank k.
-    sketch_size, core_size : int or None
-        ``t`` and ``v``; None picks :func:`default_sketch_sizes` (clamped to the
-        shape when the matrix is small).
-    private : bool
-        False gives the non-private variant [spec 3.5]: no clipping, no noise.
-    epsilon, delta : float or None
-        The release's budget (required when private).
-    clip : ClipSpec
-        Privacy unit and clip norm C.
-    neighboring : Neighboring
-        add/remove (``Delta_F = C``) or replace-one (``Delta_F = 2C``).
-    padded : bool
-        Low-Space-LRF only: the paper's padded construction (comparison mode).
-    delta_jl_fraction : float
-        Share of delta charged to the sketch-norm failure events [spec 2.2].
-    tile_size : int
-        Rows per RNG tile.
-    operator : OperatorKind or None
-        Distribution of the co-range operator ``S`` (and of the core operator
-        ``T`` of a non-private run). None picks by :func:`default_operator`:
-        sparse sign wherever its sensitivity is exact, Gaussian otherwise.
-    range_weight : float or None
-        Private releases: the share ``w`` of the budget (in ``mu^2`` of the joint
-        Gaussian mechanism) spent on the range sketch(es); None picks it by the
-        public error model (:mod:`pipeline.algorithms.lrf_model`).
-    range_clip : bool
-        Private Spectral-LRF where one individual is one row of the sketched
-        matrix: clip the rows of ``Y = X Phi`` to ``rho(t) C`` before the noise
-        (sensitivity exactly ``rho Delta_F``, :func:`clips_range`). False keeps
-        the Gaussian tail bound ``Delta_JL(t, beta)`` (comparison mode).
-    """
-
-    algorithm: Algorithm
-    rank: int
-    sketch_size: int | None = None
-    core_size: int | None = None
-    private: bool = True
-    epsilon: float | None = None
-    delta: float | None = None
-    clip: ClipSpec = field(
-        default_factory=lambda: ClipSpec(unit=PrivacyUnit.ROW, clip_norm=1.0)
-    )
-    neighboring: Neighboring = Neighboring.ADD_REMOVE
-    padded: bool = False
-    delta_jl_fraction: float = 0.5
-    tile_size: int = DEFAULT_TILE_SIZE
-    operator: OperatorKind | None = None
-    range_weight: float | None = None
-    range_clip: bool = True
-
-    def __post_init__(self) -> None:
-        """Validate every field and turn names into enums (no data needed)."""
-        set_ = object.__setattr__
-        set_(self, "rank", check_int_in_range(self.rank, "rank", 1))
-        if self.sketch_size is not None:
-            check_int_in_range(self.sketch_size, "sketch_size", 2)
-        if self.core_size is not None:
-            check_int_in_range(self.core_size, "core_size", 3)
-        for name in ("private", "padded", "range_clip"):
-            if not isinstance(getattr(self, name), bool):
-                raise InvalidParameterError(
-                    f"{name} must be True or False, got {name}={getattr(self, name)!r}."
-                )
-        if self.private:
-            if self.epsilon is None or self.delta is None:
-                raise InvalidParameterError(
-                    "a private release needs epsilon and delta, got "
-                    f"epsilon={self.epsilon!r}, delta={self.delta!r}; pass both, or "
-                    "private=False for the non-private variant."
-                )
-            eps, dlt = check_privacy_pair(self.epsilon, self.delta)
-            set_(self, "epsilon", eps)
-            set_(self, "delta", dlt)
-        elif self.epsilon is not None or self.delta is not None:
-            raise PrivacyConfigError(
-                "a non-private run takes no epsilon or delta; drop them or drop non-private."
-            )
-        set_(self, "neighboring", check_enum(Neighboring, self.neighboring, "neighboring"))
-        if self.operator is not None:
-            set_(self, "operator", check_enum(OperatorKind, self.operator, "operator"))
-        set_(self, "algorithm", self._algorithm())
-        if self.range_weight is not None:
-            if not self.private:
-                raise InvalidParameterError(
-                    "range_weight splits a privacy budget; a non-private run has none, "
-                    "drop it."
-                )
-            set_(self, "range_weight", check_float_in_interval(
-                self.range_weight, "range_weight", 0.0, 1.0))  # fmt: skip
-
-    def _algorithm(self) -> Algorithm:
-        """``algorithm``, with ``"auto"`` resolved (docs/algorithms.md, "Which algorithm").
-
-        ``"auto"``: the two-pass algorithm for a private release (the most
-        accurate, at comparable time: ``benchmarks/bench_utility.py``,
-        ``benchmarks/bench_lrf.py``), unless a one-pass option is set
-        (``sketch_size``, a Gaussian ``operator``: Spectral-LRF; ``padded``:
-        Low-Space-LRF, the only algorithm with the paper's padding); Spectral-LRF
-        for a non-private run, where one pass is as accurate and reads A once.
-        """
-        if not (isinstance(self.algorithm, str) and self.algorithm == AUTO):
-            return check_enum(Algorithm, self.algorithm, "algorithm")
-        if self.padded:
-            return Algorithm.LOW_SPACE
-        one_pass_only = (
-            self.sketch_size is not None or self.operator is OperatorKind.GAUSSIAN
-        )
-        if self.private and not one_pass_only:
-            return Algorithm.TWO_PASS
-        return Algorithm.SPECTRAL
-
-    @classmethod
-    def of(
-        cls, rank: int, *, clip_norm: float = 1.0, unit: str | PrivacyUnit = "row",
-        operator: str | OperatorKind | None = None, **kw: Any,
-    ) -> LrfParams:
-        """From user-facing names: ``clip_norm`` and ``unit`` make the ClipSpec,
-        ``operator="auto"`` means None.
-
-        Examples
-        --------
-        >>> p = LrfParams.of(5, epsilon=1.0, delta=1e-6, algorithm="low-space")
-        >>> p.algorithm.value, p.clip.unit.value, p.neighboring.value
-        ('low-space', 'row', 'add-remove')
-        """
-        clip = ClipSpec(
-            unit=check_enum(PrivacyUnit, unit, "unit"),
-            clip_norm=check_float_in_interval(
-                clip_norm, "clip_norm", 0.0, math.inf, privacy=True
-            ),
-        )
-        kw.setdefault("algorithm", AUTO)
-        op = None if operator in (None, "auto") else operator
-        return cls(rank=rank, clip=clip, operator=op, **kw)  # type: ignore[arg-type]
-
-
-def sparse_is_exact(unit: PrivacyUnit, transpose: bool, *, public_seed: bool) -> bool:
-    """True when a sparse sign ``S`` adds exactly ``Delta_F`` to ``Z = S X``.
-
-    Every column of a sparse sign ``S`` has norm exactly 1 [private-lrf-2, 2], so
-    an individual confined to one row ``i`` of ``X`` changes ``Z`` by
-    ``S[:, i] d^T``, of norm ``||d|| <= Delta_F``, for every draw of ``S``: the
-    row unit when it lies along the rows of ``X`` (row unit not transposed,
-    column unit transposed), and the entry unit (one cell lies in one row). An
-    individual spread over a column of ``X`` would need a tail bound on
-    ``||S c||`` that sparse maps do not have at the deltas of DP. A public seed
-    with the entry unit is calibrated for any difference (:func:`reach_of`), so
-    it keeps the Gaussian operator.
-
-    Examples
-    --------
-    >>> sparse_is_exact(PrivacyUnit.ROW, False, public_seed=False)
-    True
-    >>> sparse_is_exact(PrivacyUnit.ROW, True, public_seed=False)
-    False
-    """
-    if unit is PrivacyUnit.ENTRY:
-        return not public_seed
-    return reach_of(unit, transpose) is Reach.ROW
-
-
-def clips_range(params: LrfParams, transpose: bool, reach: Reach | None) -> bool:
-    """True when a plan clips the rows of its range sketch in sketch space.
-
-    A private Spectral-LRF release of a stored matrix (``reach`` None) whose
-    individuals are rows of ``X`` (:func:`reach_of`): one individual's row
-    ``x`` moves ``Y = X Phi`` by the one row ``x Phi``, which the clip keeps
-    within ``rho C`` for every ``Phi`` -- an exact sensitivity ``rho Delta_F``
-    in place of the tail bound ``Delta_JL(t, beta)``, which needed a share of
-    delta and a large ``t``. A stream's sketches are sums over time, whose
-    rows cannot be clipped once; an individual spread over a column of ``X``
-    (the entry unit, or the row unit of a wide matrix) changes every row.
-
-    Examples
-    --------
-    >>> p = LrfParams(algorithm=Algorithm.SPECTRAL, rank=2, epsilon=1.0, delta=1e-6)
-    >>> clips_range(p, False, None), clips_range(p, True, None)
-    (True, False)
-    """
-    return (
-        params.private
-        and params.range_clip
-        and params.algorithm is Algorithm.SPECTRAL
-        and reach is None
-        and params.clip.unit is not PrivacyUnit.ENTRY
-        and reach_of(params.clip.unit, transpose) is Reach.ROW
-    )
-
-
-def default_operator(*, private: bool, exact_sparse: bool = False) -> OperatorKind:
-    """The co-range operator kind used when none is asked for.
-
-    Sparse sign with 8 non-zeros per index [spec 5.3; TYUC19] wherever it may
-    be used: always in a non-private run, and in a private release when its
-    sensitivity is exact (``exact_sparse``, :func:`sparse_is_exact`). Then
-    ``Z = S X`` costs 16 instead of ``2v`` flops per entry, needs no normal
-    draws, and spends no delta on a tail bound. Otherwise Gaussian, calibrated
-    with ``Delta_JL`` [spec 4.2].
-
-    Examples
-    --------
-    >>> default_operator(private=True).value, default_operator(private=False).value
-    ('gaussian', 'sparse-sign')
-    >>> default_operator(private=True, exact_sparse=True).value
-    'sparse-sign'
-    """
-    if not private or exact_sparse:
-        return OperatorKind.SPARSE_SIGN
-    return OperatorKind.GAUSSIAN
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class LrfPlan:
-    """A validated release plan: orientation, sizes and calibration. No data.
-
-    ``public_seed_fingerprint`` is set when the calibration is the worst case of
-    the operators of a public sketch seed (this seed's fingerprint), and
-    ``reach`` says which worst case. A private plan also has ``range_weight``
-    (the range sketches' share of the budget), ``basis_rank`` (``k'``: the range
-    basis is the top ``k'`` left singular vectors of the noisy range sketch,
-    [private-lrf-2, 4]) and ``predicted_error`` (the public error model's
-    prediction of the additive spectral error, :mod:`~pipeline.algorithms.lrf_model`).
-    ``range_clip`` is ``rho`` when the rows of ``Y`` are clipped to ``rho C``
-    before the noise (:func:`clips_range`), else None.
-    """
-
-    params: LrfParams
-    shape: Shape2D
-    transpose: bool
-    t: int
-    v: int
-    calibration: ReleaseCalibration | None
-    operator: OperatorKind = OperatorKind.GAUSSIAN
-    public_seed_fingerprint: str | None = None
-    reach: Reach | None = None
-    range_weight: float | None = None
-    basis_rank: int | None = None
-    predicted_error: float | None = None
-    range_clip: float | None = None
-
-    @property
-    def range_clip_bound(self) -> float | None:
-        """``rho C``: the norm the rows of ``Y`` are clipped to before the noise
-        (:func:`clips_range`), or None."""
-        if self.range_clip is None:
-            return None
-        return self.range_clip * self.params.clip.clip_norm
-
-    @property
-    def public_sketch_seed(self) -> bool:
-        """True when the calibration covers the operators of a public seed."""
-        return self.public_seed_fingerprint is not None
-
-    @property
-    def oriented_shape(self) -> Shape2D:
-        """Shape (M, N) of the matrix X actually sketched."""
-        m, n = self.shape
-        return (n, m) if self.transpose else (m, n)
-
-    @property
-    def n_gaussian_operators(self) -> int:
-        """``J``: the Gaussian operators whose norm bound a sensitivity relies on.
-
-        Spectral: ``Phi`` unless ``Y`` is clipped in sketch space, and ``S``
-        unless it is sparse (exact, [private-lrf-2, 2]). Low-Space: ``Phi_c``,
-        ``Psi``, ``T``, and ``S`` unless sparse.
-        """
-        if self.params.algorithm is Algorithm.SPECTRAL:
-            base = 0 if self.range_clip is not None else 1  # a clipped Y needs no bound
-        else:
-            base = 3
-        return base + int(self.operator is OperatorKind.GAUSSIAN)
-
-    @property
-    def entry_reads(self) -> tuple[str, ...]:
-        """Units of ``A`` an entry-unit release may be read at by a ledger.
-
-        A sparse ``S`` is exact for a difference within one row of ``X`` only
-        (:func:`sparse_is_exact`), so the entry release converts to that axis
-        of ``A`` alone (:func:`pipeline.accounting.contract.gdp_scale`).
-        """
-        if self.operator is not OperatorKind.SPARSE_SIGN or self.calibration is None:
-            return ("row", "column")
-        return ("column",) if self.transpose else ("row",)
-
-    def sigma(self, name: str) -> float:
-        """Noise std of released statistic ``name`` (0.0 when not private)."""
-        if self.calibration is None:
-            return 0.0
-        return next(s.sigma for s in self.calibration.sketches if s.name == name)
-
-
-def _resolve_sizes(p: LrfParams, M: int, N: int) -> tuple[int, int]:
-    """Validate (t, v) against ``k < t <= min(M, N)``, ``t < v`` (``v <= M`` for Spectral)."""
-    small = min(M, N)
-    v_cap = M if p.algorithm is Algorithm.SPECTRAL else None
-    k = check_int_in_range(
-        p.rank, "rank", 1, small - 1, what="[1, min(n_rows, n_cols) - 1]"
-    )
-    t0, v0 = default_sketch_sizes(k, private=p.private)
-    if p.sketch_size is None:
-        t = min(t0, small)  # defaults shrink to fit a small matrix; user values never do
-        if v_cap is not None:
-            t = min(t, v_cap - 1)  # leave room for t < v <= M (square Spectral input)
-        if t <= k:  # only M = N = k + 1: no k < t < v <= M exists
-            raise InvalidParameterError(
-                "rank must be in [1, min(n_rows, n_cols) - 2] for algorithm='spectral' "
-                f"on a square matrix, got rank={k}."
-            )
-    else:
-        t = check_int_in_range(p.sketch_size, "sketch_size", k + 1, small, what="[rank + 1, min(n_rows, n_cols)]")
-    if p.core_size is None:
-        v = v0 if p.sketch_size is None else (4 * t if p.private else 6 * t + 1)
-        v = min(v, v_cap) if v_cap is not None else v
-    else:
-        v = p.core_size
-    hi_txt = "[sketch_size + 1, max(n_rows, n_cols)]" if v_cap else "[sketch_size + 1, inf)"
-    v = check_int_in_range(v, "core_size", t + 1, v_cap, what=hi_txt)
-    return t, v
-
-
-def plan_lrf(
-    params: LrfParams,
-    shape: Shape2D,
-    *,
-    public_seed: int | None = None,
-    reach: Reach | None = None,
-) -> LrfPlan:
-    """Validate ``params`` for a matrix of ``shape`` and calibrate the noise.
-
-    Reads no data: everything here is public (plan-then-execute, style B.3.1).
-
-    Parameters
-    ----------
-    params : LrfParams
-    shape : tuple (n_rows, n_cols)
-    public_seed : int or None
-        The sketch seed when it is public (given by the user): the calibration
-        then uses the worst-case sensitivity of the operators it generates, and
-        the plan may only run with this seed. None: the seed is secret.
-    reach : Reach or None
-        For a public seed, what one individual's difference may touch in ``X``;
-        None derives it from ``params.clip.unit`` (:func:`reach_of`).
-
-    Returns
-    -------
-    LrfPlan
-
-    Raises
-    ------
-    InvalidParameterError
-        If rank or sketch sizes are inconsistent with each other or the shape.
-
-    Notes
-    -----
-    Privacy. Emits one Gaussian mechanism over all released sketches: for
-    Spectral-LRF ``Y`` (M x t, ``Delta_JL(t, beta)``) and ``Z`` (v x N,
-    ``Delta_JL(v, beta)``), ``beta = delta_JL / 2`` [spec 3.2, S3]; for
-    Low-Space-LRF ``Y_c``, ``Y_r`` and ``Z`` (``Delta_JL(v, beta)^2``),
-    ``beta = delta_JL / 4`` [spec 3.3, S3]. A sparse ``S`` has the exact factor
-    1 [private-lrf-2, 2]; a range sketch clipped in sketch space
-    (:func:`clips_range`) the exact factor ``rho(t)``, with no tail event. With
-    ``public_seed`` the factors are :func:`worst_case_factors` and ``delta_JL =
-    0`` [private-lrf-2, 3].
-    Costs ``O((M + N) d^2)`` flops for a public seed (the operators are
-    generated once, tile by tile), nothing otherwise.
-
-    Examples
-    --------
-    >>> plan = plan_lrf(LrfParams(algorithm=Algorithm.SPECTRAL, rank=2, epsilon=1.0,
-    ...                           delta=1e-6), (500, 300))
-    >>> plan.t, plan.v, plan.transpose, round(plan.range_clip, 3)
-    (12, 133, False, 1.478)
-    """
-    if params.algorithm is Algorithm.TWO_PASS:
-        from pipeline.algorithms.two_pass import plan_two_pass
-
-        return plan_two_pass(params, shape, public_seed=public_seed)  # type: ignore[return-value]
-    m, n = (check_int_in_range(x, nm, 1) for x, nm in zip(shape, ("n_rows", "n_cols"), strict=True))
-    if params.padded and params.algorithm is not Algorithm.LOW_SPACE:
-        raise InvalidParameterError("padded=True applies to algorithm='low-space' only.")
-    if public_seed is not None:
-        public_seed = check_int_in_range(public_seed, "seed", 0, 2**128 - 1)
-    # Spectral and unpadded Low-Space put the t-sized sketch on the longer side
-    # (memory m t + v n, spec 3.2); padded mode follows the paper's m <= n [spec 3.3]
-    transpose = (m > n) if params.padded else (m < n)
-    M, N = (n, m) if transpose else (m, n)
-    operator = _operator_of(params, transpose, public_seed is not None, reach)
-    plan = LrfPlan(
-        params=params, shape=(m, n), transpose=transpose, t=0, v=0,
-        calibration=None, operator=operator,
-    )
-    if not params.private:
-        t, v = _resolve_sizes(params, M, N)
-        return dataclasses.replace(plan, t=t, v=v)
-    plan = choose_private_sizes(plan, clipped_range=clips_range(params, transpose, reach))
-    if public_seed is None:
-        return calibrate_plan(plan)
-    reach = reach or reach_of(params.clip.unit, transpose)
-    plan = dataclasses.replace(
-        plan, public_seed_fingerprint=seed_fingerprint(public_seed), reach=reach
-    )
-    return calibrate_plan(plan, worst_case_factors(plan, public_seed, reach))
-
-
-def choose_private_sizes(plan: LrfPlan, *, clipped_range: bool = False) -> LrfPlan:
-    """``plan`` with its private sizes, budget split and range basis rank.
-
-    User-given ``sketch_size``, ``core_size`` and ``range_weight`` are kept; the
-    others come from the public error model (:mod:`pipeline.algorithms.lrf_model`),
-    which reads only the shape, the rank, the budget and the operators' kinds --
-    never the data. The paper's padded construction keeps its own basis and
-    even split. ``clipped_range`` (:func:`clips_range`) sets ``range_clip`` to
-    ``rho(t)`` (:func:`~pipeline.algorithms.lrf_model.range_clip_factor`).
-    """
-    from pipeline.algorithms import lrf_model
-
-    M, N = plan.oriented_shape
-    p = plan.params
-    _resolve_sizes(p, M, N)  # the rank checks and messages of any plan of this shape
-    t0, v0 = lrf_model.default_sizes(plan, clipped_range=clipped_range)
-    if p.sketch_size is not None and p.core_size is None and 2 * p.sketch_size > v0:
-        # the model's v = 2t for a user's t above the model's: t < v must hold
-        v0 = min(2 * p.sketch_size, M) if p.algorithm is Algorithm.SPECTRAL else 2 * p.sketch_size
-    t, v = _resolve_sizes(
-        dataclasses.replace(p, sketch_size=p.sketch_size or t0, core_size=p.core_size or v0),
-        M, N,
-    )  # fmt: skip
-    plan = dataclasses.replace(
-        plan, t=t, v=v, basis_rank=None if p.padded else p.rank,
-        range_clip=lrf_model.range_clip_factor(t) if clipped_range else None,
-    )  # fmt: skip
-    weight = p.range_weight
-    if weight is None:
-        weight = 2.0 / 3.0 if p.padded else lrf_model.weight_of(plan)
-    plan = dataclasses.replace(plan, range_weight=weight)
-    return dataclasses.replace(plan, predicted_error=lrf_model.predict(plan).error)
-
-
-def _operator_of(
-    params: LrfParams, transpose: bool, public_seed: bool, reach: Reach | None
-) -> OperatorKind:
-    """The co-range operator of a plan; a sparse one only where it is exact.
-
-    A caller that declares ``reach`` (a stream: an entity's cells may lie in
-    any rows) gets a sparse ``S`` only for ``Reach.ROW``.
-    """
-    exact = (
-        params.private
-        and not params.padded  # the paper's construction, reproduced as it is
-        and (
-            reach is Reach.ROW
-            if reach is not None
-            else sparse_is_exact(params.clip.unit, transpose, public_seed=public_seed)
-        )
-    )
-    operator = params.operator or default_operator(private=params.private, exact_sparse=exact)
-    if params.private and operator is OperatorKind.SPARSE_SIGN and not exact:
-        raise InvalidParameterError(
-            "operator='sparse-sign' in a private release needs every individual within "
-            "one sketched row (the row unit on a matrix with n_rows >= n_cols, the "
-            "column unit on one with n_cols > n_rows, or the entry unit with a secret "
-            "sketch seed; not padded); use operator='gaussian' or drop it."
-        )
-    return operator
-
-
-def calibrate_plan(
-    plan: LrfPlan, factors: dict[str, float] | None = None, *, tree_levels: int = 1
-) -> LrfPlan:
-    """``plan`` with the joint calibration of its sketches over ``tree_levels`` levels.
-
-    ``factors``: the public operators' worst-case factors (None: ``Delta_JL``).
-    """
-    p = plan.params
-    if p.epsilon is None or p.delta is None:
-        raise InvalidParameterError("a private release needs epsilon and delta.")
-    _M, _N = plan.oriented_shape
-    requests = _requests(plan)
-    calibration = calibrate_release(
-        requests,
-        epsilon=p.epsilon,
-        delta=p.delta,
-        frobenius_bound=p.neighboring.frobenius_bound(p.clip.clip_norm),
-        # every distinct Gaussian matrix whose tail bound a sensitivity uses
-        n_sketch_matrices=plan.n_gaussian_operators,
-        tree_levels=tree_levels,
-        delta_jl_fraction=p.delta_jl_fraction,
-        public_operator_factors=factors,
-    )
-    calibration.check()
-    return dataclasses.replace(plan, calibration=calibration)
-
-
-#: Per released sketch: the operator applied along the rows of X (``G^T X``) and
-#: the one applied along its columns (``X G``); None where there is none.
-_SIDES = {
-    Algorithm.SPECTRAL: {"Y": (None, "Phi"), "Z": ("S", None)},
-    Algorithm.LOW_SPACE: {"Yc": (None, "PhiC"), "Yr": ("Psi", None), "Z": ("S", "T")},
-}
-
-
-def worst_case_factors(plan: LrfPlan, seed: int, reach: Reach) -> dict[str, float]:
-    """Exact worst-case sensitivity factor of each sketch for public operators.
-
-    Parameters
-    ----------
-    plan : LrfPlan
-        Sizes, orientation and operator kind (its calibration is not used).
-    seed : int
-        The public sketch seed; the operators are generated from it exactly as
-        the pass generates them.
-    reach : Reach
-        What one individual's difference ``D`` may touch in ``X``.
-
-    Returns
-    -------
-    dict
-        Sketch name -> ``Delta_i`` with ``||f_i(X + D) - f_i(X)||_F <= Delta_i
-        ||D||_F`` for EVERY such ``D``, attained by some ``D``.
-
-    Notes
-    -----
-    A row operator ``G`` (``G^T X``) contributes ``max_i ||G[i, :]||`` when
-    ``D`` is one row of ``X`` (``G^T e_i d^T``) and ``||G||_2`` otherwise; a
-    column operator (``X G``) contributes ``max_j ||G[j, :]||`` when ``D`` is one
-    column and ``||G||_2`` otherwise (``d^T G``). A two-sided sketch
-    ``G_S^T D G_T`` multiplies its two factors: for ``D = e_i d^T`` it is
-    ``||G_S[i, :]|| ||G_T^T d||``, and ``||A D B||_F <= ||A||_2 ||D||_F ||B||_2``
-    for any ``D``. Each bound is attained (the maximising row and the top
-    singular vector), so it is the exact worst case [private-lrf-2, 3]. Sparse
-    sign operators have rows of norm exactly 1. The norms are computed tile by
-    tile (:func:`pipeline.sketches.norms.operator_norms`).
-
-    Examples
-    --------
-    >>> plan = plan_lrf(LrfParams(algorithm=Algorithm.SPECTRAL, rank=2, epsilon=1.0,
-    ...                           delta=1e-6, range_clip=False), (500, 300))
-    >>> f = worst_case_factors(plan, 7, Reach.ROW)
-    >>> bool(f["Y"] > 2.0), round(f["Z"], 12)  # a sparse S: columns of norm 1
-    (True, 1.0)
-    """
-    ops = _operators(plan, seed)
-    sides = dict(_SIDES[plan.params.algorithm])
-    clipped = {"Y": plan.range_clip} if plan.range_clip is not None else {}
-    for name in clipped:  # rho for any operator: its norm is not needed
-        del sides[name]
-    # True: the operator's largest row norm is its factor (D's index along the
-    # operator's axis is fixed); False: its spectral norm. Each operator acts on
-    # one side only.
-    by_row: dict[str, bool] = {}
-    for left, right in sides.values():
-        if left is not None:
-            by_row[left] = reach is Reach.ROW
-        if right is not None:
-            by_row[right] = reach is Reach.COLUMN
-    factor = {}
-    for name, use_rows in by_row.items():
-        nm = operator_norms(ops[name], spectral=not use_rows, max_row=use_rows)
-        value = nm.max_row if use_rows else nm.spectral
-        assert value is not None
-        factor[name] = value
-    return clipped | {
-        sketch: math.prod(factor[op] for op in (left, right) if op is not None)
-        for sketch, (left, right) in sides.items()
-    }
-
-
-def _requests(plan: LrfPlan) -> list[SketchRequest]:
-    """The released sketches, their Gaussian factors and budget weights.
-
-    A sparse ``S`` contributes no ``Delta_JL`` factor (exact). The range
-    sketches share ``range_weight`` of the budget (Low-Space: half each for
-    ``Y_c`` and ``Y_r``; equal thirds when no weight is set, the paper's split).
-    """
-    M, N = plan.oriented_shape
-    t, v = plan.t, plan.v
-    s_dims: tuple[int, ...] = () if plan.operator is OperatorKind.SPARSE_SIGN else (v,)
-    w = plan.range_weight
-    if plan.params.algorithm is Algorithm.SPECTRAL:
-        w = 0.5 if w is None else w
-        rho = plan.range_clip
-        y_side = {"jl_dims": (), "clip_factor": rho} if rho is not None else {"jl_dims": (t,)}
-        return [
-            SketchRequest(name="Y", shape=(M, t), weight=w, **y_side),
-            SketchRequest(name="Z", shape=(v, N), jl_dims=s_dims, weight=1.0 - w),
-        ]
-    wc = wr = 1.0 / 3.0 if w is None else w / 2.0
-    return [
-        SketchRequest(name="Yc", shape=(M, t), jl_dims=(t,), weight=wc),
-        SketchRequest(name="Yr", shape=(t, N), jl_dims=(t,), weight=wr),
-        SketchRequest(name="Z", shape=(v, v), jl_dims=(*s_dims, v), weight=1.0 - wc - wr),
-    ]
-
-
-#: The operators whose kind ``LrfPlan.operator`` sets.
-_CO_RANGE = frozenset({OperatorCode.S, OperatorCode.T, OperatorCode.T_PAD})
-
-
-def _operators(plan: LrfPlan, root: int) -> dict[str, SketchOperator]:
-    M, N = plan.oriented_shape
-    t, v, b = plan.t, plan.v, plan.params.tile_size
-
-    # range operators stay Gaussian; S follows plan.operator, and so do T and
-    # T_pad of a non-private run: a private T needs its Delta_JL tail bound
-    sparse_ok = {OperatorCode.S} if plan.params.private else _CO_RANGE
-
-    def op(code: OperatorCode, length: int, dim: int) -> SketchOperator:
-        kind = plan.operator if code in sparse_ok else OperatorKind.GAUSSIAN
-        return make_operator(kind, root=root, code=code, length=length, dim=dim, tile_size=b)
-
-    if plan.params.algorithm is Algorithm.SPECTRAL:
-        return {"Phi": op(OperatorCode.PHI, N, t), "S": op(OperatorCode.S, M, v)}
-    ops = {
-        "PhiC": op(OperatorCode.PHI_C, N, t),
-        "Psi": op(OperatorCode.PSI, M, t),
-        "S": op(OperatorCode.S, M, v),
-        "T": op(OperatorCode.T, N, v),
-    }
-    if plan.params.padded:
-        ops["Tpad"] = op(OperatorCode.T_PAD, M, v)
-    return ops
+from pipeline.sketches.operators import SketchOperator
+
+# the plan's names (pipeline.algorithms.lrf_plan) are re-exported: callers plan and
+# run through this module
+__all__ = [
+    "AUTO",
+    "Algorithm",
+    "ClippedNoise",
+    "LrfParams",
+    "LrfPlan",
+    "Reach",
+    "calibrate_plan",
+    "choose_private_sizes",
+    "clips_range",
+    "default_operator",
+    "default_sketch_sizes",
+    "gram_basis",
+    "gram_svd",
+    "pass_request",
+    "plan_lrf",
+    "plan_operators",
+    "reach_of",
+    "run_lrf",
+    "seed_fingerprint",
+    "sparse_is_exact",
+    "top_singular_vectors",
+    "worst_case_factors",
+]
 
 
 def pass_request(plan: LrfPlan, root: int, input_dtype: Any = np.float64) -> PassRequest:
     """The single pass over ``A`` that ``plan`` needs, for sketch seed ``root``."""
-    ops = _operators(plan, root)
+    ops = plan_operators(plan, root)
     p = plan.params
     clip = p.clip if p.private else None
     # DP sketches are float64 [spec 4.6, item 7]; a non-private float32 input keeps
@@ -907,7 +237,7 @@ def run_lrf(
         exact = complete_from_pass(source, request, exact)  # a copy: the post pops
     if before_noise is not None:
         before_noise()
-    ops = _operators(plan, root)
+    ops = plan_operators(plan, root)
     post = _spectral_post if plan.params.algorithm is Algorithm.SPECTRAL else _low_space_post
     with one_blas_thread():  # the same bits on any client
         Ux, s, Vx = post(source, plan, exact, ops, noise_key)
@@ -1085,7 +415,3 @@ def _pad(plan: LrfPlan, Yr: FloatArray, Z: FloatArray, T: FloatArray, ops: dict[
     Z = Z + sigma_min * (ops["S"].dense().T @ Tpad)
     return np.hstack([Yr, pad_cols]), Z, np.vstack([T, Tpad])
 
-
-def seed_fingerprint(seed: int) -> str:
-    """One-way tag of a sketch seed, for reports and ledgers (spec 4.4)."""
-    return hashlib.sha256(f"dplr-sketch-seed:{seed}".encode()).hexdigest()[:16]

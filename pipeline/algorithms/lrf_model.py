@@ -84,7 +84,7 @@ from pipeline.accounting.gaussian import (
 )
 
 if TYPE_CHECKING:
-    from pipeline.algorithms.lrf import LrfPlan
+    from pipeline.algorithms.lrf_plan import LrfPlan
     from pipeline.algorithms.two_pass import TwoPassPlan
 
 __all__ = [
@@ -228,7 +228,7 @@ def clipped_range_sizes(rank: int) -> tuple[int, int]:
     >>> clipped_range_sizes(10), clipped_range_sizes(5)
     ((20, 181), (15, 151))
     """
-    from pipeline.algorithms.lrf import default_sketch_sizes
+    from pipeline.algorithms.lrf_plan import default_sketch_sizes
 
     return max(2 * rank, rank + 10), default_sketch_sizes(rank, private=False)[1]
 

@@ -97,13 +97,8 @@ from pipeline.accounting.calibration import (
     calibrate_release,
 )
 from pipeline.algorithms.base import Factorization, MatrixSource
-from pipeline.algorithms.lrf import (
-    Algorithm,
-    LrfParams,
-    _row_noise,
-    gram_svd,
-    seed_fingerprint,
-)
+from pipeline.algorithms.lrf import _row_noise, gram_svd
+from pipeline.algorithms.lrf_plan import Algorithm, LrfParams, seed_fingerprint
 from pipeline.errors import InvalidParameterError
 from pipeline.linalg.core import one_blas_thread, sign_convention
 from pipeline.mechanisms.clipping import PrivacyUnit
@@ -185,7 +180,7 @@ class TwoPassPlan:
         ``Y``'s bound ``||D V_k||_F <= ||D||_F`` holds for every ``D``; the sparse
         ``S`` of ``Z`` is exact for a difference within one row of ``X`` only, so
         the release converts to that axis of ``A`` alone (as in one pass:
-        :attr:`pipeline.algorithms.lrf.LrfPlan.entry_reads`).
+        :attr:`pipeline.algorithms.lrf_plan.LrfPlan.entry_reads`).
         """
         if self.calibration is None:
             return ("row", "column")
