@@ -475,17 +475,12 @@ def plan_lrf(
 
     Notes
     -----
-    Privacy. Emits one Gaussian mechanism over all released sketches: for
-    Spectral-LRF ``Y`` (M x t, ``Delta_JL(t, beta)``) and ``Z`` (v x N,
-    ``Delta_JL(v, beta)``), ``beta = delta_JL / 2`` [spec 3.2, S3]; for
-    Low-Space-LRF ``Y_c``, ``Y_r`` and ``Z`` (``Delta_JL(v, beta)^2``),
-    ``beta = delta_JL / 4`` [spec 3.3, S3]. A sparse ``S`` has the exact factor
-    1 [private-lrf-2, 2]; a range sketch clipped in sketch space
-    (:func:`clips_range`) the exact factor ``rho(t)``, with no tail event. With
-    ``public_seed`` the factors are :func:`worst_case_factors` and ``delta_JL =
-    0`` [private-lrf-2, 3].
-    Costs ``O((M + N) d^2)`` flops for a public seed (the operators are
-    generated once, tile by tile), nothing otherwise.
+    Privacy. One Gaussian mechanism over all released sketches; a Gaussian
+    operator's factor is ``Delta_JL(d, beta)``, ``beta = delta_JL / J`` [spec
+    3.2-3.3, S3], a sparse ``S``'s exactly 1 [private-lrf-2, 2], a range sketch
+    clipped in sketch space (:func:`clips_range`) exactly ``rho(t)``. With
+    ``public_seed``: :func:`worst_case_factors`, ``delta_JL = 0`` [private-lrf-2,
+    3], and ``O((M + N) d^2)`` flops to generate the operators once.
 
     Examples
     --------
