@@ -68,16 +68,24 @@ own), and ``"noise_multiplier_total": null`` (no Gaussian part; JSON has no
 infinity).
 
 **Ledgers written before contracts** (format ``dplr-ledger/1``: no declared
-contract, no contract per record) open unchanged and are read as unit
-``row``, relation ``replace``, with every old record read as a row
-``add-remove`` release: its ``mu`` counts twice (its approx ``(epsilon,
-delta)`` by group privacy of size 2). That is the worst case among the
-relations, so the old charges are never understated under either relation,
-and a replace-one guarantee implies the add-remove one. An old record's unit
-is not recorded anywhere and is taken as ``row``. The first new charge
-rewrites the file as ``dplr-ledger/2`` with that declared contract (marked
-``"assumed_for": "dplr-ledger/1"``), so an older dplr, which composes without
-contracts, refuses the file instead of under-counting it.
+contract, no contract per record) open unchanged. An old record states no
+relation: it is read as an ``add-remove`` release under relation ``replace``,
+its ``mu`` counted twice (its approx ``(epsilon, delta)`` by group privacy of
+size 2). That is the worst case among the relations, so the old charges are
+never understated under either relation, and a replace-one guarantee implies
+the add-remove one. An old record's unit is read from what the record is: a
+stream's charge (``algorithm`` ``continual-*``, or ``details["stream"]``, as
+``stream init`` wrote it) is a release about one of the stream's *entities*;
+any other old record is a matrix release, taken to be about a ``row`` (its own
+unit, ``--unit column`` or ``entry``, is recorded only in that release's
+report, not in the ledger). The file is read at unit ``entity`` if it holds a
+stream's charge, else at ``row``, always under ``replace``. A file holding both
+kinds has no exact reading (no conversion between entities and rows is proven)
+and is refused when it is opened; so is a stream's charge in a file that
+declares a matrix unit. The first new charge rewrites the file as
+``dplr-ledger/2`` with that declared contract (marked ``"assumed_for":
+"dplr-ledger/1"``), so an older dplr, which composes without contracts, refuses
+the file instead of under-counting it.
 
 No seed or noise key is ever stored: the API has no argument that carries one,
 and ``details`` keys that name a seed or key (other than a hash) are refused.
@@ -111,6 +119,7 @@ from pipeline._durable import write_private
 from pipeline._validation import check_enum, check_privacy_pair
 from pipeline.accounting.calibration import ReleaseCalibration
 from pipeline.accounting.contract import (
+    EntityUnit,
     PrivacyContract,
     Unit,
     approx_group_factor,
@@ -136,9 +145,12 @@ __all__ = [
 ]
 
 LEDGER_FORMAT = "dplr-ledger/2"
-# Ledgers written before contracts existed: read as (row, replace), see above.
+# Ledgers written before contracts existed: read at (entity, replace) when they
+# hold a stream's charge, else (row, replace), see above.
 _LEGACY_FORMAT = "dplr-ledger/1"
-_LEGACY_UNIT, _LEGACY_NEIGHBORING = PrivacyUnit.ROW, Neighboring.REPLACE
+_LEGACY_NEIGHBORING = Neighboring.REPLACE
+# How ``stream init`` marked its charge before contracts.
+_LEGACY_STREAM_ALGORITHM = "continual-"
 _LEDGER_SUFFIX = ".dplr-ledger.json"
 _FILE_MODE = 0o600
 # Same slack as LEDGER_CHECK (spec section 4.4): rounding in z_tot only.
@@ -246,9 +258,45 @@ class _Declared:
         return out
 
 
+def _legacy_unit(rec: object) -> Unit:
+    """The unit of a record written without a contract: what the record is.
+
+    ``stream init`` charged a whole stream once, with ``algorithm`` set to
+    ``continual-<algorithm>`` and ``details["stream"]`` naming its state: a
+    release about one entity of the stream. Either mark is enough (reading a
+    matrix release as an entity's can only refuse, never under-count). Any
+    other record is a matrix release, taken as a row's (module docstring).
+    """
+    if not isinstance(rec, Mapping):
+        return PrivacyUnit.ROW
+    algorithm, details = rec.get("algorithm"), rec.get("details")
+    stream = isinstance(algorithm, str) and algorithm.startswith(
+        _LEGACY_STREAM_ALGORITHM
+    )
+    if stream or (isinstance(details, Mapping) and "stream" in details):
+        return EntityUnit.ENTITY
+    return PrivacyUnit.ROW
+
+
+def _legacy_factor(rec: Mapping[str, Any], led: _Declared) -> float | None:
+    """``gdp_scale`` (or group size) of a contract-less record at the ledger's contract.
+
+    The record is read as an add/remove release at its :func:`_legacy_unit`:
+    factor 2 under replace (group privacy of size 2), 1 under add/remove;
+    ``None`` (refused) when that unit is not the ledger's.
+    """
+    if _legacy_unit(rec) is not led.unit:
+        return None
+    return 2.0 if led.neighboring is Neighboring.REPLACE else 1.0
+
+
 def _declared(data: Mapping[str, Any]) -> _Declared:
     if data.get("format") == _LEGACY_FORMAT:
-        return _Declared(_LEGACY_UNIT, _LEGACY_NEIGHBORING, assumed=True)
+        releases = data.get("releases")
+        records = releases if isinstance(releases, list) else []
+        stream = any(_legacy_unit(r) is EntityUnit.ENTITY for r in records)
+        unit: Unit = EntityUnit.ENTITY if stream else PrivacyUnit.ROW
+        return _Declared(unit, _LEGACY_NEIGHBORING, assumed=True)
     c = data["contract"]
     return _Declared(
         as_unit(c["unit"]),
@@ -377,16 +425,15 @@ def _record_charge(rec: Mapping[str, Any], led: _Declared) -> _Charge:
         else _Charge(float(rec["noise_multiplier_total"]), float(rec["delta_jl"]), 0, 0)
     )
     contract = _record_contract(rec)
-    if contract is None:
-        # Pre-contract record: unit unknown (taken as the ledger's), relation
-        # taken as add-remove, the worst case: group privacy of size 2 under
-        # replace (module docstring).
-        factor = 2.0 if led.neighboring is Neighboring.REPLACE else 1.0
-    else:
-        found = _contract_factor(contract, led)
-        assert found is not None, "records are checked when the file is read"
-        factor = found
-    return _converted(own, factor)
+    # A pre-contract record: its own unit, relation taken as add-remove (the
+    # worst case: group privacy of size 2 under replace; module docstring).
+    found = (
+        _legacy_factor(rec, led)
+        if contract is None
+        else _contract_factor(contract, led)
+    )
+    assert found is not None, "records are checked when the file is read"
+    return _converted(own, found)
 
 
 def _composed_delta(charges: Iterable[_Charge], epsilon_b: float) -> float:
@@ -530,6 +577,7 @@ def _check_record(rec: object, led: _Declared, where: str) -> None:
     except (InvalidParameterError, TypeError, KeyError) as exc:
         raise StoreLayoutError(f"{where} has an invalid contract: {exc}") from None
     if contract is None:
+        _check_legacy_record(rec, led, where)
         return
     if contract.accountant.gaussian == (rec.get("kind") == _APPROX_KIND):
         raise StoreLayoutError(
@@ -538,6 +586,22 @@ def _check_record(rec: object, led: _Declared, where: str) -> None:
         )
     if _contract_factor(contract, led) is None:
         raise StoreLayoutError(f"{where} cannot be composed here: {_refusal(contract, led)}")
+
+
+def _check_legacy_record(rec: Mapping[str, Any], led: _Declared, where: str) -> None:
+    """A record without a contract must be of the ledger's unit (no conversion is proven)."""
+    if _legacy_factor(rec, led) is not None:
+        return
+    unit = _legacy_unit(rec)
+    what = "a stream's charge" if unit is EntityUnit.ENTITY else "a matrix release"
+    raise StoreLayoutError(
+        f"{where} was written without a contract and is {what}, read at unit "
+        f"'{unit.value}', but this ledger composes releases at {led.describe()}; no "
+        "conversion between the two units is proven, so this file states no "
+        "guarantee at either. Keep it as the record of what was "
+        "spent and declare a ledger per population (dplr budget init --unit entity or "
+        "--unit row) whose budget leaves room for it."
+    )
 
 
 def _check_approx_record(rec: Mapping[str, Any], where: str) -> None:
@@ -664,7 +728,7 @@ class Ledger:
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> Ledger:
-        """Open an existing ledger (a ``dplr-ledger/1`` one too, read as row/replace).
+        """Open an existing ledger (a ``dplr-ledger/1`` one too: module docstring).
 
         Raises
         ------
@@ -852,6 +916,7 @@ class Ledger:
         release_id: str,
         algorithm: str,
         details: Mapping[str, Any],
+        stamp: str | None = None,
     ) -> dict[str, Any]:
         """Check the budget and append a release record, atomically.
 
@@ -873,6 +938,9 @@ class Ledger:
             JSON-serialisable free-form record (shapes, k, t, v, the
             calibration's ``to_dict()``, a hash of the sketch seed). Keys naming
             a seed or key are refused.
+        stamp : str or None
+            The record's ``time`` (ISO 8601): the release's one published
+            stamp, taken before any data was read; None for now.
 
         Returns
         -------
@@ -915,6 +983,8 @@ class Ledger:
             led = _declared(self._data)
             self._check_loaded(calibration, _at_ledger(own, checked, led))
             record = _record(calibration, checked, own, release_id, algorithm)
+            if stamp is not None:
+                record["time"] = str(stamp)
             record["details"] = details_copy
             new_data = {**self._data, "format": LEDGER_FORMAT, "contract": led.to_dict()}
             new_data["releases"] = [*self._data["releases"], record]
