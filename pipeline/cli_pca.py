@@ -123,8 +123,8 @@ def _summary(report: dict[str, Any], out: str) -> str:
             chosen = "selected Analyze Gauss"
         else:
             chosen = f"selected R={sel['selected_clip_radius']:.4g} T={sel['selected_iterations']}"
+        # no time: the run's duration would reveal the number of trials
         lines.append("  private selection: " + chosen)
-        lines.append(f"  time={report['timings_seconds'].get('total', float('nan')):.2f}s")
         return "\n".join(lines)
     radius = p["clip_radius"]
     lines.append(

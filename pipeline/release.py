@@ -68,6 +68,7 @@ __all__ = [
     "Runtime",
     "crash_point",
     "package_versions",
+    "publication_stamp",
     "run_release",
 ]
 
@@ -108,6 +109,19 @@ def crash_point(step: str) -> None:
     _crash_counts[step] = _crash_counts.get(step, 0) + 1
     if _crash_counts[step] == int(nth or 1):
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def publication_stamp() -> str:
+    """The one time a release publishes: now, to the second, in UTC (ISO 8601).
+
+    A job takes it when it starts, before the plan is checked and before any
+    data is read, and writes that same stamp as its report's ``created`` and
+    its ledger record's ``time`` (a resumed job reuses its record's). A time
+    taken later would reveal how long data-dependent work ran -- for a private
+    selection, its number of trials, which the random-stopping bound needs
+    hidden (docs/privacy.md, "Times").
+    """
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
 def package_versions(extra: tuple[str, ...] = ()) -> dict[str, str]:
@@ -395,6 +409,7 @@ class ReleaseJob:
     resumed: bool = field(init=False, default=False)
     timings: dict[str, float] = field(init=False, default_factory=dict)
     t0: float = field(init=False, default_factory=time.perf_counter)
+    stamp: str = field(init=False, default_factory=publication_stamp)
 
     def __post_init__(self) -> None:
         self.header = self.spec.header()
@@ -435,7 +450,10 @@ class ReleaseJob:
                 )
             return
         self.resumed, self.release_id = True, str(jr.release_id)
-        if jr.charged() is not None and not self.already_charged():
+        charged = self.charge_record()
+        if charged is not None:
+            self.stamp = str(charged["time"])  # the one stamp of this release
+        if jr.charged() is not None and charged is None:
             raise StoreLayoutError(
                 f"the journal at {jr.path!r} records a ledger charge for release "
                 f"{self.release_id} but the ledger {self.header['ledger']!r} does not "
@@ -452,10 +470,15 @@ class ReleaseJob:
 
     def already_charged(self) -> bool:
         """True when the ledger holds this release id (a resumed or charged job)."""
+        return self.charge_record() is not None
+
+    def charge_record(self) -> dict[str, Any] | None:
+        """The ledger's record of this release id, or None if it is not charged."""
         book = getattr(self.book, "ledger", self.book)  # a declared one, once created
-        return isinstance(book, Ledger) and any(
-            r["release_id"] == self.release_id for r in book.releases
-        )
+        if not isinstance(book, Ledger):
+            return None
+        mine = (r for r in book.releases if r["release_id"] == self.release_id)
+        return next(mine, None)
 
     # -- journal, charge ------------------------------------------------------
     def durable_journal(self) -> Any:
@@ -486,6 +509,7 @@ class ReleaseJob:
                 contract=self.spec.contract,
                 release_id=self.release_id,
                 algorithm=algorithm,
+                stamp=self.stamp,
                 details={
                     **details,
                     "output": None if self.spec.out is None else os.fspath(self.spec.out),
@@ -519,7 +543,9 @@ class ReleaseJob:
         insecure = spec.insecure_noise_seed is not None
         core: dict[str, Any] = {
             "release_id": self.release_id,
-            "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+            # stamped before any read: a later time would reveal the run's
+            # duration (for a selection, its number of trials; docs/privacy.md)
+            "created": self.stamp,
             "private": spec.private and not insecure,
             "contract": None if spec.contract is None else spec.contract.to_dict(),
             "timings_seconds": {k: round(v, 4) for k, v in self.timings.items()},
