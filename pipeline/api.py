@@ -425,17 +425,24 @@ def pca(
     private : bool
         False runs the non-private block power method (no clipping or noise).
     select : bool
-        Choose ``(R, T)`` privately over public grids [P, App. C]: Papernot-
-        Steinke random stopping with a capped geometric number of trials, run
-        in lockstep (trials with equal T share passes), accounted with RDP.
-        ``iterations`` and ``clip_radius`` must then be None. Costs about 3.6x
+        Choose the method and ``(R, T)`` privately [P, App. C]. By default
+        every candidate runs once -- Analyze Gauss and the power method at
+        the ``auto`` rule's ``T`` and ``R`` (with grids: Analyze Gauss and
+        every ``(R, T)`` of their product) -- and the best noisy score is
+        released, the whole run composed exactly as one mu-GDP mechanism.
+        With ``expected_trials``, Papernot-Steinke random stopping over the
+        grids instead: a capped geometric number of trials, run in lockstep
+        (trials with equal T share passes), accounted with RDP; about 3.6x
         the noise of a fixed run with the same budget (spec 3.5).
+        ``iterations`` and ``clip_radius`` must be None.
     radius_grid, iterations_grid : sequence or None
-        Public grids for ``select`` (default :func:`default_selection_grids`).
+        Public grids for ``select`` (default: the ``auto`` rule's ``R`` and
+        ``T``; with ``expected_trials``, :func:`default_selection_grids`).
     expected_trials : float or None
-        ``E[N]`` for ``select``; default ``4 m`` for an ``m``-point grid
-        (a smaller ``E[N]`` than [P]'s ``8m / beta`` lowers the noise; it
-        affects utility only, never privacy).
+        ``E[N]`` of a random-stopping ``select``; None (default): every
+        candidate once, no random stopping. A smaller ``E[N]`` than [P]'s
+        ``8m / beta`` (``m`` grid points) lowers the noise; it affects
+        utility only, never privacy.
     out : path or None
         Zarr v3 group to publish to (``components``, ``eigenvalues``, report).
     overwrite : bool

@@ -84,7 +84,8 @@ def add_parser(sub: Any) -> None:
                     help="tight: exact sensitivities (default); paper: the paper's constants "
                     "(Gram 2 instead of sqrt(2) under --neighboring replace)")
     pc.add_argument("--neighboring", choices=("add-remove", "replace"), default="add-remove",
-                    help="one row added or removed (default, as factorize) or replaced")
+                    help="one row present or a zero row, n public (default, as factorize), "
+                    "or one row replaced")
     pc.add_argument("--route", choices=("auto", "gram", "two-pass"), default="auto",
                     help="H from the client's Gram matrix (1+T passes) or from the data (1+2T)")
     pc.add_argument("--journal", help="release journal for crash recovery (default: .OUT.dplr-journal beside OUT)")

@@ -327,8 +327,9 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     read. The fit is one release: the two are charged together, once, before
     the mean's noise is drawn, and a persistent ledger keeps the fit's journal
     beside it, so a retry of a failed fit reuses the released mean and is not
-    charged again. Not available with ``select=True`` (the selection is
-    accounted in Renyi DP, not as a Gaussian).
+    charged again. Not available with ``select=True``: the centred fit composes
+    the DP mean with one PCA run of public ``n_iter`` and ``clip_radius``; a
+    private selection over centred rows is not implemented.
 
     Passes over the data: as :func:`pca` (``1 + T``), plus one for the mean.
 
@@ -478,8 +479,9 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
             if self.centre or not self.private or method == "analyze-gauss":
                 raise InvalidParameterError(
                     "select=True needs method='auto' or 'power', private=True and centre=False "
-                    "(the selection is accounted in Renyi DP, not as a Gaussian "
-                    "mechanism that composes with the DP mean)."
+                    "(a centred fit composes the DP mean with one PCA run of public n_iter "
+                    "and clip_radius; a private selection over centred rows is not "
+                    "implemented)."
                 )
             if self.n_iter is not None or self.clip_radius is not None:
                 raise InvalidParameterError(

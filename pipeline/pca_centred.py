@@ -39,7 +39,7 @@ from pipeline.accounting.gaussian import (
 from pipeline.algorithms.power_pca import PcaParams, Secret, plan_pca, prep_rows
 from pipeline.errors import PrivacyConfigError
 from pipeline.mechanisms.noise import GaussianNoise, NoiseKey
-from pipeline.pca_job import PCA_BAND_BYTES, JobJournal, PcaJob
+from pipeline.pca_job import PCA_BAND_BYTES, JobJournal, PcaJob, relation_text
 from pipeline.release import (
     InputRef,
     ReleaseJob,
@@ -438,7 +438,11 @@ def centring_report(report: dict[str, Any], extra: dict[str, Any]) -> dict[str, 
         report["centring"] = {"mechanism": None, "note": "exact mean; NOT PRIVATE"}
         return report
     dlt = plan["delta"]
+    # the release's relation is the contract's; its PCA part is calibrated for
+    # a replaced row, since centring turns a zero row into -mean
+    report["neighboring"] = relation_text(report["contract"]["neighboring"])
     report["pca_release"] = {
+        "neighboring": relation_text("replace"),
         "epsilon": plan["epsilon_pca"],
         "delta": dlt,
         "mu": plan["mu_pca"],

@@ -40,6 +40,7 @@ __all__ = [
     "build_pca_report",
     "pca_plan",
     "pca_release_spec",
+    "relation_text",
 ]
 
 #: Target size (float64 bytes) of the full-width row band one PCA task reads.
@@ -357,7 +358,7 @@ def build_pca_report(
             "delta": cal.delta,
             "realised_epsilon": cal.realised_epsilon(),
             "accountant": p.accounting,
-            "neighboring": _relation_text(p.neighboring),
+            "neighboring": relation_text(p.neighboring),
             "idealized_numerics": True,
             "calibration": cd,
             "mechanisms": cd.get("mechanisms"),
@@ -366,10 +367,11 @@ def build_pca_report(
     return report
 
 
-def _relation_text(neighboring: str) -> str:
-    """The report's words for a PCA's neighbouring relation."""
-    what = "add or remove" if neighboring == "add-remove" else "replace"
-    return f"{what} one row (rows clipped to norm 1)"
+def relation_text(neighboring: str) -> str:
+    """The report's words for a PCA's neighbouring relation (n is public under both)."""
+    if neighboring == "add-remove":
+        return "one row present or a zero row, n public (rows clipped to norm 1)"
+    return "one row replaced by another, n public (rows clipped to norm 1)"
 
 
 def _selection_report(report: dict[str, Any], result: Any, cal: Any) -> dict[str, Any]:
@@ -424,7 +426,7 @@ def _selection_report(report: dict[str, Any], result: Any, cal: Any) -> dict[str
             "accountant": "gdp (every candidate once)"
             if exhaustive
             else "rdp (dp_accounting RepeatAndSelectDpEvent), capped number of trials",
-            "neighboring": _relation_text(cal.neighboring),
+            "neighboring": relation_text(cal.neighboring),
             "idealized_numerics": True,
             "calibration": cal.to_dict(),
             "mechanisms": [m.to_dict() for m in cal.mechanisms] if exhaustive else [],

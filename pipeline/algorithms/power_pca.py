@@ -4,8 +4,9 @@ Problem. ``A`` is an (n, d) matrix whose rows are individuals. Find ``X`` of
 shape (d, k) with orthonormal columns whose span is close to ``span(V_k)``, the
 top-k right singular subspace of ``A`` (uncentred PCA: the top eigenvectors of
 ``A^T A``), measured by ``sin theta_max = ||(I - X X^T) V_k||_2``, such that
-releasing ``X`` is (epsilon, delta)-DP for neighbours that replace one row
-(spec power-pca section 1.2).
+releasing ``X`` is (epsilon, delta)-DP for neighbours that differ in one row:
+present or a zero row (the default), or replaced by another; n is public under
+both (spec power-pca section 1.2).
 
 Method (spec sections 2.1-2.3).
 
