@@ -1,6 +1,7 @@
 """Helpers of the cluster/ tests: the shipped files, the dplr command, and real
-``dask scheduler`` / ``dask worker`` / ``sshd`` processes on loopback (imported
-by module name: pytest puts this directory on ``sys.path``)."""
+``dask scheduler`` / ``dask worker`` processes on loopback (imported by module
+name: pytest puts this directory on ``sys.path``; the SSH server is in
+loopback_ssh)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,6 @@ DATA_DIR = ROOT / "data"
 #: cluster/ files that are not cluster configurations (dask.yaml is a Dask
 #: config for DASK_CONFIG; docker-compose.yml is for docker compose).
 NOT_CONFIGS = ("dask.yaml", "docker-compose.yml")
-SSHD = "/usr/sbin/sshd"
 
 
 def shipped_configs() -> list[Path]:
@@ -146,76 +146,3 @@ def _wait_for(
         if dead or time.monotonic() > deadline:
             raise RuntimeError(f"cluster processes did not start: {dead or 'timeout'}")
         time.sleep(0.1)
-
-
-def sshd_unavailable_reason() -> str | None:
-    """Why a loopback sshd cannot be started here, or None if it can."""
-    if not os.path.exists(SSHD):
-        return f"{SSHD} not found (openssh-server is not installed)"
-    if shutil.which("ssh-keygen") is None:
-        return "ssh-keygen not found (openssh-client is not installed)"
-    if os.geteuid() == 0 and not os.path.isdir("/run/sshd"):
-        # sshd run as root insists on its privilege-separation directory; make
-        # it only inside a private mount namespace, never on the machine
-        if shutil.which("unshare") is None:
-            return "sshd runs as root and needs /run/sshd, which is absent, and unshare is not available to provide a private one"
-        probe = subprocess.run(
-            ["unshare", "--mount", "--propagation", "private", "true"],
-            capture_output=True, check=False,
-        )  # fmt: skip
-        if probe.returncode != 0:
-            return "sshd runs as root and needs /run/sshd, which is absent, and a private mount namespace cannot be made here (unshare --mount failed)"
-    return None
-
-
-@contextlib.contextmanager
-def loopback_sshd(tmp: Path, port: int) -> Iterator[dict[str, str]]:
-    """A real sshd on 127.0.0.1:PORT, accepting one fresh key for this user.
-
-    Its host key, client key, authorized_keys and known_hosts live in ``tmp``;
-    it runs in the foreground as a child of this test and is stopped on exit.
-    """
-    tmp.mkdir(parents=True, exist_ok=True)
-    for name in ("host_key", "client_key"):
-        subprocess.run(
-            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp / name)],
-            check=True,
-        )
-    shutil.copy(tmp / "client_key.pub", tmp / "authorized_keys")
-    host_pub = (tmp / "host_key.pub").read_text().split()
-    (tmp / "known_hosts").write_text(
-        f"[127.0.0.1]:{port} {host_pub[0]} {host_pub[1]}\n"
-    )
-    conf = tmp / "sshd_config"
-    conf.write_text(
-        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {tmp / 'host_key'}\n"
-        f"AuthorizedKeysFile {tmp / 'authorized_keys'}\nPidFile none\n"
-        "StrictModes no\nUsePAM no\nPasswordAuthentication no\n"
-        "KbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n"
-    )
-    cmd = [SSHD, "-D", "-e", "-f", str(conf)]
-    if os.geteuid() == 0 and not os.path.isdir("/run/sshd"):
-        cmd = [
-            "unshare", "--mount", "--propagation", "private", "sh", "-c",
-            'mount -t tmpfs tmpfs /run && mkdir -m 755 /run/sshd && exec "$@"',
-            "sshd", *cmd,
-        ]  # fmt: skip
-    log = tmp / "sshd.log"
-    proc = _popen(cmd, log)
-    try:
-        _wait_for(lambda: b"Server listening" in log.read_bytes(), [proc], 20)
-        yield {
-            "known_hosts": str(tmp / "known_hosts"),
-            "client_key": str(tmp / "client_key"),
-            "log": str(log),
-        }
-    finally:
-        _stop([proc])
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

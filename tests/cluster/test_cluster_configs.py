@@ -7,11 +7,17 @@ code 2 and one line naming the file, the key and what is allowed (style B.6).
 from __future__ import annotations
 
 import sys
+import tomllib
 from pathlib import Path
 
+# asyncssh (the ssh kind's library, in the test extra) warns at import time,
+# which this suite's filterwarnings turns into an error; loopback_ssh imports it
+# with that warning silenced, before any test starts an SSHCluster.
+import loopback_ssh  # noqa: F401
 import pytest
 from cluster_util import (
     CLUSTER_DIR,
+    ROOT,
     copy_sample,
     read_yaml,
     shipped_configs,
@@ -23,6 +29,7 @@ from pipeline.cli import main
 from pipeline.errors import InvalidParameterError
 from pipeline.execution.client import cluster_client
 from pipeline.execution.clusters import (
+    EXTRAS,
     FIELDS,
     KINDS,
     ClusterConfig,
@@ -60,6 +67,19 @@ def test_shipped_file_loads_and_validates(path: Path) -> None:
             # ... and is explained by a comment in the file
             assert f"\n{key}:" in text or f"\n# {key}:" in text, key
         assert text.lstrip().startswith("#")  # opens with what it is for
+
+
+def test_the_test_extra_installs_what_every_kind_needs() -> None:
+    """No kind's tests can skip for want of its library after
+    ``pip install -e '.[test]'``: the test extra requires every extra that a
+    cluster kind needs (ssh: asyncssh; slurm, pbs: dask-jobqueue; kubernetes:
+    dask-kubernetes)."""
+    with open(ROOT / "pyproject.toml", "rb") as fh:
+        extras = tomllib.load(fh)["project"]["optional-dependencies"]
+    assert set(EXTRAS) == set(KINDS) - {"local", "scheduler"}
+    for kind, (_, extra) in EXTRAS.items():
+        missing = set(extras[extra]) - set(extras["test"])
+        assert not missing, f"{kind}: the test extra lacks {sorted(missing)}"
 
 
 def test_local_yaml_spells_out_the_embedded_default() -> None:
@@ -272,7 +292,6 @@ def test_ssh_host_that_refuses_exits_2(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    pytest.importorskip("asyncssh", reason="asyncssh is not installed")
     monkeypatch.delenv("DASK_SCHEDULER_ADDRESS", raising=False)
     config = read_yaml(CLUSTER_DIR / "ssh.yaml")
     # port 9 (discard) on loopback: nothing listens there, the connection is refused
@@ -294,10 +313,6 @@ def test_kubernetes_without_credentials_exits_2(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    pytest.importorskip(
-        "dask_kubernetes.operator",
-        reason="dask-kubernetes is not installed (pip install 'dplr[kubernetes]')",
-    )
     # no kubeconfig and no in-cluster service account
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-kubeconfig"))
     monkeypatch.setenv("HOME", str(tmp_path))

@@ -8,16 +8,26 @@ systems they are for.
   Python environment are read back from the script. A Slurm cluster is also
   started for real through ``sbatch``/``scancel`` stand-ins that run the job
   script on this machine, so the start-wait-check-close path runs end to end.
-* Kubernetes: the DaskCluster manifest is validated structurally (and against
-  the operator's own ``make_cluster_spec`` when dask-kubernetes is installed).
+* Kubernetes: the DaskCluster manifest is validated against the DaskCluster
+  custom resource definition that dask-kubernetes ships (its Helm chart's CRD,
+  what the operator installs in a cluster), refusing unknown fields as the API
+  server does under strict field validation; it is then rendered by the
+  operator's own controller functions into the scheduler Deployment and Service,
+  the DaskWorkerGroup and a worker Deployment, which are validated against the
+  Kubernetes API models (the ``kubernetes`` client) and the DaskWorkerGroup CRD,
+  and checked to fit together (the Service selects the scheduler pod, ports are
+  named where they are used, the workers get the scheduler's address). No API
+  server is needed.
 * docker compose: the file parses and has one scheduler and N workers.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.metadata
 import io
+import json
 import os
 import re
 import shlex
@@ -28,11 +38,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 from cluster_util import CLUSTER_DIR, copy_sample, read_yaml, write_yaml
 from dask.utils import parse_bytes
+from dask_kubernetes.operator import make_cluster_spec
+from dask_kubernetes.operator.controller import controller as k8s_operator
+from dask_kubernetes.operator.validation import validate_cluster_name
+from kubernetes.client import ApiClient
 
-from pipeline.execution.clusters import cluster_kwargs, load_cluster_config
+from pipeline.execution.clusters import (
+    cluster_kwargs,
+    load_cluster_config,
+    validate_cluster_config,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -261,13 +280,9 @@ def test_kubernetes_manifest() -> None:
 
 def test_kubernetes_manifest_matches_the_operator_spec() -> None:
     """Every field the operator's own ``make_cluster_spec`` sets is in the file."""
-    operator = pytest.importorskip(
-        "dask_kubernetes.operator",
-        reason="dask-kubernetes is not installed (pip install 'dplr[kubernetes]')",
-    )
     m = read_yaml(CLUSTER_DIR / "kubernetes.yaml")
     c = m["spec"]["worker"]["spec"]["containers"][0]
-    ref = operator.make_cluster_spec(
+    ref = make_cluster_spec(
         name=m["metadata"]["name"], image=c["image"], n_workers=2,
         resources=c["resources"],
     )  # fmt: skip
@@ -283,6 +298,186 @@ def test_kubernetes_manifest_matches_the_operator_spec() -> None:
 
     missing = paths(ref) - paths(m)
     assert not missing, sorted(missing)
+
+
+#: The custom resource definitions dask-kubernetes ships: its Helm chart's, which
+#: install the operator in a Kubernetes cluster (cluster/kubernetes.yaml says how).
+CRDS = (
+    Path(k8s_operator.__file__).parents[1]
+    / "deployment" / "helm" / "dask-kubernetes-operator" / "crds"
+)  # fmt: skip
+NAMESPACE = "dplr-test"
+
+
+def _strict(schema: Any) -> Any:
+    """A CRD's structural schema as JSON Schema that refuses unknown fields, as
+    the API server does under strict field validation (kubectl's default)."""
+    if isinstance(schema, list):
+        return [_strict(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {
+        k: (
+            {name: _strict(sub) for name, sub in v.items()}
+            if k == "properties"
+            else _strict(v)
+            if k in ("items", "additionalProperties", "not", "allOf", "anyOf", "oneOf")
+            else v
+        )
+        for k, v in schema.items()
+    }
+    if (
+        "properties" in out
+        and "additionalProperties" not in out
+        and not out.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        out["additionalProperties"] = False
+    return out
+
+
+@functools.cache
+def _crd_validator(plural: str) -> jsonschema.Draft7Validator:
+    """A validator of the served version of kubernetes.dask.org/PLURAL; the
+    API server checks apiVersion, kind and metadata itself (here: their values)."""
+    crd = read_yaml(CRDS / f"{plural}.yaml")
+    (version,) = [v for v in crd["spec"]["versions"] if v["served"]]
+    schema = _strict(version["schema"]["openAPIV3Schema"])
+    schema["properties"] |= {
+        "apiVersion": {"const": f"{crd['spec']['group']}/{version['name']}"},
+        "kind": {"const": crd["spec"]["names"]["kind"]},
+        "metadata": {"type": "object"},
+    }
+    schema["required"] = [*schema.get("required", []), "apiVersion", "kind"]
+    return jsonschema.Draft7Validator(schema)
+
+
+def _crd_errors(plural: str, resource: Any) -> list[str]:
+    """Where and why the resource breaks its CRD, one line per error."""
+    errors = _crd_validator(plural).iter_errors(resource)
+    return sorted(f"{e.json_path}: {e.message}" for e in errors)
+
+
+def _through_api_model(resource: dict[str, Any], model: str) -> Any:
+    """The resource read into the Kubernetes API model ``model`` (the kubernetes
+    client's pydantic model: a wrong type raises ValueError) and written back:
+    a field the API does not know is dropped, so the result differs."""
+    api = ApiClient()
+    text = json.dumps(resource)
+    obj = api.deserialize(text, model, "application/json")
+    return api.sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
+
+
+def test_kubernetes_manifest_validates_against_the_operator_crd() -> None:
+    m = read_yaml(CLUSTER_DIR / "kubernetes.yaml")
+    assert _crd_errors("daskcluster", m) == []
+    validate_cluster_name(m["metadata"]["name"])  # the operator's own check
+
+
+@pytest.mark.parametrize(
+    ("where", "change", "expected"),
+    [
+        # a misspelled field: the API server refuses it, dplr's checks do not
+        ("scheduler", {"imagePulPolicy": "IfNotPresent"}, ("$.spec.scheduler.spec.containers[0]", "'imagePulPolicy' was unexpected")),
+        # a wrong type
+        ("worker", {"resources": {"limits": {"cpu": 1}}}, ("$.spec.worker.spec.containers[0].resources.limits.cpu", "1 is not of type 'string'")),
+        # a container without its required name (None: the key is removed)
+        ("worker", {"name": None}, ("$.spec.worker.spec.containers[0]", "'name' is a required property")),
+    ],
+)  # fmt: skip
+def test_crd_validation_refuses_what_the_api_server_would(
+    where: str, change: dict[str, Any], expected: tuple[str, str]
+) -> None:
+    """Negative control: the CRD validation above can fail, at the field; dplr's
+    own load-time checks of a manifest let each of these through."""
+    m = read_yaml(CLUSTER_DIR / "kubernetes.yaml")
+    container = m["spec"][where]["spec"]["containers"][0]
+    for key, value in change.items():
+        if value is None:
+            del container[key]
+        else:
+            container[key] = value
+    assert validate_cluster_config(m, "changed.yaml").kind == "kubernetes"
+    (error,) = _crd_errors("daskcluster", m)
+    path, message = expected
+    assert error.startswith(f"{path}: "), error
+    assert message in error
+
+
+def _rendered(m: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """What the operator's controller creates for this DaskCluster (its
+    ``daskcluster_create_components`` and worker-group scaling), built by the
+    controller's own functions; JSON round-trip as over the API."""
+    name, spec = m["metadata"]["name"], m["spec"]
+    worker_pod = spec["worker"]["spec"]
+    objects = {
+        "scheduler": k8s_operator.build_scheduler_deployment_spec(
+            name, spec["scheduler"]["spec"], {}, {}
+        ),
+        "service": k8s_operator.build_scheduler_service_spec(
+            name, spec["scheduler"]["service"], {}, {}
+        ),
+        "workergroup": k8s_operator.build_default_worker_group_spec(
+            name, spec["worker"], {}, {}
+        ),
+        "worker": k8s_operator.build_worker_deployment_spec(
+            f"{name}-default", NAMESPACE, name, "0123456789", worker_pod, {}, {}
+        ),
+    }
+    return {k: json.loads(json.dumps(v)) for k, v in objects.items()}
+
+
+def _names(items: list[dict[str, Any]]) -> set[str]:
+    return {item["name"] for item in items}
+
+
+def test_kubernetes_manifest_renders_through_the_operator() -> None:
+    m = read_yaml(CLUSTER_DIR / "kubernetes.yaml")
+    r = _rendered(m)
+    # each object is valid for the API that receives it
+    assert _crd_errors("daskworkergroup", r["workergroup"]) == []
+    for key, model in (
+        ("scheduler", "V1Deployment"),
+        ("worker", "V1Deployment"),
+        ("service", "V1Service"),
+    ):
+        assert _through_api_model(r[key], model) == r[key], key
+    # the Service selects the scheduler pod, and its ports and the probes name
+    # ports of the scheduler container
+    pod = r["scheduler"]["spec"]["template"]
+    (sched,) = pod["spec"]["containers"]
+    service = r["service"]["spec"]
+    assert service["selector"].items() <= pod["metadata"]["labels"].items()
+    named = {p["name"]: p["containerPort"] for p in sched["ports"]}
+    assert {p["targetPort"] for p in service["ports"]} <= set(named)
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert sched[probe]["httpGet"]["port"] in named
+    # the workers reach the scheduler through that Service, on its comm port,
+    # and the variable their arguments use is set
+    (worker,) = r["worker"]["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in worker["env"]}
+    comm = next(p for p in service["ports"] if p["name"] == "tcp-comm")
+    host = f"{r['service']['metadata']['name']}.{NAMESPACE}.svc.cluster.local"
+    assert env["DASK_SCHEDULER_ADDRESS"] == f"tcp://{host}:{comm['port']}"
+    assert named[comm["targetPort"]] == comm["port"] == 8786
+    assert "$(DASK_WORKER_NAME)" in worker["args"]
+    assert env["DASK_WORKER_NAME"]
+    group = r["workergroup"]["spec"]["worker"]
+    assert group["replicas"] == m["spec"]["worker"]["replicas"]
+    volumes = _names(r["worker"]["spec"]["template"]["spec"]["volumes"])
+    assert _names(worker["volumeMounts"]) <= volumes
+
+
+def test_api_models_refuse_what_the_api_server_would() -> None:
+    """Negative control: the round trip above can fail (an unknown field is
+    dropped; a wrong type is refused)."""
+    r = _rendered(read_yaml(CLUSTER_DIR / "kubernetes.yaml"))
+    typo = json.loads(json.dumps(r["scheduler"]))
+    typo["spec"]["template"]["spec"]["containers"][0]["imagePulPolicy"] = "Always"
+    assert _through_api_model(typo, "V1Deployment") != typo
+    wrong = json.loads(json.dumps(r["service"]))
+    wrong["spec"]["ports"][0]["port"] = "comm"
+    with pytest.raises(ValueError, match="port"):
+        _through_api_model(wrong, "V1Service")
 
 
 def test_docker_compose_has_one_scheduler_and_n_workers() -> None:
