@@ -161,6 +161,9 @@ class _FakeClient:
     def unregister_worker_plugin(self, name: str) -> None:
         self.removed.append(name)
 
+    def set_metadata(self, keys: list[str], value: Any) -> None:
+        """The lease's renewals (a fake scheduler's metadata: ignored)."""
+
 
 def test_registration_gives_up_after_its_attempts_and_removes_the_plugin(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(secrets, "_RETRY_PAUSE_S", 0.0)
