@@ -110,6 +110,7 @@ def factorize(
     overwrite: bool = False,
     ledger: str | os.PathLike[str] | Ledger | None = None,
     budget: tuple[float, float] | None = None,
+    dataset: str | None = None,
     scheduler: str | None = None,
     cluster_config: str | os.PathLike[str] | ClusterConfig | None = None,
     journal: str | os.PathLike[str] | None = None,
@@ -179,6 +180,16 @@ def factorize(
         one given: a ledger needs atomic writes, on a local or shared path).
     budget : (epsilon, delta) or None
         Lifetime budget declared when the ledger does not exist yet.
+    dataset : str or None
+        Without a persistent ledger (an in-memory or dask input), the release
+        is charged to this process's accountant, which reports what the
+        process has spent. By default there is one for every in-memory input of
+        the process, since it cannot tell whether two arrays hold the same
+        people (a copy, another dtype, the rows reordered): all are composed,
+        over-charging several populations rather than under-reporting one. A
+        caller that knows its populations names each with a public label, and
+        each name gets an accountant of its own. Refused with a persistent
+        ledger, which is the dataset's account.
     scheduler : str or None
         Dask scheduler address.
     cluster_config : path, ClusterConfig or None
@@ -255,7 +266,7 @@ def factorize(
     )  # fmt: skip
     options = ReleaseOptions(
         out=out, overwrite=overwrite, ledger=ledger, budget=budget, journal=journal,
-        scratch=scratch, insecure_noise_seed=insecure_noise_seed,
+        scratch=scratch, insecure_noise_seed=insecure_noise_seed, dataset=dataset,
     )  # fmt: skip
     runtime = Runtime(scheduler=scheduler, cluster_config=cluster_config, progress=progress)
     return release_factorization(source, params, options, runtime, seed=seed)
@@ -373,6 +384,7 @@ def pca(
     overwrite: bool = False,
     ledger: str | os.PathLike[str] | Ledger | None = None,
     budget: tuple[float, float] | None = None,
+    dataset: str | None = None,
     scheduler: str | None = None,
     cluster_config: str | os.PathLike[str] | ClusterConfig | None = None,
     journal: str | os.PathLike[str] | None = None,
@@ -446,7 +458,7 @@ def pca(
     out : path or None
         Zarr v3 group to publish to (``components``, ``eigenvalues``, report).
     overwrite : bool
-    ledger, budget, scheduler, cluster_config, insecure_noise_seed, progress
+    ledger, budget, dataset, scheduler, cluster_config, insecure_noise_seed, progress
         As in :func:`factorize`.
     journal : path or None
         The release journal (trusted zone; holds the noise key). Default
@@ -505,7 +517,7 @@ def pca(
     )
     options = ReleaseOptions(
         out=out, overwrite=overwrite, ledger=ledger, budget=budget, journal=journal,
-        insecure_noise_seed=insecure_noise_seed,
+        insecure_noise_seed=insecure_noise_seed, dataset=dataset,
     )  # fmt: skip
     runtime = Runtime(scheduler=scheduler, cluster_config=cluster_config, progress=progress)
     return release_pca(source, params, options, runtime, selection=selection)

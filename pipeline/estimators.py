@@ -256,11 +256,18 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     ledger : str, path or Ledger, default=None
         The dataset's privacy ledger. For a Zarr path it defaults to the ledger
         file beside the store; in-memory and dask arrays without one are
-        charged to this process's accountant of the dataset
-        (``privacy_report_["ledger"]["kind"] == "in-process"``).
+        charged to this process's accountant (``dataset``;
+        ``privacy_report_["ledger"]["kind"] == "in-process"``).
     budget : (float, float) or None, default=None
         Lifetime ``(epsilon, delta)`` declared when the ledger does not exist.
     scheduler : str or None, default=None
+    dataset : str or None, default=None
+        Without a persistent ledger: a public label of the population ``X``
+        holds, whose in-process accountant is charged (one per name). None:
+        the one accountant of every in-memory input of the process, which
+        composes them all, since it cannot tell whether two arrays hold the
+        same people (see :func:`pipeline.api.factorize`). Refused with a
+        persistent ledger.
         Dask scheduler address for dask and Zarr inputs (otherwise the active
         client, ``DASK_SCHEDULER_ADDRESS``, or an embedded LocalCluster).
     random_state : int or None, default=None
@@ -383,6 +390,7 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         ledger: Any = None,
         budget: tuple[float, float] | None = None,
         scheduler: str | None = None,
+        dataset: str | None = None,
         random_state: int | None = None,
         insecure_noise: bool = False,
     ) -> None:
@@ -407,6 +415,7 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         self.ledger = ledger
         self.budget = budget
         self.scheduler = scheduler
+        self.dataset = dataset
         self.random_state = random_state
         self.insecure_noise = insecure_noise
 
@@ -449,6 +458,7 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
             "ledger": self.ledger,
             "budget": self.budget,
             "scheduler": self.scheduler,
+            "dataset": self.dataset,
             "epsilon": None,
             "delta": None,
             "insecure_noise_seed": None,
@@ -655,6 +665,8 @@ class DPLowRank(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         Lifetime budget declared when the ledger does not exist.
     scheduler : str or None, default=None
         Dask scheduler address for dask and Zarr inputs.
+    dataset : str or None, default=None
+        As in :class:`DPPCA`.
     random_state : int or None, default=None
         Seeds the sketch matrices (data-independent randomness, passed as
         ``seed``); None draws a fresh secret seed. A given seed is public, so a
@@ -720,6 +732,7 @@ class DPLowRank(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         budget: tuple[float, float] | None = None,
         scheduler: str | None = None,
         random_state: int | None = None,
+        dataset: str | None = None,
         insecure_noise: bool = False,
     ) -> None:
         self.n_components = n_components
@@ -738,6 +751,7 @@ class DPLowRank(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         self.budget = budget
         self.scheduler = scheduler
         self.random_state = random_state
+        self.dataset = dataset
         self.insecure_noise = insecure_noise
 
     def __sklearn_tags__(self) -> Any:
@@ -764,7 +778,7 @@ class DPLowRank(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
             operator=self.operator,
         )  # fmt: skip
         options = ReleaseOptions(
-            ledger=self.ledger, budget=self.budget,
+            ledger=self.ledger, budget=self.budget, dataset=self.dataset,
             insecure_noise_seed=_insecure_seed(insecure, seed) if private else None,
         )  # fmt: skip
         return params, options, Runtime(scheduler=self.scheduler), seed

@@ -265,7 +265,7 @@ def centred_pca(
         calibration=plan["joint_calibration"],
         parameters={**params, "mean_fraction": f, "row_norm_bound": C},
         input=InputRef.of(info, array), ledger=kw["ledger"], budget=kw["budget"],
-        insecure_noise_seed=kw["insecure_noise_seed"],
+        insecure_noise_seed=kw["insecure_noise_seed"], dataset=kw["dataset"],
     )  # fmt: skip
     job = _CentredPca(array=array, info=info, plan=plan, row_norm_bound=C,
                       mean_fraction=f)  # fmt: skip

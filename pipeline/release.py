@@ -67,6 +67,7 @@ __all__ = [
     "ReleaseSpec",
     "Runtime",
     "crash_point",
+    "check_dataset_name",
     "package_versions",
     "publication_stamp",
     "run_release",
@@ -227,6 +228,9 @@ class ReleaseSpec:
     def private(self) -> bool:
         """True for a noised release (secret or not)."""
         return self.contract is not None
+    dataset : str or None
+        As in :class:`ReleaseOptions`. Not in the journal header: it says which
+        in-process accountant is charged, not what is released.
 
     def journal_path(self) -> str | None:
         """The journal directory: given; else beside ``out``; else beside the ledger.
@@ -242,12 +246,14 @@ class ReleaseSpec:
 
         if self.journal is not None:
             refuse_url(os.fspath(self.journal), "journal", "--journal")
+    dataset: str | None = None
             return os.fspath(self.journal)
         if self.out is not None and not is_url(os.fspath(self.out)):
             return default_journal_path(self.out)
         ledger = self.ledger_path()
         if ledger is None:
             return None
+        check_dataset_name(self.dataset)
         # named after the public header only: the input's fingerprint (a digest
         # of an in-memory array's bytes) must not show in a directory listing
         public = {k: v for k, v in self.header().items() if k != "input_fingerprint"}
@@ -333,6 +339,13 @@ class ReleaseOptions:
         for name in ("out", "journal", "scratch"):
             value = getattr(self, name)
             if value is not None:
+    dataset : str or None
+        Without a persistent ledger: a public label of the population the
+        input holds, whose in-process accountant is charged (one per name).
+        None (default): the one accountant of every in-memory input of the
+        process, which cannot tell whether two arrays hold the same people
+        and so composes them all. Refused where a persistent ledger takes the
+        charge (the ledger is the dataset's account).
                 set_(self, name, os.fspath(value))
         if not isinstance(self.overwrite, bool):
             raise InvalidParameterError(
@@ -342,6 +355,7 @@ class ReleaseOptions:
             if not isinstance(self.budget, tuple | list) or len(self.budget) != 2:
                 raise InvalidParameterError(
                     f"budget must be a pair (epsilon, delta), got budget={self.budget!r}."
+    dataset: str | None = None
                 )
             set_(self, "budget", check_privacy_pair(*self.budget))
         if self.insecure_noise_seed is not None:
@@ -353,7 +367,7 @@ class ReleaseOptions:
         return {
             "out": self.out, "overwrite": self.overwrite, "ledger": self.ledger,
             "budget": self.budget, "journal": self.journal,
-            "insecure_noise_seed": self.insecure_noise_seed,
+            "insecure_noise_seed": self.insecure_noise_seed, "dataset": self.dataset,
         }  # fmt: skip
 
 
@@ -362,6 +376,7 @@ class Runtime:
     """Where and how a job runs (never part of what is released)."""
 
     scheduler: str | None = None
+        check_dataset_name(self.dataset)
     cluster_config: Any = None
     progress: TextIO | None = None
 
@@ -372,6 +387,15 @@ class Runtime:
 
 class ReleaseAlgorithm(Protocol):
     """What an algorithm supplies to :func:`run_release`."""
+def check_dataset_name(dataset: object) -> None:
+    """``dataset`` is None or a non-empty string (a public label), else raise."""
+    if dataset is not None and (not isinstance(dataset, str) or not dataset):
+        raise InvalidParameterError(
+            "dataset must be None or a non-empty string (a public label of the "
+            f"population), got dataset={dataset!r}."
+        )
+
+
 
     #: True when the input is in client memory (no cluster).
     local: bool
@@ -665,18 +689,18 @@ def _resolve_ledger(spec: ReleaseSpec) -> Ledger | _NewLedger | None:
     if isinstance(spec.ledger, Ledger):
         spec.ledger.reload()
         return spec.ledger
+    if os.path.exists(where):
     where, budget = spec.ledger_path(), spec.budget
     if where is None:
-        # no persistent ledger: this process's accountant of the dataset records it,
-        # found by the digest of an in-memory array (which stays in this process)
-        # and shown under a public name
-        shape = "x".join(map(str, spec.input.shape))
-        if spec.input.fingerprint is None:
-            key = name = f"dask array {shape} {spec.input.dtype}"
-        else:
-            key, name = spec.input.fingerprint, f"in-memory array {shape} {spec.input.dtype}"
-        return in_process_ledger(key, spec.contract, name=name)
-    if os.path.exists(where):
+        # no persistent ledger: this process's accountant records it -- the one of
+        # every unnamed in-memory input, or the one of the dataset the caller names
+        assert spec.contract is not None, "a private release has a contract"
+        return in_process_ledger(spec.dataset, spec.contract)
+    if spec.dataset is not None:
+        raise InvalidParameterError(
+            f"dataset={spec.dataset!r} names an in-process accountant, but this release "
+            f"is charged to the ledger at {where!r}, its dataset's account; drop dataset."
+        )
         book = Ledger.open(where)
         if budget is not None and tuple(map(float, budget)) != tuple(book.budget):
             raise PrivacyConfigError(

@@ -137,6 +137,7 @@ from pipeline.errors import (
 from pipeline.mechanisms.clipping import Neighboring, PrivacyUnit
 
 __all__ = [
+    "IN_MEMORY_DATASET",
     "LEDGER_FORMAT",
     "InProcessLedger",
     "Ledger",
@@ -1054,24 +1055,87 @@ class InProcessLedger(Ledger):
     """The accountant of the releases that no persistent ledger takes.
 
     In-memory and dask inputs and the estimators charge one of these by default
-    (as diffprivlib's default ``BudgetAccountant`` does), one per dataset and
-    process: every release is recorded with its contract and composed exactly
-    at the unit and relation of the first, as a :class:`Ledger` does. It has no
-    budget to refuse against (pass a persistent ledger for that), writes
-    nothing, and ends with the process. :func:`in_process_ledger` finds it.
+    (as diffprivlib's default ``BudgetAccountant`` does): every release is
+    recorded with its contract and composed exactly at the unit and relation of
+    the first, as a :class:`Ledger` does. It has no budget to refuse against
+    (pass a persistent ledger for that), writes nothing, and ends with the
+    process. :func:`in_process_ledger` finds it: one for every in-memory input
+    of the process, and one for each dataset a caller names.
+
+    The accountant of the unnamed inputs (``widens``) holds releases on arrays
+    it cannot relate, so it refuses none that some matrix unit covers: when a
+    release cannot be read at its unit (a column release after a row release),
+    it reads every release at the ``entry`` unit instead, to which every row,
+    column and entry release converts (an entry neighbour is a replace-one row
+    or column neighbour; :func:`~pipeline.accounting.contract.gdp_scale`), and
+    says so in its reports. A named accountant is the caller's statement of one
+    population and refuses such a release, as a ledger does.
     """
 
-    __slots__ = ()
+    __slots__ = ("_widens",)
 
-    def __init__(self, dataset: str, contract: PrivacyContract) -> None:
+    def __init__(
+        self, dataset: str, contract: PrivacyContract, *, widens: bool = False
+    ) -> None:
         led = _Declared(contract.unit, contract.neighboring)
         # no budget: composed delta at epsilon = inf is 0, so nothing is refused
         super().__init__(pathlib.Path(f"<in-process:{dataset}>"), {
             **_new_data(dataset, math.inf, 1.0, led), "contract": led.to_dict(),
         })  # fmt: skip
+        self._widens = widens
 
     def reload(self) -> None:
         """Nothing to re-read: the records live in this process only."""
+
+    def _widen_for(self, contract: object) -> None:
+        """Read everything at ``entry`` if that is what admits ``contract`` (``widens``)."""
+        led = _declared(self._data)
+        if (
+            not self._widens
+            or not isinstance(contract, PrivacyContract)
+            or _contract_factor(contract, led) is not None
+        ):
+            return
+        wide = _Declared(PrivacyUnit.ENTRY, led.neighboring)
+        contracts = [_record_contract(r) for r in self._data["releases"]]
+        if all(
+            c is not None and _contract_factor(c, wide) is not None
+            for c in [*contracts, contract]
+        ):
+            self._data = {**self._data, "contract": wide.to_dict()}
+
+    def check(self, calibration: Calibration, *, contract: PrivacyContract) -> None:
+        """As :meth:`Ledger.check`; a release of another population is told to name it."""
+        self._widen_for(contract)
+        led = _declared(self._data)
+        if isinstance(contract, PrivacyContract) and _contract_factor(contract, led) is None:
+            raise PrivacyConfigError(
+                f"this process's accountant {self.dataset!r} composes releases at "
+                f"{led.describe()} (those of its first release), but the release is at "
+                f"unit '{contract.unit.value}' under '{contract.neighboring.value}' "
+                "neighbours and no conversion between the two is proven. If its "
+                "individuals are another population, name it: dataset='NAME' (a public "
+                "label) gives it an accountant of its own; otherwise charge both to one "
+                "persistent ledger of the unit that holds for both."
+            )
+        super().check(calibration, contract=contract)
+
+    def charge(
+        self,
+        calibration: Calibration,
+        *,
+        contract: PrivacyContract,
+        release_id: str,
+        algorithm: str,
+        details: Mapping[str, Any],
+        stamp: str | None = None,
+    ) -> dict[str, Any]:
+        """As :meth:`Ledger.charge` (the unnamed inputs' accountant widens first)."""
+        self._widen_for(contract)
+        return super().charge(
+            calibration, contract=contract, release_id=release_id,
+            algorithm=algorithm, details=details, stamp=stamp,
+        )  # fmt: skip
 
     def _check_loaded(self, calibration: Calibration, new: _Charge) -> None:
         """No budget to exceed (the conversion to its contract is still checked)."""
@@ -1083,16 +1147,27 @@ class InProcessLedger(Ledger):
         pass
 
     def spent(self) -> tuple[float, float]:
-        """``(epsilon, delta)`` of all releases together at ``delta`` = the sum of theirs."""
+        """``(epsilon, delta)`` of all releases together, read at its contract.
+
+        The composed Gaussian is stated at ``delta_G``, the sum of the Gaussian
+        releases' own mechanism deltas (``delta - delta_jl`` of each), and the
+        basic-composition terms (``delta_jl``, approx releases read by group
+        privacy) are added: ``delta = delta_G + sum delta_JL + D_a``, the sum of
+        the releases' own deltas when no release needed a conversion.
+        """
         charges = self._charges()
         if not charges:
             return 0.0, 0.0
-        delta = math.fsum(float(r["delta"]) for r in self._data["releases"])
+        delta_g = math.fsum(
+            float(r["delta"]) - float(r["delta_jl"])
+            for r in self._data["releases"]
+            if r.get("kind") != _APPROX_KIND
+        )
         fixed = math.fsum([c.delta_jl for c in charges] + [c.delta_approx for c in charges])
         z_tot = _compose_multipliers([c.z for c in charges])
         eps_a = math.fsum(c.epsilon_approx for c in charges)
-        gauss = 0.0 if math.isinf(z_tot) else gaussian_epsilon(z_tot, delta - fixed)
-        return eps_a + gauss, delta
+        gauss = 0.0 if math.isinf(z_tot) else gaussian_epsilon(z_tot, delta_g)
+        return eps_a + gauss, delta_g + fixed
 
     def remaining_summary(self) -> dict[str, Any]:
         """Kind, dataset, contract, release count and what they spent together."""
@@ -1109,21 +1184,38 @@ class InProcessLedger(Ledger):
         }
 
 
-_IN_PROCESS: dict[str, InProcessLedger] = {}
+#: What the accountant of every in-memory input without a named dataset shows.
+IN_MEMORY_DATASET = "in-memory inputs of this process"
+_IN_PROCESS: dict[str | None, InProcessLedger] = {}
 
 
-def in_process_ledger(
-    dataset: str, contract: PrivacyContract, *, name: str | None = None
-) -> InProcessLedger:
+def in_process_ledger(dataset: str | None, contract: PrivacyContract) -> InProcessLedger:
     """This process's accountant of ``dataset`` (created with ``contract``'s unit).
 
-    ``dataset`` is the key it is found by and never leaves this process (for
-    an in-memory array it is a digest of the data, a non-private statistic);
-    ``name`` is what the accountant's reports and messages show, and must be
-    public (default: ``dataset``).
+    Parameters
+    ----------
+    dataset : str or None
+        A public label of the population a caller knows its inputs hold (it is
+        shown in reports and messages). None: the one accountant of every
+        in-memory input the process releases without a name. The process cannot
+        tell whether two arrays hold the same people (a copy, another dtype, the
+        rows in another order, a subset), so it composes all of them:
+        over-charging a caller with several populations, never under-reporting
+        what was spent on one (and reads them at the ``entry`` unit once
+        their units differ with no conversion: :class:`InProcessLedger`).
+    contract : PrivacyContract
+        The first release's contract; fixes the accountant's unit and relation.
+
+    Returns
+    -------
+    InProcessLedger
     """
     if dataset not in _IN_PROCESS:
-        _IN_PROCESS[dataset] = InProcessLedger(name or dataset, contract)
+        _IN_PROCESS[dataset] = InProcessLedger(
+            IN_MEMORY_DATASET if dataset is None else dataset,
+            contract,
+            widens=dataset is None,
+        )
     return _IN_PROCESS[dataset]
 
 
