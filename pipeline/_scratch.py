@@ -16,6 +16,12 @@ location calls it first: what a killed job left is removed by the next job at
 that location (a rerun of the same command, or any job on the same ``OUT``).
 A live job's subdirectory is never removed: its lock cannot be taken.
 
+The same holds for a job's temporary publication, the hidden group
+``.<OUT basename>.tmp-<id>`` beside ``OUT`` that is renamed to ``OUT`` last
+(:class:`Publication`): its writer holds an ``flock`` on that directory itself,
+and :func:`remove_dead` (which every publication of ``OUT`` calls first)
+removes it once the writer is dead, never while it writes.
+
 Races, and why they are safe:
 
 * a job creates its subdirectory, then creates the lock file with ``O_EXCL``
@@ -47,6 +53,7 @@ import stat
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Self
 
@@ -55,10 +62,13 @@ from pipeline.errors import StoreLayoutError
 __all__ = [
     "LOCK_NAME",
     "PREFIX",
+    "TMP_INFIX",
     "JobScratch",
+    "Publication",
     "check_scratch",
     "job_scratch",
     "make_scratch",
+    "publication_location",
     "remove_dead",
     "remove_scratch",
     "remove_tree",
@@ -70,6 +80,9 @@ __all__ = [
 PREFIX = ".dplr-scratch-"
 #: The liveness lock file inside a job's subdirectory.
 LOCK_NAME = ".lock"
+#: Infix of a job's hidden temporary publication beside ``OUT``
+#: (``.<OUT basename>.tmp-<id>``, see :class:`Publication`).
+TMP_INFIX = ".tmp-"
 _REMOVING = ".removing"
 #: Pauses between deletion attempts: a task that held an open handle.
 _REMOVE_PAUSES = (0.0, 0.05, 0.25, 1.0)
@@ -113,6 +126,16 @@ def scratch_locations(
         parent, base = os.path.split(os.path.abspath(os.fspath(out)))
         where.append((parent, f".{base}{PREFIX}"))
     return where
+
+
+def publication_location(out: str | os.PathLike[str]) -> tuple[str, str] | None:
+    """``(directory, name prefix)`` of the temporary publications of ``out``:
+    ``.<OUT basename>.tmp-`` beside it; None for an object-store URL."""
+    beside = scratch_locations(None, out)
+    if not beside:
+        return None
+    directory, prefix = beside[0]
+    return directory, prefix[: -len(PREFIX)] + TMP_INFIX
 
 
 def _lock(fd: int) -> bool:
@@ -192,6 +215,58 @@ class JobScratch:
         return f"JobScratch({self.path!r}, alive={self.alive})"
 
 
+class Publication:
+    """A job's hidden temporary group beside ``OUT``, marked alive while held.
+
+    A release is written to ``.<OUT basename>.tmp-<id>`` and renamed to ``OUT``
+    last. The liveness lock is an ``flock`` on that directory itself (so
+    nothing is added to what is published; the rename keeps the lock on the
+    same directory): :func:`remove_dead` removes such a directory once its
+    writer is dead, never while it runs. Created as :meth:`JobScratch.create`
+    creates a subdirectory, with the same race with a cleaner.
+    """
+
+    def __init__(self, path: str, fd: int | None) -> None:
+        self.path = path
+        self._fd = fd
+
+    @classmethod
+    def create(cls, directory: str, prefix: str) -> Publication:
+        """Make a new directory ``prefix<id>`` in ``directory`` and take its lock
+        (``directory, prefix`` from :func:`publication_location`)."""
+        for _ in range(_CREATE_ATTEMPTS):
+            path = os.path.join(directory, f"{prefix}{uuid.uuid4().hex}")
+            os.mkdir(path)
+            try:
+                fd = _open_dir(path)
+            except OSError:
+                continue  # a cleaner took it as it appeared; it removes it
+            try:
+                held = _lock(fd)
+            except OSError:  # a file system without locks: run unmarked
+                return cls(path, fd)
+            if held and _names_file(fd, path):
+                return cls(path, fd)
+            os.close(fd)
+        raise StoreLayoutError(
+            f"could not create a temporary release in {directory!r}: each new "
+            "one was removed as it appeared; check what else cleans that directory."
+        )
+
+    def release(self) -> None:
+        """Release the lock (once the directory is published or removed)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __repr__(self) -> str:
+        return f"Publication({self.path!r}, alive={self._fd is not None})"
+
+
+def _open_dir(path: str) -> int:
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+
+
 def _owned_dir(path: str) -> bool:
     """True for a directory of this user (not a symbolic link to one)."""
     try:
@@ -201,19 +276,25 @@ def _owned_dir(path: str) -> bool:
     return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
 
 
-def _claim_dead(path: str) -> int | None:
+def _claim_dead(path: str, *, lock_file: bool = True) -> int | None:
     """The lock of ``path`` if its job is dead (the caller then removes it), else None.
 
-    None also for anything this process may not judge: another user's
-    directory, a symbolic link, a file system without locks.
+    The lock is the file :data:`LOCK_NAME` inside ``path`` (a scratch
+    subdirectory) or, without ``lock_file``, the directory itself (a
+    :class:`Publication`). None also for anything this process may not judge:
+    another user's directory, a symbolic link, a file system without locks.
     """
     if not _owned_dir(path):
         return None
-    lock = os.path.join(path, LOCK_NAME)
+    lock = os.path.join(path, LOCK_NAME) if lock_file else path
     try:
-        # created if missing: a job that died before locking, or one being
-        # created now (which then loses the race and starts over)
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        # a lock file is created if missing: a job that died before locking, or
+        # one being created now (which then loses the race and starts over)
+        fd = (
+            os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            if lock_file
+            else _open_dir(path)
+        )
     except OSError:
         return None
     try:
@@ -258,34 +339,44 @@ def remove_dead(
     """Remove what dead jobs left at the scratch locations of a job; the paths removed.
 
     Every job subdirectory there (:func:`scratch_locations`) whose liveness lock
-    nobody holds, and every ``*.removing`` leftover. A live job's subdirectory
-    is never removed. A location that does not exist (yet) is skipped, so this
-    may run before the arguments are checked.
+    nobody holds, every temporary publication of ``out`` whose writer is dead
+    (:class:`Publication`), and every ``*.removing`` leftover. A live job's
+    directory is never removed. A location that does not exist (yet) is
+    skipped, so this may run before the arguments are checked.
     """
+    where = [(d, p, True) for d, p in scratch_locations(scratch, out)]
+    published = None if out is None else publication_location(out)
+    if published is not None:
+        where.append((*published, False))
     removed: list[str] = []
-    for directory, prefix in scratch_locations(scratch, out):
+    for directory, prefix, lock_file in where:
         try:
             names = sorted(os.listdir(directory))
         except OSError:
             continue
         for name in names:
-            if not name.startswith(prefix):
-                continue
-            path = os.path.join(directory, name)
-            if name.endswith(_REMOVING):
-                if _owned_dir(path):
-                    _delete(path)  # renamed for removal: nobody writes there
+            if name.startswith(prefix):
+                path = os.path.join(directory, name)
+                if _remove_if_dead(path, lock_file=lock_file):
                     removed.append(path)
-                continue
-            fd = _claim_dead(path)
-            if fd is None:
-                continue
-            try:
-                remove_tree(path)
-            finally:
-                os.close(fd)
-            removed.append(path)
     return [p for p in removed if not os.path.lexists(p)]
+
+
+def _remove_if_dead(path: str, *, lock_file: bool) -> bool:
+    """Remove ``path`` if a dead job left it (:func:`remove_dead`); True if so."""
+    if path.endswith(_REMOVING):
+        if not _owned_dir(path):
+            return False
+        _delete(path)  # renamed for removal: nobody writes there
+        return True
+    fd = _claim_dead(path, lock_file=lock_file)
+    if fd is None:
+        return False
+    try:
+        remove_tree(path)
+    finally:
+        os.close(fd)
+    return True
 
 
 _HELD: dict[str, JobScratch] = {}

@@ -276,7 +276,8 @@ class LrfJob:
         else:
             job.publish(
                 lambda: write_release(
-                    out, staged, overwrite=job.spec.overwrite, client=client
+                    out, staged, overwrite=job.spec.overwrite, client=client,
+                    before_publish=lambda: crash_point("during-publish"),
                 )
             )
             final = read_release(out, load=False)  # U stays in the store

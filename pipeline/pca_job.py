@@ -29,6 +29,7 @@ from pipeline.release import (
     ReleaseJob,
     ReleaseOptions,
     ReleaseSpec,
+    crash_point,
     package_versions,
 )
 
@@ -260,7 +261,10 @@ class PcaJob:
         job.publish(
             None
             if out is None
-            else lambda: write_group(out, arrays, rel.report, overwrite=job.spec.overwrite)
+            else lambda: write_group(
+                out, arrays, rel.report, overwrite=job.spec.overwrite,
+                before_publish=lambda: crash_point("during-publish"),
+            )
         )
         return rel
 

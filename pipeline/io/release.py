@@ -14,6 +14,7 @@ import numpy as np
 import zarr
 
 from pipeline._durable import fsync_path, fsync_tree
+from pipeline._scratch import TMP_INFIX, Publication, remove_dead
 from pipeline.algorithms.base import Factorization
 from pipeline.errors import StoreLayoutError
 from pipeline.io._store import store_array
@@ -119,8 +120,11 @@ def write_group(
 
     Everything goes to a hidden temporary group beside ``out``, which is renamed
     into place last (atomic on POSIX); a crash leaves at most a hidden directory,
-    never a group at ``out`` that looks complete. ``before_publish`` is called
-    when the temporary group is complete, just before the rename.
+    never a group at ``out`` that looks complete. The writer holds that
+    directory's liveness lock (:class:`pipeline._scratch.Publication`), so the
+    next publication of ``out`` (a rerun) first removes what a killed one left,
+    and never a live one's. ``before_publish`` is called when the temporary
+    group is complete, just before the rename.
     """
     from pipeline.io import objectstore
 
@@ -128,7 +132,9 @@ def write_group(
     if objectstore.is_url(out):
         return _write_group_url(out, arrays, report, overwrite, client, before_publish)
     parent, base = os.path.split(os.path.abspath(out))
-    tmp = os.path.join(parent, f".{base}.tmp-{uuid.uuid4().hex}")
+    remove_dead(None, out)  # what a killed publication of out left beside it
+    held = Publication.create(parent, f".{base}{TMP_INFIX}")
+    tmp = held.path
     try:
         group = zarr.open_group(store=tmp, mode="w-", zarr_format=3)
         for name, x in arrays.items():
@@ -153,6 +159,7 @@ def write_group(
     finally:
         if os.path.exists(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
+        held.release()  # alive until published or removed
     return out
 
 

@@ -419,6 +419,68 @@ def test_sigkilled_dplr_factorize_leaves_no_scratch_after_the_rerun(
     assert "Traceback" not in capsys.readouterr().err
 
 
+def _temporaries(parent: Path, out: Path) -> list[Path]:
+    """Hidden temporary publications of ``out`` (``.OUT.tmp-*``)."""
+    return sorted(p for p in parent.iterdir() if p.name.startswith(f".{out.name}.tmp-"))
+
+
+@pytest.mark.cli
+@pytest.mark.timeout(180)
+def test_sigkilled_dplr_factorize_while_publishing_leaves_no_temporary_after_the_rerun(
+    cluster: Any, client: Client, tmp_path: Path, global_seed: int,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Finding: a client killed while it publishes left its hidden temporary
+    release (``.OUT.tmp-<id>``) beside ``OUT`` after the rerun had published.
+    The kill lands at the job's fault seam inside the publication (the
+    temporary group complete, not yet renamed); the rerun resumes from the
+    journal, publishes the undisturbed release, and removes the dead
+    publication as it removes a dead job's scratch."""
+    path = write_matrix(tmp_path / "A.zarr", seeded_matrix(global_seed, M, N), (50, N))
+    ref = factorize(
+        path, RANK, seed=SKETCH_SEED, epsilon=1.0, delta=1e-6, insecure_noise_seed=NOISE_SEED,
+        algorithm="spectral", out=tmp_path / "ref.zarr", ledger=tmp_path / "ref-ledger.json",
+        budget=(10.0, 1e-4),
+    )  # fmt: skip
+    out, ledger = tmp_path / "release.zarr", tmp_path / "ledger.json"
+    argv = _dplr(
+        "factorize", path, "--rank", str(RANK), "--algorithm", "spectral",
+        "--epsilon", "1", "--delta", "1e-6",
+        "--seed", str(SKETCH_SEED), "--insecure-noise-seed", str(NOISE_SEED),
+        "--out", out, "--ledger", ledger, "--budget-epsilon", "10",
+        "--budget-delta", "1e-4", "--scheduler", cluster.scheduler_address, "--quiet",
+    )  # fmt: skip
+    killed = subprocess.run(
+        argv, env={**_env(), "DPLR_CRASH_AT": "during-publish"},
+        capture_output=True, text=True, timeout=150, check=False,
+    )  # fmt: skip
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+
+    # the fault landed while publishing (negative control: the leftover is
+    # there before the rerun): charged, a complete temporary group, no OUT
+    (tmp,) = _temporaries(tmp_path, out)
+    assert (tmp / "zarr.json").exists()
+    assert (tmp / "U" / "zarr.json").exists()
+    assert not os.path.lexists(out)
+    (charged,) = json.loads(ledger.read_text())["releases"]
+    assert (tmp_path / f".{out.name}.dplr-journal" / "charged.json").exists()
+
+    # the same command again, in this process (an interpreter start saved)
+    from pipeline.cli import main
+
+    assert main([os.fspath(a) for a in argv[3:]]) == 0
+    assert _temporaries(tmp_path, out) == []  # the dead publication is gone
+    rel = read_release(out)
+    for name in ("U", "S", "V"):  # the same computation on the same bytes
+        assert getattr(rel, name).tobytes() == getattr(ref, name).tobytes(), name
+    (record,) = json.loads(ledger.read_text())["releases"]  # charged once
+    assert record == charged
+    assert record["release_id"] == rel.report["release_id"]
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert leftovers == []
+    assert "Traceback" not in capsys.readouterr().err
+
+
 def _dead_job(parent: Path, prefix: str) -> Path:
     """The scratch directory of a job SIGKILLed while it ran: created and
     locked by that process, holding one spilled block."""

@@ -19,11 +19,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+import pipeline.io.release as release_mod
 from pipeline import _scratch
 from pipeline._scratch import LOCK_NAME, PREFIX, JobScratch, remove_dead
 from pipeline.errors import StoreLayoutError
+from pipeline.io.release import read_group, write_group
 
 # A job's client, reduced to its scratch subdirectory: creates and locks it,
 # spills one block, prints the path, then waits (alive) until stdin closes.
@@ -249,4 +252,119 @@ def test_make_and_remove_by_path(tmp_path: Path) -> None:
         assert os.path.dirname(path) == os.fspath(tmp_path)
         assert not dead.exists()  # a new job first removes what dead ones left
         assert not lock_is_free(Path(path))
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- temporary publications (``.OUT.tmp-<id>``, pipeline.io.release.write_group) --
+# A client killed while it publishes, reduced to its temporary group: creates and
+# locks it beside OUT, writes a file into it, prints the path, then waits (alive)
+# until stdin closes.
+_PUBLISHER = """
+import sys
+from pipeline._scratch import Publication, publication_location
+pub = Publication.create(*publication_location(sys.argv[1]))
+with open(pub.path + "/zarr.json", "w") as fh:
+    fh.write("{}")
+print(pub.path, flush=True)
+sys.stdin.read()
+"""
+
+
+@contextmanager
+def publisher(out: Path) -> Iterator[tuple[subprocess.Popen[str], Path]]:
+    """A live publication of ``out`` (another process) beside it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _PUBLISHER, os.fspath(out)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().strip()
+        assert line, "the publisher did not start"
+        yield proc, Path(line)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+def dead_publication(out: Path) -> Path:
+    """The temporary group of a publication SIGKILLed before its rename."""
+    with publisher(out) as (proc, path):
+        proc.kill()
+        assert proc.wait(timeout=30) == -9
+    assert (path / "zarr.json").exists()
+    return path
+
+
+def dir_lock_is_free(path: Path) -> bool:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def _publish(out: Path, value: float, *, overwrite: bool) -> None:
+    write_group(out, {"S": np.full(3, value)}, {"value": value}, overwrite=overwrite)
+
+
+@pytest.mark.timeout(60)
+def test_a_live_publication_is_never_removed_and_a_dead_one_is(tmp_path: Path) -> None:
+    out = tmp_path / "r.zarr"
+    with publisher(out) as (proc, live):
+        assert live.name.startswith(f".r.zarr{_scratch.TMP_INFIX}")
+        assert not dir_lock_is_free(live)
+        assert remove_dead(out=out) == []
+        _publish(out, 1.0, overwrite=False)  # another job publishes OUT meanwhile
+        assert (live / "zarr.json").read_text() == "{}"
+        # removable as soon as its writer is dead: the check above is the lock
+        proc.kill()
+        assert proc.wait(timeout=30) == -9
+        assert dir_lock_is_free(live)
+        assert remove_dead(out=out) == [os.fspath(live)]
+    assert [p.name for p in tmp_path.iterdir()] == ["r.zarr"]
+
+
+@pytest.mark.timeout(60)
+def test_the_next_publication_removes_a_dead_ones_temporary_and_the_old_code_did_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Negative control first: a publication that does not look for dead ones
+    (what write_group did before) leaves the killed one's temporary group
+    beside OUT. Then the next publication removes it; the group it publishes
+    holds zarr's files only (the lock is on the directory, not a file in it)."""
+    out = tmp_path / "r.zarr"
+    dead = dead_publication(out)
+    with monkeypatch.context() as mp:
+        mp.setattr(release_mod, "remove_dead", lambda *a, **k: [])
+        _publish(out, 1.0, overwrite=False)
+    assert (dead / "zarr.json").exists()  # the old behaviour: it stays
+    _publish(out, 2.0, overwrite=True)
+    assert not os.path.lexists(dead)
+    assert [p.name for p in tmp_path.iterdir()] == ["r.zarr"]
+    assert sorted(p.name for p in out.iterdir()) == ["S", "zarr.json"]
+    arrays, report = read_group(out, ("S",))
+    assert report == {"value": 2.0}
+    np.testing.assert_array_equal(arrays["S"], np.full(3, 2.0))
+
+
+def test_a_cleaner_in_the_publication_window_makes_the_writer_start_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cleaner that looks at a temporary group before its writer has locked
+    it takes it; the writer must then use a new one."""
+    out = tmp_path / "r.zarr"
+    with monkeypatch.context() as mp:
+        removed = _cleaner_in(mp, tmp_path, WINDOWS[1])
+        pub = _scratch.Publication.create(*_scratch.publication_location(out))
+    assert len(removed) == 1
+    assert removed[0] != pub.path  # the first one was taken
+    assert not os.path.lexists(removed[0])
+    assert not dir_lock_is_free(Path(pub.path))
+    assert remove_dead(out=out) == []
+    pub.release()
+    assert remove_dead(out=out) == [pub.path]
     assert list(tmp_path.iterdir()) == []
