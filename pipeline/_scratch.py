@@ -58,6 +58,7 @@ from collections.abc import Iterator
 from typing import Self
 
 from pipeline.errors import StoreLayoutError
+from pipeline.io.objectstore import is_url, location, refuse_url
 
 __all__ = [
     "LOCK_NAME",
@@ -116,14 +117,12 @@ def scratch_locations(
     beside ``out`` is listed too, since an earlier job on the same ``out`` may
     have used it.
     """
-    from pipeline.io.objectstore import is_url, refuse_url
-
     where: list[tuple[str, str]] = []
     if scratch is not None:
         refuse_url(os.fspath(scratch), "scratch directory", "--scratch")
         where.append((os.fspath(scratch), PREFIX))
     if out is not None and not is_url(os.fspath(out)):  # beside a URL: none
-        parent, base = os.path.split(os.path.abspath(os.fspath(out)))
+        parent, base = os.path.split(location(out))
         where.append((parent, f".{base}{PREFIX}"))
     return where
 

@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,6 +28,7 @@ from pipeline.cli_common import (
     runtime_of,
 )
 from pipeline.errors import BudgetExceededError, InvalidParameterError, PipelineError
+from pipeline.io.objectstore import local_path, redact
 
 __all__ = ["EXIT_BUDGET", "EXIT_FAILURE", "EXIT_OK", "EXIT_USAGE", "main"]
 
@@ -223,9 +225,15 @@ def _factorize_plan(args: argparse.Namespace) -> int:
 
 
 def _budget(args: argparse.Namespace) -> int:
-    from pipeline.accounting.ledger import Ledger, default_ledger_path
+    from pipeline.accounting.ledger import Ledger
+    from pipeline.release import default_ledger_of
 
-    path = args.ledger or default_ledger_path(args.dataset)
+    # beside a local store; an object-store dataset must name its ledger
+    path = (
+        local_path(args.ledger, "ledger", "--ledger")
+        if args.ledger
+        else default_ledger_of(args.dataset)
+    )
     if args.budget_command == "init":
         from pipeline._validation import check_privacy_pair
 
@@ -272,14 +280,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handlers[args.command](args)
     except BudgetExceededError as exc:
-        print(f"dplr: refused: {exc}", file=sys.stderr)
+        print(f"dplr: refused: {redact(str(exc))}", file=sys.stderr)
         return EXIT_BUDGET
     except PipelineError as exc:
-        print(f"dplr: error: {exc}", file=sys.stderr)
+        print(f"dplr: error: {redact(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("dplr: interrupted; nothing was published.", file=sys.stderr)
         return 130
+    except Exception:  # noqa: BLE001 - any other failure: its traceback, URLs redacted
+        print(redact(traceback.format_exc()), end="", file=sys.stderr)
+        return EXIT_FAILURE
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from pipeline.errors import InvalidParameterError
+from pipeline.io.objectstore import redact
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_BUDGET = 0, 1, 2, 3
 
@@ -163,7 +164,7 @@ def ledger_lines(report: dict[str, Any]) -> list[str]:
 def factorize_summary(report: dict[str, Any], out: str) -> str:
     """The human summary of a factorization's report (``dplr factorize``
     without ``--json``, and ``dplr demo``)."""
-    lines = [f"released rank-{report['rank']} factorization to {out}"]
+    lines = [f"released rank-{report['rank']} factorization to {redact(out)}"]
     if report.get("epsilon") is None:
         lines.append("  NOT PRIVATE: non-private run (no clipping, no noise)")
     else:

@@ -16,6 +16,7 @@ from pipeline.cli_common import (
     options_of,
     runtime_of,
 )
+from pipeline.io.objectstore import redact
 
 
 def add_parser(sub: Any) -> None:
@@ -97,7 +98,7 @@ def add_parser(sub: Any) -> None:
 
 def _summary(report: dict[str, Any], out: str) -> str:
     p = report["parameters"]
-    lines = [f"released rank-{report['rank']} PCA subspace ({p['method']}) to {out}"]
+    lines = [f"released rank-{report['rank']} PCA subspace ({p['method']}) to {redact(out)}"]
     if report.get("epsilon") is None:
         lines.append("  NOT PRIVATE: non-private run (no clipping, no noise)")
     else:

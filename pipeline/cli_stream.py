@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from pipeline.cli_common import budget_of, cluster_of
+from pipeline.io.objectstore import redact
 
 EXIT_LOCKED = 75  # EX_TEMPFAIL: a concurrent run holds the lock; try again later
 
@@ -106,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
             "status": _status,
         }[args.stream_command](args)
     except StateLockedError as exc:
-        print(f"dplr: busy: {exc}", file=sys.stderr)
+        print(f"dplr: busy: {redact(str(exc))}", file=sys.stderr)
         return EXIT_LOCKED
 
 

@@ -260,7 +260,6 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         ``privacy_report_["ledger"]["kind"] == "in-process"``).
     budget : (float, float) or None, default=None
         Lifetime ``(epsilon, delta)`` declared when the ledger does not exist.
-    scheduler : str or None, default=None
     dataset : str or None, default=None
         Without a persistent ledger: a public label of the population ``X``
         holds, whose in-process accountant is charged (one per name). None:
@@ -268,6 +267,7 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         composes them all, since it cannot tell whether two arrays hold the
         same people (see :func:`pipeline.api.factorize`). Refused with a
         persistent ledger.
+    scheduler : str or None, default=None
         Dask scheduler address for dask and Zarr inputs (otherwise the active
         client, ``DASK_SCHEDULER_ADDRESS``, or an embedded LocalCluster).
     random_state : int or None, default=None
@@ -389,8 +389,8 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         private: bool = True,
         ledger: Any = None,
         budget: tuple[float, float] | None = None,
-        scheduler: str | None = None,
         dataset: str | None = None,
+        scheduler: str | None = None,
         random_state: int | None = None,
         insecure_noise: bool = False,
     ) -> None:
@@ -414,8 +414,8 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         self.private = private
         self.ledger = ledger
         self.budget = budget
-        self.scheduler = scheduler
         self.dataset = dataset
+        self.scheduler = scheduler
         self.random_state = random_state
         self.insecure_noise = insecure_noise
 
@@ -457,8 +457,8 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
             "private": private,
             "ledger": self.ledger,
             "budget": self.budget,
-            "scheduler": self.scheduler,
             "dataset": self.dataset,
+            "scheduler": self.scheduler,
             "epsilon": None,
             "delta": None,
             "insecure_noise_seed": None,
@@ -663,10 +663,10 @@ class DPLowRank(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         As in :class:`DPPCA`.
     budget : (float, float) or None, default=None
         Lifetime budget declared when the ledger does not exist.
-    scheduler : str or None, default=None
-        Dask scheduler address for dask and Zarr inputs.
     dataset : str or None, default=None
         As in :class:`DPPCA`.
+    scheduler : str or None, default=None
+        Dask scheduler address for dask and Zarr inputs.
     random_state : int or None, default=None
         Seeds the sketch matrices (data-independent randomness, passed as
         ``seed``); None draws a fresh secret seed. A given seed is public, so a
@@ -730,9 +730,9 @@ class DPLowRank(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         operator: str = "auto",
         ledger: Any = None,
         budget: tuple[float, float] | None = None,
+        dataset: str | None = None,
         scheduler: str | None = None,
         random_state: int | None = None,
-        dataset: str | None = None,
         insecure_noise: bool = False,
     ) -> None:
         self.n_components = n_components
@@ -749,9 +749,9 @@ class DPLowRank(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         self.operator = operator
         self.ledger = ledger
         self.budget = budget
+        self.dataset = dataset
         self.scheduler = scheduler
         self.random_state = random_state
-        self.dataset = dataset
         self.insecure_noise = insecure_noise
 
     def __sklearn_tags__(self) -> Any:

@@ -30,6 +30,7 @@ from pipeline.algorithms.lrf import (
     run_lrf,
     seed_fingerprint,
 )
+from pipeline.io.objectstore import redact
 from pipeline.release import (
     NON_PRIVATE_REPORT,
     InputRef,
@@ -123,7 +124,7 @@ _TWO_PASS_MECHANISM = (
 
 def _input_report(info: Any) -> dict[str, Any]:
     return {
-        "path": info.path,
+        "path": None if info.path is None else redact(info.path),
         "dtype": info.dtype,
         "store_chunks": info.store_chunks,
         "n_chunks": [len(c) for c in info.dask_chunks],

@@ -52,6 +52,7 @@ from pipeline.errors import (
     InvalidParameterError,
     StoreLayoutError,
 )
+from pipeline.io.objectstore import location
 
 __all__ = ["NightlyConfig", "load_nightly_config", "parse_date", "run_nightly"]
 
@@ -115,7 +116,7 @@ def load_nightly_config(path: str | os.PathLike[str]) -> NightlyConfig:
         Missing file, invalid TOML, unknown or missing keys, bad values; the
         message names the file and the key.
     """
-    path = os.path.abspath(os.fspath(path))
+    path = location(path)  # a URL stays one: "no such file", never <cwd>/s3:/...
     try:
         with open(path, "rb") as f:
             doc = tomllib.load(f)

@@ -38,6 +38,7 @@ from pipeline.accounting.gaussian import (
 )
 from pipeline.algorithms.power_pca import PcaParams, Secret, plan_pca, prep_rows
 from pipeline.errors import PrivacyConfigError
+from pipeline.io.objectstore import redact
 from pipeline.mechanisms.noise import GaussianNoise, NoiseKey
 from pipeline.pca_job import PCA_BAND_BYTES, JobJournal, PcaJob, relation_text
 from pipeline.release import (
@@ -244,7 +245,7 @@ def centred_pca(
 
     array, info = open_input(X, unit=None, band_bytes=PCA_BAND_BYTES)
     shape = (int(info.shape[0]), int(info.shape[1]))
-    extra: dict[str, Any] = {"path": info.path, "n": shape[0], "plan": None}
+    extra: dict[str, Any] = {"path": None if info.path is None else redact(info.path), "n": shape[0], "plan": None}
     if not isinstance(array, np.ndarray) and array.numblocks[1] > 1:
         array = array.rechunk({1: -1})  # a row's norm needs all its columns
     k = int(shape[1]) if rank is None else int(rank)

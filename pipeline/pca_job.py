@@ -22,6 +22,7 @@ import numpy as np
 from pipeline.accounting.contract import Accountant, PrivacyContract
 from pipeline.algorithms.power_pca import PcaRelease
 from pipeline.errors import InvalidParameterError
+from pipeline.io.objectstore import redact
 from pipeline.mechanisms.clipping import Neighboring, PrivacyUnit
 from pipeline.release import (
     NON_PRIVATE_REPORT,
@@ -342,7 +343,7 @@ def build_pca_report(
         "resumed_releases": list(result.resumed),
         "selection": None,
         "input": {
-            "path": info.path,
+            "path": None if info.path is None else redact(info.path),
             "dtype": info.dtype,
             "store_chunks": info.store_chunks,
             "n_row_bands": len(info.dask_chunks[0]),

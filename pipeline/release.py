@@ -66,8 +66,8 @@ __all__ = [
     "ReleaseOptions",
     "ReleaseSpec",
     "Runtime",
-    "crash_point",
     "check_dataset_name",
+    "crash_point",
     "package_versions",
     "publication_stamp",
     "run_release",
@@ -202,6 +202,9 @@ class ReleaseSpec:
         A user-given sketch seed (public). None: the job draws a secret one,
         kept in the journal, when ``uses_sketch_seed``.
     uses_sketch_seed : bool
+    dataset : str or None
+        As in :class:`ReleaseOptions`. Not in the journal header: it says which
+        in-process accountant is charged, not what is released.
     """
 
     kind: str
@@ -217,20 +220,19 @@ class ReleaseSpec:
     insecure_noise_seed: int | None = None
     sketch_seed: int | None = None
     uses_sketch_seed: bool = False
+    dataset: str | None = None
 
     def __post_init__(self) -> None:
         if (self.contract is None) != (self.calibration is None):
             raise PrivacyConfigError(
                 "a release has a privacy contract exactly when it has a calibration."
             )
+        check_dataset_name(self.dataset)
 
     @property
     def private(self) -> bool:
         """True for a noised release (secret or not)."""
         return self.contract is not None
-    dataset : str or None
-        As in :class:`ReleaseOptions`. Not in the journal header: it says which
-        in-process accountant is charged, not what is released.
 
     def journal_path(self) -> str | None:
         """The journal directory: given; else beside ``out``; else beside the ledger.
@@ -246,14 +248,12 @@ class ReleaseSpec:
 
         if self.journal is not None:
             refuse_url(os.fspath(self.journal), "journal", "--journal")
-    dataset: str | None = None
             return os.fspath(self.journal)
         if self.out is not None and not is_url(os.fspath(self.out)):
             return default_journal_path(self.out)
         ledger = self.ledger_path()
         if ledger is None:
             return None
-        check_dataset_name(self.dataset)
         # named after the public header only: the input's fingerprint (a digest
         # of an in-memory array's bytes) must not show in a directory listing
         public = {k: v for k, v in self.header().items() if k != "input_fingerprint"}
@@ -324,6 +324,13 @@ class ReleaseOptions:
         Where a factorization's tall intermediates wait between steps.
     insecure_noise_seed : int or None
         Test only: reproducible noise; the release says NOT PRIVATE.
+    dataset : str or None
+        Without a persistent ledger: a public label of the population the
+        input holds, whose in-process accountant is charged (one per name).
+        None (default): the one accountant of every in-memory input of the
+        process, which cannot tell whether two arrays hold the same people
+        and so composes them all. Refused where a persistent ledger takes the
+        charge (the ledger is the dataset's account).
     """
 
     out: str | None = None
@@ -333,19 +340,13 @@ class ReleaseOptions:
     journal: str | None = None
     scratch: str | None = None
     insecure_noise_seed: int | None = None
+    dataset: str | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         for name in ("out", "journal", "scratch"):
             value = getattr(self, name)
             if value is not None:
-    dataset : str or None
-        Without a persistent ledger: a public label of the population the
-        input holds, whose in-process accountant is charged (one per name).
-        None (default): the one accountant of every in-memory input of the
-        process, which cannot tell whether two arrays hold the same people
-        and so composes them all. Refused where a persistent ledger takes the
-        charge (the ledger is the dataset's account).
                 set_(self, name, os.fspath(value))
         if not isinstance(self.overwrite, bool):
             raise InvalidParameterError(
@@ -355,12 +356,12 @@ class ReleaseOptions:
             if not isinstance(self.budget, tuple | list) or len(self.budget) != 2:
                 raise InvalidParameterError(
                     f"budget must be a pair (epsilon, delta), got budget={self.budget!r}."
-    dataset: str | None = None
                 )
             set_(self, "budget", check_privacy_pair(*self.budget))
         if self.insecure_noise_seed is not None:
             set_(self, "insecure_noise_seed", check_int_in_range(
                 self.insecure_noise_seed, "insecure_noise_seed", 0))  # fmt: skip
+        check_dataset_name(self.dataset)
 
     def spec_fields(self) -> dict[str, Any]:
         """The fields a :class:`ReleaseSpec` takes from these options."""
@@ -371,12 +372,20 @@ class ReleaseOptions:
         }  # fmt: skip
 
 
+def check_dataset_name(dataset: object) -> None:
+    """``dataset`` is None or a non-empty string (a public label), else raise."""
+    if dataset is not None and (not isinstance(dataset, str) or not dataset):
+        raise InvalidParameterError(
+            "dataset must be None or a non-empty string (a public label of the "
+            f"population), got dataset={dataset!r}."
+        )
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Runtime:
     """Where and how a job runs (never part of what is released)."""
 
     scheduler: str | None = None
-        check_dataset_name(self.dataset)
     cluster_config: Any = None
     progress: TextIO | None = None
 
@@ -387,15 +396,6 @@ class Runtime:
 
 class ReleaseAlgorithm(Protocol):
     """What an algorithm supplies to :func:`run_release`."""
-def check_dataset_name(dataset: object) -> None:
-    """``dataset`` is None or a non-empty string (a public label), else raise."""
-    if dataset is not None and (not isinstance(dataset, str) or not dataset):
-        raise InvalidParameterError(
-            "dataset must be None or a non-empty string (a public label of the "
-            f"population), got dataset={dataset!r}."
-        )
-
-
 
     #: True when the input is in client memory (no cluster).
     local: bool
@@ -686,10 +686,6 @@ def _resolve_ledger(spec: ReleaseSpec) -> Ledger | _NewLedger | None:
     or, with neither a ledger nor a store path, this process's accountant."""
     if not spec.private:
         return None  # non-private runs are not accounted (and say NOT PRIVATE)
-    if isinstance(spec.ledger, Ledger):
-        spec.ledger.reload()
-        return spec.ledger
-    if os.path.exists(where):
     where, budget = spec.ledger_path(), spec.budget
     if where is None:
         # no persistent ledger: this process's accountant records it -- the one of
@@ -701,6 +697,10 @@ def _resolve_ledger(spec: ReleaseSpec) -> Ledger | _NewLedger | None:
             f"dataset={spec.dataset!r} names an in-process accountant, but this release "
             f"is charged to the ledger at {where!r}, its dataset's account; drop dataset."
         )
+    if isinstance(spec.ledger, Ledger):
+        spec.ledger.reload()
+        return spec.ledger
+    if os.path.exists(where):
         book = Ledger.open(where)
         if budget is not None and tuple(map(float, budget)) != tuple(book.budget):
             raise PrivacyConfigError(

@@ -84,6 +84,7 @@ from pipeline.errors import (
     PrivacyConfigError,
     StoreLayoutError,
 )
+from pipeline.io.objectstore import local_path
 from pipeline.mechanisms.clipping import ClipSpec, Neighboring, PrivacyUnit
 from pipeline.mechanisms.entities import EntityTable, StreamUnit, clip_updates, coalesce
 from pipeline.release import InputRef, ReleaseJob, ReleaseSpec
@@ -320,7 +321,7 @@ def stream_init(
         )
     shape = (params["n_rows"], params["n_cols"])
     plan = plan_stream(_lrf_params(params), shape, params["horizon"], public_seed=seed)
-    state = os.path.abspath(os.fspath(state))
+    state = local_path(state, "stream state")
     spec = functools.partial(
         _init_spec, params, plan, state, ledger, budget, seed, insecure_noise_seed
     )
@@ -950,11 +951,9 @@ def stream_release(
     Privacy. Post-processing of the tree's noisy p-sums, each noised exactly
     once per node [spec 3.4, 6.3]; nothing is charged.
     """
-    from pipeline.io.objectstore import refuse_url
     from pipeline.io.release import read_release, write_release
 
-    refuse_url(os.fspath(out), "stream release")  # its publication record needs a rename
-    out = os.path.abspath(os.fspath(out))
+    out = local_path(out, "stream release")  # its publication record needs a rename
     with _locked(state, store) as st:
         m = st.manifest
         plan = _plan_of(m)

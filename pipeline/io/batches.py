@@ -72,6 +72,7 @@ import zarr
 from pipeline._validation import check_int_in_range
 from pipeline.errors import InvalidParameterError, StoreLayoutError
 from pipeline.io.entity_ids import EntityIds
+from pipeline.io.objectstore import local_path
 
 __all__ = [
     "COLUMNS",
@@ -496,7 +497,7 @@ def write_batch(
         raise InvalidParameterError(
             f"{where!r} exists; pass overwrite=True to replace it."
         )
-    head, tail = os.path.split(os.path.abspath(where))
+    head, tail = os.path.split(local_path(where, "batch file"))
     tmp = os.path.join(head, f".{tail}.{uuid.uuid4().hex}.tmp")
     try:
         _WRITERS[suffix](tmp, columns)

@@ -15,6 +15,7 @@ import zarr
 from dask.base import tokenize
 
 from pipeline.errors import StoreLayoutError
+from pipeline.io import objectstore
 
 #: Largest full-width row band (bytes) read as one task so that row clipping
 #: needs no separate norm pass; beyond it, a norm pre-pass is used instead.
@@ -53,15 +54,14 @@ def _check_array_meta(shape: tuple[int, ...], dtype: Any, what: str) -> None:
 
 
 def _open_zarr(path: str) -> zarr.Array:
-    from pipeline.io import objectstore
-
     store: Any = path
+    shown = objectstore.redact(path)
     if objectstore.is_url(path):
         if not objectstore.url_exists(path, what="input store"):
-            raise StoreLayoutError(f"input store {path!r} does not exist.")
+            raise StoreLayoutError(f"input store {shown!r} does not exist.")
         store = objectstore.open_store(path, read_only=True, what="input store")
-    elif not os.path.exists(path):
-        raise StoreLayoutError(f"input store {path!r} does not exist.")
+    elif not os.path.exists(objectstore.location(path)):  # refuses other schemes
+        raise StoreLayoutError(f"input store {shown!r} does not exist.")
     # zarr warns (with a source line on stderr) about stray entries, e.g. chunk
     # directories under a group; the refusal below is the one line a user sees
     with warnings.catch_warnings():
@@ -70,16 +70,16 @@ def _open_zarr(path: str) -> zarr.Array:
             node = zarr.open(store=store, mode="r")
         except Exception as exc:  # noqa: BLE001 - zarr raises many types for a non-store
             raise StoreLayoutError(
-                f"{path!r} is not a readable Zarr store ({type(exc).__name__})."
+                f"{shown!r} is not a readable Zarr store ({type(exc).__name__})."
             ) from None
         names = sorted(node.array_keys()) if isinstance(node, zarr.Group) else []
     if isinstance(node, zarr.Group):
-        hint = (
-            f"; it holds the arrays {names}, pass e.g. {os.path.join(path, names[0])!r}"
-            if names
-            else ""
-        )
-        raise StoreLayoutError(f"{path!r} is a Zarr group, not an array{hint}.")
+        hint = ""
+        if names:  # a URL's key is joined with "/", a path's with the system's separator
+            url = objectstore.is_url(path)
+            inner = f"{shown.rstrip('/')}/{names[0]}" if url else os.path.join(path, names[0])
+            hint = f"; it holds the arrays {names}, pass e.g. {inner!r}"
+        raise StoreLayoutError(f"{shown!r} is a Zarr group, not an array{hint}.")
     return node
 
 
@@ -372,7 +372,7 @@ def open_input(
         raise StoreLayoutError(
             f"the input must be a Zarr path, a zarr array, a dask array or a numpy array, got {type(source).__name__}."
         )
-    what = f"input store {path!r}" if path else "the input zarr array"
+    what = f"input store {objectstore.redact(path)!r}" if path else "the input zarr array"
     _check_array_meta(z.shape, z.dtype, what)
     store_chunks = tuple(int(c) for c in (z.shards or z.chunks))
     if band_bytes is not None:

@@ -41,6 +41,7 @@ from pipeline._durable import fsync_path, write_private
 from pipeline._types import FloatArray
 from pipeline.errors import StoreLayoutError
 from pipeline.io._store import store_array
+from pipeline.io.objectstore import local_path
 from pipeline.mechanisms.noise import NoiseKey
 
 __all__ = [
@@ -98,7 +99,7 @@ class JournalMismatchError(StoreLayoutError):
 
 def default_journal_path(out: str | os.PathLike[str]) -> str:
     """``<dir>/.<name>.dplr-journal`` beside the output ``out``."""
-    out = os.path.abspath(os.fspath(out)).rstrip(os.sep)
+    out = local_path(out, "journal", "--journal").rstrip(os.sep)
     return os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.dplr-journal")
 
 
@@ -229,7 +230,7 @@ class FileJournal:
         StoreLayoutError
             The journal is damaged.
         """
-        p = os.path.abspath(os.fspath(path))
+        p = local_path(path, "journal", "--journal")
         head = os.path.join(p, "header.json")
         if not os.path.exists(head):
             return None
@@ -249,7 +250,7 @@ class FileJournal:
         ``sketch_seed`` (secret unless the user chose it) is kept for jobs whose
         post-processing regenerates the sketch operators after a resume.
         """
-        p = os.path.abspath(os.fspath(path))
+        p = local_path(path, "journal", "--journal")
         os.makedirs(p, mode=_DIR_MODE, exist_ok=True)
         os.chmod(p, _DIR_MODE)
         record: dict[str, Any] = {
@@ -532,7 +533,7 @@ class PendingJournal:
         header: dict[str, Any],
         noise_key: NoiseKey | None,
     ) -> None:
-        self.path = os.path.abspath(os.fspath(path))
+        self.path = local_path(path, "journal", "--journal")
         self.header = header
         self.noise_key = noise_key
         self.journal: FileJournal | None = None

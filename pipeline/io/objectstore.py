@@ -7,7 +7,11 @@ connection comes from the usual environment -- ``AWS_ACCESS_KEY_ID``,
 ``AWS_SECRET_ACCESS_KEY`` (and ``AWS_SESSION_TOKEN``), ``AWS_ENDPOINT_URL_S3`` or
 ``AWS_ENDPOINT_URL``, ``AWS_REGION`` -- or from a JSON file of ``s3fs`` storage
 options named by ``DPLR_STORAGE_OPTIONS``; never from the command line. No
-credential is ever put in a message or a report.
+credential is ever put in a message, a report, a journal or a ledger: every URL
+dplr prints or records has its user-info redacted (:func:`redact`).
+
+A URL is never a path: :func:`location` keeps it verbatim where ``os.path``
+would make ``<cwd>/s3:/bucket/key`` of it, and makes a local path absolute.
 
 Object storage has no atomic rename, so what needs one stays on a local or
 shared filesystem: the privacy ledger, the release journals, the scratch
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any
 
 from pipeline.errors import InvalidParameterError, StoreLayoutError
@@ -27,7 +32,10 @@ from pipeline.errors import InvalidParameterError, StoreLayoutError
 __all__ = [
     "filesystem",
     "is_url",
+    "local_path",
+    "location",
     "open_store",
+    "redact",
     "refuse_url",
     "storage_options",
     "url_exists",
@@ -35,6 +43,11 @@ __all__ = [
 ]
 
 SCHEMES = ("s3://",)
+
+#: ``scheme://rest`` anywhere in a text, up to the next whitespace.
+_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*://)(\S*)")
+#: What every redacted user-info becomes.
+REDACTED = "***"
 
 #: Seconds to wait for a connection, and attempts, before an endpoint is called
 #: unreachable (botocore's defaults wait 60 s per attempt, several times).
@@ -47,12 +60,77 @@ def is_url(path: Any) -> bool:
     return isinstance(path, str) and path.startswith(SCHEMES)
 
 
+def _redact_one(match: re.Match[str]) -> str:
+    scheme, rest = match.group(1), match.group(2)
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    if "@" in authority:  # user-info ends at the authority's last "@"
+        cut = authority.rindex("@")
+    elif ":" in authority and "@" in rest:
+        # a password holding a raw "/", "?" or "#": over-redact to the last "@"
+        cut = rest.rindex("@")
+    else:
+        return match.group(0)
+    return f"{scheme}{REDACTED}{rest[cut:]}"
+
+
+def redact(text: str) -> str:
+    """``text`` with the user-info (``user:password@``) of every URL in it
+    replaced by ``***@``.
+
+    Every URL or endpoint that dplr prints or records (messages, reports,
+    journal headers, ledgers) passes through here, so a credential written into
+    ``AWS_ENDPOINT_URL`` or an ``s3://`` URL never leaves the process. A URL
+    runs to the next whitespace; its user-info is what precedes the last ``@``
+    of its authority, or, for an authority ``user:pa/ss@host`` (a raw ``/``,
+    ``?`` or ``#`` in the password), what precedes the URL's last ``@``
+    (redacting too much is harmless). Text without user-info is unchanged.
+
+    Examples
+    --------
+    >>> redact("http://KEY:SECRET@host:9 cannot be reached")
+    'http://***@host:9 cannot be reached'
+    >>> redact("s3://bucket/a.zarr")
+    's3://bucket/a.zarr'
+    """
+    return _URL.sub(_redact_one, text)
+
+
+def location(path: str | os.PathLike[str]) -> str:
+    """Where ``path`` points, as one comparable string.
+
+    An object-store URL is kept verbatim (never passed to ``os.path``, which
+    would turn ``s3://b/a.zarr`` into ``<cwd>/s3:/b/a.zarr``), without a
+    trailing ``/``; a local path is made absolute. Pass the result through
+    :func:`redact` before printing or recording it.
+
+    Raises
+    ------
+    InvalidParameterError
+        ``path`` is a URL of a scheme dplr does not read (only ``s3://``).
+    """
+    path = os.fspath(path)
+    if is_url(path):
+        return path.rstrip("/")
+    if _URL.match(path):
+        raise InvalidParameterError(
+            f"{redact(path)!r}: only s3:// object storage is supported, or a local "
+            "or shared path."
+        )
+    return os.path.abspath(path)
+
+
+def local_path(path: str | os.PathLike[str], what: str, flag: str | None = None) -> str:
+    """The absolute path of ``path``, which must not be a URL (:func:`refuse_url`)."""
+    refuse_url(os.fspath(path), what, flag)
+    return location(path)
+
+
 def refuse_url(path: Any, what: str, flag: str | None = None) -> None:
     """Refuse an object-store URL where a local or shared path is needed."""
     if is_url(path):
         how = f"pass {flag} PATH" if flag else "use a local or shared path"
         raise InvalidParameterError(
-            f"the {what} must be on a local or shared filesystem, not {path!r}: it "
+            f"the {what} must be on a local or shared filesystem, not {redact(path)!r}: it "
             f"needs atomic writes, which object storage lacks; {how}."
         )
 
@@ -88,7 +166,9 @@ def storage_options() -> dict[str, Any]:
 
 
 def _endpoint(opts: dict[str, Any]) -> str:
-    return str(opts.get("endpoint_url") or opts["client_kwargs"].get("endpoint_url") or "AWS S3")
+    """The endpoint, as printed: its user-info redacted."""
+    where = opts.get("endpoint_url") or opts["client_kwargs"].get("endpoint_url")
+    return redact(str(where or "AWS S3"))
 
 
 def filesystem() -> Any:
@@ -101,21 +181,23 @@ def filesystem() -> Any:
 def _check_bucket(fs: Any, url: str, what: str, opts: dict[str, Any]) -> None:
     """One request to the bucket: a clear :class:`StoreLayoutError` if it fails."""
     bucket = url.split("://", 1)[1].split("/", 1)[0]
+    shown = redact(url)
+    named = shown.split("://", 1)[1].split("/", 1)[0]  # the bucket, as printed
     try:
         fs.info(bucket)
     except FileNotFoundError:
         raise StoreLayoutError(
-            f"{what} {url!r}: the bucket {bucket!r} does not exist at {_endpoint(opts)}; "
+            f"{what} {shown!r}: the bucket {named!r} does not exist at {_endpoint(opts)}; "
             "create it or check the URL and AWS_ENDPOINT_URL."
         ) from None
     except PermissionError:
         raise StoreLayoutError(
-            f"{what} {url!r}: access denied by {_endpoint(opts)}; check AWS_ACCESS_KEY_ID "
+            f"{what} {shown!r}: access denied by {_endpoint(opts)}; check AWS_ACCESS_KEY_ID "
             "and AWS_SECRET_ACCESS_KEY (or the DPLR_STORAGE_OPTIONS file)."
         ) from None
     except Exception as exc:  # noqa: BLE001 - botocore/aiohttp raise many types
         raise StoreLayoutError(
-            f"{what} {url!r}: the object store at {_endpoint(opts)} cannot be reached "
+            f"{what} {shown!r}: the object store at {_endpoint(opts)} cannot be reached "
             f"({type(exc).__name__}); check AWS_ENDPOINT_URL and the network."
         ) from None
 

@@ -17,6 +17,7 @@ from pipeline._durable import fsync_path, fsync_tree
 from pipeline._scratch import TMP_INFIX, Publication, remove_dead
 from pipeline.algorithms.base import Factorization
 from pipeline.errors import StoreLayoutError
+from pipeline.io import objectstore
 from pipeline.io._store import store_array
 
 #: Rows per chunk of the released U and V.
@@ -34,29 +35,25 @@ def check_output_path(
         If ``out`` exists and ``overwrite`` is false, its directory is missing or
         not writable, or it is one of the inputs.
     """
-    from pipeline.io import objectstore
-
     out = os.fspath(out)
+    shown = objectstore.redact(out)
+    # compared as recorded: a URL as itself, a path made absolute, user-info redacted
+    here = objectstore.redact(objectstore.location(out))
+    if any(p is not None and objectstore.redact(objectstore.location(p)) == here for p in inputs):
+        raise StoreLayoutError(
+            f"the output {shown!r} is the input store; choose another path."
+        )
     if objectstore.is_url(out):
-        if any(p is not None and p.rstrip("/") == out.rstrip("/") for p in inputs):
-            raise StoreLayoutError(
-                f"the output {out!r} is the input store; choose another path."
-            )
         if objectstore.url_exists(out, what="output") and not overwrite:
             raise StoreLayoutError(
-                f"the output {out!r} already exists; pass --overwrite (overwrite=True) to replace it."
+                f"the output {shown!r} already exists; pass --overwrite (overwrite=True) to replace it."
             )
         return out
-    parent = os.path.dirname(os.path.abspath(out))
+    parent = os.path.dirname(here)
     if not os.path.isdir(parent):
         raise StoreLayoutError(f"the directory of the output {out!r} does not exist.")
     if not os.access(parent, os.W_OK):
         raise StoreLayoutError(f"the directory of the output {out!r} is not writable.")
-    for path in inputs:
-        if path is not None and os.path.abspath(path) == os.path.abspath(out):
-            raise StoreLayoutError(
-                f"the output {out!r} is the input store; choose another path."
-            )
     if os.path.lexists(out) and not overwrite:
         raise StoreLayoutError(
             f"the output {out!r} already exists; pass --overwrite (overwrite=True) to replace it."
@@ -126,12 +123,10 @@ def write_group(
     and never a live one's. ``before_publish`` is called when the temporary
     group is complete, just before the rename.
     """
-    from pipeline.io import objectstore
-
     out = os.fspath(out)
     if objectstore.is_url(out):
         return _write_group_url(out, arrays, report, overwrite, client, before_publish)
-    parent, base = os.path.split(os.path.abspath(out))
+    parent, base = os.path.split(objectstore.location(out))
     remove_dead(None, out)  # what a killed publication of out left beside it
     held = Publication.create(parent, f".{base}{TMP_INFIX}")
     tmp = held.path
@@ -176,12 +171,11 @@ def _write_group_url(
     No rename there: the release is published by the last PUT, the root
     group's metadata with the report; a reader refuses a group without it.
     """
-    from pipeline.io import objectstore
-
     if objectstore.url_exists(out, what="output"):
         if not overwrite:
             raise StoreLayoutError(
-                f"the output {out!r} appeared while the job ran; nothing was replaced."
+                f"the output {objectstore.redact(out)!r} appeared while the job ran; "
+                "nothing was replaced."
             )
         objectstore.remove_url(out)
     store = objectstore.open_store(out, read_only=False, what="output")
@@ -197,11 +191,9 @@ def _write_group_url(
 
 def _open_release(path: str) -> zarr.Group:
     """The group at ``path`` (a directory or an object-store URL), read-only."""
-    from pipeline.io import objectstore
-
     if objectstore.is_url(path):
         if not objectstore.url_exists(path, what="release"):
-            raise StoreLayoutError(f"release {path!r} does not exist.")
+            raise StoreLayoutError(f"release {objectstore.redact(path)!r} does not exist.")
         store = objectstore.open_store(path, read_only=True, what="release")
         return zarr.open_group(store=store, mode="r")
     if not os.path.isdir(path):
@@ -211,8 +203,6 @@ def _open_release(path: str) -> zarr.Group:
 
 def release_exists(path: str | os.PathLike[str]) -> bool:
     """True if a release group (complete or not) exists at ``path``."""
-    from pipeline.io import objectstore
-
     path = os.fspath(path)
     if objectstore.is_url(path):
         return objectstore.url_exists(path, what="release")
@@ -229,7 +219,7 @@ def read_group(
         return {n: np.asarray(g[n][...]) for n in names}, dict(g.attrs["report"])
     except (KeyError, FileNotFoundError) as exc:
         raise StoreLayoutError(
-            f"{path!r} is not a dplr release (missing {exc})."
+            f"{objectstore.redact(path)!r} is not a dplr release (missing {exc})."
         ) from None
 
 
@@ -332,5 +322,5 @@ def read_release(path: str | os.PathLike[str], *, load: bool = True) -> Factoriz
         )
     except KeyError as exc:
         raise StoreLayoutError(
-            f"{path!r} is not a dplr release (missing {exc})."
+            f"{objectstore.redact(path)!r} is not a dplr release (missing {exc})."
         ) from None

@@ -46,6 +46,7 @@ import zarr
 
 from pipeline._durable import fsync_path, fsync_tree, write_private
 from pipeline.errors import StoreLayoutError
+from pipeline.io.objectstore import local_path
 from pipeline.mechanisms.noise import NoiseKey
 
 __all__ = ["LEGACY_FORMAT", "STATE_FORMAT", "StateLockedError", "StreamStore"]
@@ -115,10 +116,7 @@ class StreamStore:
         InvalidParameterError
             If ``path`` is an object-store URL (a state needs atomic renames).
         """
-        from pipeline.io.objectstore import refuse_url
-
-        refuse_url(os.fspath(path), "stream state")
-        path = os.path.abspath(os.fspath(path))
+        path = local_path(path, "stream state")
         parent, base = os.path.split(path)
         if os.path.lexists(path):
             raise StoreLayoutError(
@@ -159,10 +157,7 @@ class StreamStore:
         InvalidParameterError
             If ``path`` is an object-store URL (a state needs atomic renames).
         """
-        from pipeline.io.objectstore import refuse_url
-
-        refuse_url(os.fspath(path), "stream state")
-        path = os.path.abspath(os.fspath(path))
+        path = local_path(path, "stream state")
         meta = os.path.join(path, "zarr.json")
         try:
             with open(meta, "rb") as f:

@@ -21,6 +21,7 @@ import zarr
 
 from pipeline._validation import check_int_in_range
 from pipeline.errors import InvalidParameterError, StoreLayoutError
+from pipeline.io.objectstore import local_path
 from pipeline.linalg.synthetic import (
     cholesky_factor,
     coherent_matrix,
@@ -269,7 +270,7 @@ def _publish(
 ) -> None:
     """Write the row blocks ``row_block(b)`` (``chunks[0]`` rows each) under a
     temporary name beside ``path``, then rename the array into place."""
-    parent, base = os.path.split(os.path.abspath(path))
+    parent, base = os.path.split(local_path(path, "generated store"))
     tmp = os.path.join(parent, f".{base}.tmp-{uuid.uuid4().hex}")
     cr = chunks[0]
     nblocks = -(-shape[0] // cr)

@@ -12,12 +12,18 @@ environment holds the endpoint and the key, so they read the store themselves.
 * a missing bucket, wrong credentials and an unreachable endpoint end the
   command with exit code 2 and one line on stderr, before anything is charged
   (the ledger file is byte-identical);
-* an ``s3://`` ledger or journal is refused in one line (they need atomic writes).
+* an ``s3://`` ledger or journal is refused in one line (they need atomic writes);
+* an ``s3://`` input has no default ledger: without ``--ledger`` it is refused in
+  one line with nothing written anywhere, and releases from two working
+  directories compose in the one ``--ledger`` they name;
+* an endpoint URL carrying credentials (``http://KEY:SECRET@host``) is printed
+  with ``***`` for them, and they are written nowhere.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import socket
 import subprocess
@@ -132,12 +138,14 @@ def stores(s3: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict
     return {"local": local, "s3": "s3://data/a.zarr"}
 
 
-def _dplr(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+def _dplr(
+    env: dict[str, str], *args: str, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     full = {**os.environ, **env}
     full.pop("DASK_SCHEDULER_ADDRESS", None)
     return subprocess.run(
         [sys.executable, "-m", "pipeline", *args], capture_output=True, text=True,
-        timeout=300, env=full, check=False,
+        timeout=300, env=full, check=False, cwd=cwd,
     )  # fmt: skip
 
 
@@ -246,3 +254,126 @@ def test_s3_stream_state_and_stream_release_are_refused(tmp_path: Path) -> None:
     with pytest.raises(InvalidParameterError, match="the stream release must be on a local"):
         stream_release(tmp_path / "state", epoch=1, out="s3://out/r.zarr")
     assert list(tmp_path.iterdir()) == []  # nothing made locally (no "s3:" directory)
+
+
+def _objects() -> dict[str, str | None]:
+    """Every object in the server's buckets, with its ETag (what a run could have written)."""
+    from pipeline.io.objectstore import filesystem
+
+    fs = filesystem()
+    return {
+        name: info.get("ETag")
+        for bucket in fs.ls("", detail=False)
+        for name, info in fs.find(bucket, detail=True).items()
+    }
+
+
+def _files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def test_one_ledger_holds_across_working_directories(s3, cluster, stores, tmp_path: Path) -> None:
+    """Two releases of one ``s3://`` input, run from two working directories,
+    charge one ``--ledger``; the budget fits one release of (1, 1e-6) but not two
+    (together epsilon 1.28 at delta 1e-5), so the second is refused, and the input
+    is recorded as its URL (once it was ``<cwd>/s3:/data/a.zarr``)."""
+    ledger = tmp_path / "shared" / "a.dplr-ledger.json"
+    ledger.parent.mkdir()
+
+    def release(i: int, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        (tmp_path / f"wd{i}").mkdir(exist_ok=True)
+        return _dplr(
+            env, "factorize", stores["s3"], "--out", f"r{i}.zarr", "--ledger", str(ledger),
+            "--rank", str(RANK), *PRIVACY, "--budget-epsilon", "1", "--budget-delta", "1e-5",
+            "--scheduler", cluster.scheduler_address, "--quiet", cwd=tmp_path / f"wd{i}",
+        )  # fmt: skip
+
+    # killed after its journal was written: the journal's header names the input
+    killed = release(1, {**s3, "DPLR_CRASH_AT": "after-journal"})
+    assert killed.returncode == -9, killed.stderr
+    header = json.loads((tmp_path / "wd1" / ".r1.zarr.dplr-journal" / "header.json").read_text())
+    assert header["job"]["input"] == stores["s3"]
+    assert header["job"]["ledger"] == str(ledger)
+    first, second = release(1, s3), release(2, s3)  # the rerun resumes and publishes
+    assert first.returncode == 0, first.stderr
+    assert second.returncode == 3, second.stderr  # refused: the budget is spent
+    assert len(second.stderr.strip().splitlines()) == 1, second.stderr
+    assert "dplr: refused" in second.stderr
+    assert len(Ledger.open(ledger).releases) == 1
+    assert Ledger.open(ledger).dataset == "a.zarr"
+    report = read_release(tmp_path / "wd1" / "r1.zarr").report
+    assert report["input"]["path"] == stores["s3"]
+    assert report["ledger"]["path"] == str(ledger)
+    assert os.listdir(tmp_path / "wd1") == ["r1.zarr"]  # the release, nothing else
+    assert os.listdir(tmp_path / "wd2") == []
+
+
+@pytest.mark.parametrize("out", ["local", "s3"])
+def test_s3_input_without_ledger_is_refused_and_writes_nothing(
+    s3, cluster, stores, tmp_path: Path, out: str
+) -> None:
+    """No default ledger for an ``s3://`` input: exit 2, one line naming
+    ``--ledger``, nothing written in the working directory, the buckets or the
+    output -- even where the directory that ``<cwd>/s3:/data/a.zarr`` would name
+    exists (the old code made its ledger there)."""
+    wd = tmp_path / "wd"
+    (wd / "s3:" / "data").mkdir(parents=True)
+    (tmp_path / "outdir").mkdir()
+    target = str(tmp_path / "outdir" / "r.zarr") if out == "local" else "s3://out/nl.zarr"
+    before = _objects()
+    res = _dplr(s3, "factorize", stores["s3"], "--out", target, "--rank", str(RANK), *PRIVACY,
+                "--budget-epsilon", "10", "--budget-delta", "1e-4",
+                "--scheduler", cluster.scheduler_address, "--quiet", cwd=wd)  # fmt: skip
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert "object storage" in lines[0] and "--ledger" in lines[0]
+    assert _files(wd) == ["s3:", "s3:/data"]  # nothing beside what the test made
+    assert _files(tmp_path / "outdir") == []
+    assert _objects() == before
+
+
+PLANTED_KEY, PLANTED_SECRET = "AKIAPLANTEDKEY7", "pl4nted/Secret+x"
+
+
+@pytest.mark.parametrize("source", ["AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "DPLR_STORAGE_OPTIONS"])
+def test_credentials_in_an_endpoint_url_are_never_printed_or_written(
+    s3, cluster, stores, tmp_path: Path, source: str
+) -> None:
+    """An endpoint with user-info (``http://KEY:SECRET@host:port``), unreachable:
+    exit 2, one line naming the endpoint's host and port (so the planted
+    endpoint was the one used) with ``***`` for its user-info; neither the key nor
+    the secret on stderr, stdout, in the ledger or anywhere under the run's
+    directories."""
+    from urllib.parse import quote
+
+    port = _free_port()
+    endpoint = f"http://{PLANTED_KEY}:{quote(PLANTED_SECRET, safe='')}@127.0.0.1:{port}"
+    env = dict(s3)
+    if source == "DPLR_STORAGE_OPTIONS":
+        opts = tmp_path / "opts.json"
+        opts.write_text(json.dumps({"endpoint_url": endpoint}))
+        env[source] = str(opts)
+    else:
+        env[source] = endpoint
+    ledger = tmp_path / "ledger.json"
+    Ledger.create(ledger, dataset="a.zarr", epsilon=10.0, delta=1e-4)
+    before = _digest(ledger)
+    (tmp_path / "wd").mkdir()
+    res = _dplr(env, "factorize", stores["s3"], "--out", str(tmp_path / "r.zarr"),
+                "--rank", str(RANK), *PRIVACY, "--ledger", str(ledger),
+                "--scheduler", cluster.scheduler_address, "--quiet", cwd=tmp_path / "wd")  # fmt: skip
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert f"http://***@127.0.0.1:{port}" in lines[0]  # the planted endpoint was used
+    assert "cannot be reached" in lines[0]
+    # everything the run could have written (the options file holds the endpoint by design)
+    written = [p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and p.name != "opts.json"]
+    for word in (PLANTED_KEY, PLANTED_SECRET, quote(PLANTED_SECRET, safe="")):
+        assert word not in res.stderr + res.stdout
+        assert not any(word.encode() in blob for blob in written)
+    assert _digest(ledger) == before
+    assert not (tmp_path / "r.zarr").exists()
+    assert os.listdir(tmp_path / "wd") == []
+
