@@ -327,7 +327,8 @@ def test_s3_input_without_ledger_is_refused_and_writes_nothing(
     assert res.returncode == 2, res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1, res.stderr
-    assert "object storage" in lines[0] and "--ledger" in lines[0]
+    assert "object storage" in lines[0]
+    assert "--ledger" in lines[0]
     assert _files(wd) == ["s3:", "s3:/data"]  # nothing beside what the test made
     assert _files(tmp_path / "outdir") == []
     assert _objects() == before
