@@ -55,6 +55,7 @@ from pipeline.errors import (
     PrivacyConfigError,
     StoreLayoutError,
 )
+from pipeline.io.objectstore import is_url, local_path, location, redact
 from pipeline.mechanisms.noise import NoiseKey
 
 __all__ = [
@@ -68,6 +69,7 @@ __all__ = [
     "Runtime",
     "check_dataset_name",
     "crash_point",
+    "default_ledger_of",
     "package_versions",
     "publication_stamp",
     "run_release",
@@ -148,7 +150,12 @@ def _package_versions(extra: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
 # ---------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True, slots=True)
 class InputRef:
-    """The public description of a release's input (no data)."""
+    """The public description of a release's input (no data).
+
+    ``path`` is the input's :func:`~pipeline.io.objectstore.location`, as
+    recorded: an object-store URL verbatim (its user-info redacted), a local
+    path made absolute; None for an in-memory or dask array.
+    """
 
     path: str | None
     fingerprint: str | None
@@ -170,12 +177,31 @@ class InputRef:
         else:
             fingerprint = None  # a dask array: shape, dtype and chunks are all we see
         return cls(
-            path=None if info.path is None else os.path.abspath(info.path),
+            path=None if info.path is None else redact(location(info.path)),
             fingerprint=fingerprint,
             shape=tuple(int(x) for x in info.shape),
             dtype=str(info.dtype),
             chunks=tuple(tuple(int(c) for c in dim) for dim in info.dask_chunks),
         )
+
+
+def default_ledger_of(input_path: str | os.PathLike[str]) -> str:
+    """The absolute path of the ledger beside a store (``<store>.dplr-ledger.json``).
+
+    Raises
+    ------
+    InvalidParameterError
+        The store is in object storage, where a ledger cannot live: every
+        release of it must name its ledger (``--ledger``), or two working
+        directories would each keep one.
+    """
+    if is_url(os.fspath(input_path)):
+        raise InvalidParameterError(
+            f"the input {redact(os.fspath(input_path))!r} is in object storage, where the "
+            "ledger cannot live (it needs atomic writes); pass --ledger PATH on a local "
+            "or shared filesystem."
+        )
+    return location(default_ledger_path(input_path))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -244,11 +270,9 @@ class ReleaseSpec:
         is charged once; the same job on other data finds it and is refused.
         """
         from pipeline.io import default_journal_path
-        from pipeline.io.objectstore import is_url, refuse_url
 
         if self.journal is not None:
-            refuse_url(os.fspath(self.journal), "journal", "--journal")
-            return os.fspath(self.journal)
+            return local_path(self.journal, "journal", "--journal")
         if self.out is not None and not is_url(os.fspath(self.out)):
             return default_journal_path(self.out)
         ledger = self.ledger_path()
@@ -265,20 +289,11 @@ class ReleaseSpec:
         """Absolute path of the ledger a private run charges (None: no ledger file)."""
         if not self.private:
             return None
-        from pipeline.io.objectstore import is_url, refuse_url
-
         if isinstance(self.ledger, Ledger):
-            return os.path.abspath(self.ledger.path)
+            return location(self.ledger.path)
         if self.ledger is not None:
-            refuse_url(os.fspath(self.ledger), "ledger", "--ledger")
-            return os.path.abspath(os.fspath(self.ledger))
-        path = self.input.path
-        if is_url(path):
-            raise InvalidParameterError(
-                f"the input {path!r} is in object storage, where the ledger cannot live "
-                "(it needs atomic writes); pass --ledger PATH on a local or shared filesystem."
-            )
-        return None if path is None else os.path.abspath(default_ledger_path(path))
+            return local_path(self.ledger, "ledger", "--ledger")
+        return None if self.input.path is None else default_ledger_of(self.input.path)
 
     def header(self) -> dict[str, Any]:
         """The public description of the job that a resumed run must match."""
@@ -536,7 +551,7 @@ class ReleaseJob:
                 stamp=self.stamp,
                 details={
                     **details,
-                    "output": None if self.spec.out is None else os.fspath(self.spec.out),
+                    "output": None if self.spec.out is None else redact(location(self.spec.out)),
                     "noise_reproducible_not_private": self.spec.insecure_noise_seed
                     is not None,
                 },
@@ -728,6 +743,8 @@ def _resolve_ledger(spec: ReleaseSpec) -> Ledger | _NewLedger | None:
 
 def _dataset_name(input_path: str | None, ledger: str) -> str:
     """The input store's name, else the ledger file's (``ratings.dplr-ledger.json``)."""
+    if is_url(input_path):
+        return str(input_path).rstrip("/").rsplit("/", 1)[-1]
     if input_path:
         return os.path.basename(os.path.normpath(input_path))
     name = os.path.basename(ledger)
