@@ -36,6 +36,12 @@ BUDGET = (10.0, 1e-4)
 RTOL_TREE = 1e-12
 
 
+def _gamma(n: int) -> float:
+    """Higham's gamma_n = n u / (1 - n u), u = eps / 2 (unit roundoff of float64)."""
+    u = np.finfo(np.float64).eps / 2
+    return n * u / (1 - n * u)
+
+
 @pytest.fixture
 def store(tmp_path: Path) -> str:
     # 30-row chunks: 20 row blocks, enough for a tree of fan-in 8 once
@@ -69,8 +75,21 @@ def test_factorize_out_returns_store_backed_u(client, store, tmp_path: Path) -> 
     assert isinstance(loaded.U, np.ndarray)
     np.testing.assert_array_equal(np.asarray(f.U), loaded.U)
     np.testing.assert_array_equal(f.U[5:9, 1], loaded.U[5:9, 1])
-    # numpy functions and operators see the loaded values
-    np.testing.assert_array_equal(f.U.T @ f.U, loaded.U.T @ loaded.U)
+    # numpy functions and operators see the loaded values. The product of two
+    # separate reads goes through BLAS by another path than a loaded array times
+    # its own transpose (gemm and syrk, which numpy picks for the same buffer; the
+    # kernels OpenBLAS selects differ in blocking and FMA use), so the two agree to
+    # the rounding of float64 dot products of length M, not bit for bit:
+    # |fl(U^T U) - U^T U| <= gamma_M |U|^T |U| elementwise for any summation order
+    # (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., eq. 3.13).
+    got, want = f.U.T @ f.U, loaded.U.T @ loaded.U
+    bound = 2 * _gamma(M) * (np.abs(loaded.U).T @ np.abs(loaded.U))
+    assert np.all(np.abs(got - want) <= bound)
+    # negative control: one entry of U off by 1e-9 moves the product far outside it
+    other = loaded.U.copy()
+    other[7, 1] += 1e-9
+    assert not np.all(np.abs(f.U.T @ other - want) <= bound)
+    # one function on the same bytes in the same layout: the same computation
     assert np.linalg.norm(f.U) == np.linalg.norm(loaded.U)
 
 
