@@ -6,8 +6,9 @@ Each validates its parameters into value objects; :mod:`pipeline.lrf_job` and
 algorithm's hooks to :func:`~pipeline.release.run_release`, which runs
 the fixed, durable steps of every release [design 2, "The release job"]:
 refuse (output, budget, contract) before any read; the passes (clipping first,
-NaN/Inf refused); the journal; the ledger charge, once and before any noise;
-the noise, once; post-processing; the atomic publication; the clean-up.
+an individual holding NaN/Inf counted as zero); the journal; the ledger charge,
+once and before any noise; the noise, once; post-processing; the atomic
+publication; the clean-up.
 """
 
 from __future__ import annotations
@@ -152,7 +153,8 @@ def factorize(
     clip_norm : float
         ``C``: every individual's contribution is clipped to norm ``<= C``.
     unit : {"row", "column", "entry"}
-        Who an individual is.
+        Who an individual is. An individual holding NaN or +-Inf counts as a
+        zero individual, silently (docs/privacy.md, "Non-finite values").
     neighboring : {"add-remove", "replace"}
         ``Delta_F = C`` or ``2C``.
     padded : bool

@@ -52,7 +52,9 @@ class StoreLayoutError(PipelineError, ValueError):
 
 
 class NonFiniteInputError(StoreLayoutError):
-    """The input holds NaN or Inf; the message names the chunk, never the values."""
+    """The input is not numeric, or an unclipped sketch of it overflowed; the
+    message names the chunk, never the values (NaN/Inf input is no error: its
+    individuals count as zero, docs/privacy.md)."""
 
 
 class SchedulerUnavailableError(PipelineError, ConnectionError):

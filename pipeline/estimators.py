@@ -122,10 +122,11 @@ def _insecure_seed(insecure_noise: bool, random_state: int | None) -> int | None
     return random_state
 
 
-def _validate_fit_input(
-    est: BaseEstimator, X: Any, *, allow_nan: bool, min_samples: int
-) -> Any:
+def _validate_fit_input(est: BaseEstimator, X: Any, *, min_samples: int) -> Any:
     """Check an in-memory ``X`` (sets ``n_features_in_`` and feature names).
+
+    NaN and +-Inf pass: the release counts an individual holding them as a
+    zero individual (docs/privacy.md, "Non-finite values"), as for Zarr input.
 
     Dask arrays and Zarr paths are validated from metadata by ``pipeline.io``;
     their feature names, if any were recorded by an earlier fit, are dropped.
@@ -136,7 +137,7 @@ def _validate_fit_input(
             X,
             reset=True,
             dtype=[np.float64, np.float32],
-            ensure_all_finite="allow-nan" if allow_nan else True,
+            ensure_all_finite=False,
             ensure_min_samples=min_samples,
             # rank k < d needs two columns; said here in sklearn's words
             ensure_min_features=2,
@@ -239,10 +240,10 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     gamma_scale : float, default=1.0
         Public multiplier of the eigenvalue floor ``gamma``.
     row_norm_bound : float, default=1.0
-        Public ``C``: rows are divided by ``C``, then clipped to norm 1. In a
-        private run, rows holding NaN or Inf count as zero rows, silently
-        (raising or counting them would be a data-dependent side channel);
-        ``private=False`` refuses them.
+        Public ``C``: rows are divided by ``C``, then clipped to norm 1. Rows
+        holding NaN or +-Inf count as zero rows, silently (raising or counting
+        them would be a data-dependent side channel); huge finite values are
+        clipped like any other.
     centre : bool, default=False
         Centre the rows with a DP mean before the PCA (see Notes). The default
         is the uncentred PCA of the paper (second-moment matrix ``A^T A``).
@@ -422,7 +423,7 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     def __sklearn_tags__(self) -> Any:
         tags = super().__sklearn_tags__()
         # NaN/Inf rows become zero rows, silently (spec power-pca 1.4, rule 2)
-        tags.input_tags.allow_nan = bool(self.private)
+        tags.input_tags.allow_nan = True
         tags.non_deterministic = bool(self.private) and not self.insecure_noise
         return tags
 
@@ -548,7 +549,7 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         row (``neighboring``).
         """
         kw = self._pca_kwargs()
-        X = _validate_fit_input(self, X, allow_nan=bool(self.private), min_samples=1)
+        X = _validate_fit_input(self, X, min_samples=1)
         if self.centre:  # the DP mean, then the PCA: pipeline.pca_centred
             rel, mean, report = centred_pca(
                 X, self.n_components, kw, mean_fraction=float(self.mean_fraction),
@@ -652,7 +653,8 @@ class DPLowRank(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
     clip_norm : float, default=1.0
         ``C``: every individual's contribution is clipped to norm ``<= C``.
     unit : {"row", "column", "entry"}, default="row"
-        Who an individual is.
+        Who an individual is. An individual holding NaN or +-Inf counts as a
+        zero individual, silently (as in :func:`pipeline.api.factorize`).
     neighboring : {"add-remove", "replace"}, default="add-remove"
     padded : bool, default=False
         Low-Space-LRF in the paper's padded form (comparison only).
@@ -760,6 +762,8 @@ class DPLowRank(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
             self.insecure_noise or not self.private
         )
         tags.non_deterministic = not reproducible
+        # an individual holding NaN/Inf is a zero individual, as in factorize
+        tags.input_tags.allow_nan = True
         return tags
 
     def _release_values(self) -> tuple[LrfParams, ReleaseOptions, Runtime, int | None]:
@@ -808,7 +812,7 @@ class DPLowRank(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         Privacy. One (epsilon, delta)-DP release, as :func:`factorize`.
         """
         params, options, runtime, seed = self._release_values()
-        X = _validate_fit_input(self, X, allow_nan=False, min_samples=2)
+        X = _validate_fit_input(self, X, min_samples=2)
         f = release_factorization(X, params, options, runtime, seed=seed)
         self.U_ = np.asarray(f.U)
         self.S_ = np.asarray(f.S)
@@ -830,9 +834,10 @@ class DPLowRank(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         Returns
         -------
         ndarray (or dask array) of shape (n_samples, n_components), float64
+            NaN in a row of ``X`` gives NaN in that row of the output.
         """
         check_is_fitted(self, "V_")
-        X = _validate_transform_input(self, X, allow_nan=False)
+        X = _validate_transform_input(self, X, allow_nan=True)
         return X @ self.V_
 
     def inverse_transform(self, X: Any) -> Any:

@@ -86,7 +86,13 @@ from pipeline.errors import (
 )
 from pipeline.io.objectstore import local_path
 from pipeline.mechanisms.clipping import ClipSpec, Neighboring, PrivacyUnit
-from pipeline.mechanisms.entities import EntityTable, StreamUnit, clip_updates, coalesce
+from pipeline.mechanisms.entities import (
+    EntityTable,
+    StreamUnit,
+    clip_updates,
+    coalesce,
+    zero_non_finite_entities,
+)
 from pipeline.release import InputRef, ReleaseJob, ReleaseSpec
 from pipeline.release import crash_point as _crash_point
 from pipeline.sketches.operators import OperatorKind
@@ -740,7 +746,8 @@ def stream_ingest(
                     "entities/anchor": clipped.table.anchor,
                 }
         else:
-            rows, cols, vals = coalesce(b.i, b.j, b.s, p["n_cols"])
+            vals = zero_non_finite_entities(b.entity, b.s)  # as clip_updates does
+            rows, cols, vals = coalesce(b.i, b.j, vals, p["n_cols"])
         number = int(m["next_batch"])
         prefix = f"pending/{epoch}/{number:06d}/"
         # the clipped, coalesced cells (24 bytes each): sketched once per epoch, when

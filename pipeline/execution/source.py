@@ -41,7 +41,7 @@ from pipeline.execution.progress import show_progress
 from pipeline.execution.secrets import install_secret, remove_secret
 from pipeline.io.inputs import release_read_buffers
 from pipeline.mechanisms.clipping import PrivacyUnit, scale_factors_from_sumsq
-from pipeline.sketches.apply import PassRequest, block_partials, check_finite_block
+from pipeline.sketches.apply import PassRequest, block_partials
 from pipeline.sketches.operators import SketchOperator
 
 #: Fan-in of every reduction tree.
@@ -143,22 +143,18 @@ def _read_rows(
     row index, ``c`` the column block's).
 
     One chunk: the reader's block itself (maybe a view of a read buffer). Several:
-    copied into one array as they are read, each checked for NaN/Inf first, so
-    an error names its chunk, not the band.
+    copied into one array as they are read. NaN/Inf values are left to the
+    kernels, which zero their individuals (:func:`block_partials`).
     """
     if len(cuts) == 2:
         return reader.block((cuts[0], cuts[1]), cols)
     if getattr(reader, "layout", None) is None:
         # not a plain local store (object storage, sharded, other codecs): one
         # read of the band, whose chunks zarr fetches concurrently
-        band = reader.block((cuts[0], cuts[-1]), cols)
-        for i, (a, b) in enumerate(itertools.pairwise(cuts)):
-            check_finite_block(band[a - cuts[0] : b - cuts[0]], f"chunk ({first + i}, {c})")
-        return band
+        return reader.block((cuts[0], cuts[-1]), cols)
     out: Any = None
-    for i, (a, b) in enumerate(itertools.pairwise(cuts)):
+    for a, b in itertools.pairwise(cuts):
         piece = reader.block((a, b), cols)
-        check_finite_block(piece, f"chunk ({first + i}, {c})")
         if out is None:
             out = np.empty((cuts[-1] - cuts[0], cols[1] - cols[0]), dtype=piece.dtype)
         out[a - cuts[0] : b - cuts[0]] = piece
@@ -166,9 +162,8 @@ def _read_rows(
 
 
 def _concat_rows(parts: list[Any], first: int, c: int) -> Any:
-    """The chunks of one row band stacked, each checked for NaN/Inf first."""
-    for i, p in enumerate(parts):
-        check_finite_block(np.asarray(p), f"chunk ({first + i}, {c})")
+    """The chunks of one row band stacked (``first``, ``c``: the first chunk's
+    index, kept for the task's signature)."""
     return np.concatenate([np.asarray(p) for p in parts], axis=0)
 
 
@@ -271,19 +266,27 @@ def _drop_tall(parts: tuple[Any, ...], n_tall: int) -> tuple[Any, ...]:
 
 
 def _block_sumsq(block: Any, axis: int, where: str) -> FloatArray:
-    """Per row (axis 1) or column (axis 0): sum of squares, peak exponent ``e``
-    and the sum of squares of the entries scaled by ``2**-e``, shape (3, n).
+    """Per row (axis 1) or column (axis 0): sum of squares, peak exponent ``e``,
+    the sum of squares of the entries scaled by ``2**-e`` and the number of
+    NaN/Inf entries, shape (4, n).
 
     The scaled sum never overflows, so a row whose squares overflow float64
     (entries near 1e154 and beyond) is still clipped by its norm, not zeroed.
+    A row holding NaN/Inf is measured with those entries at 0 and flagged: its
+    factor is 0 (:func:`_scale_from`), the one rule for non-finite input.
     """
     a = np.asarray(block, dtype=np.float64)
-    check_finite_block(a, where)
     a = a if axis == 1 else a.T
+    bad = ~np.isfinite(a)
+    n_bad = bad.sum(axis=1).astype(np.float64)
+    if n_bad.any():
+        a = np.where(bad, 0.0, a)
     plain = np.einsum("ij,ij->i", a, a)
     _, e = np.frexp(np.abs(a).max(axis=1) if a.shape[1] else np.zeros(a.shape[0]))
     scaled = np.ldexp(a, -e[:, None])
-    return np.stack([plain, e.astype(np.float64), np.einsum("ij,ij->i", scaled, scaled)])
+    return np.stack(
+        [plain, e.astype(np.float64), np.einsum("ij,ij->i", scaled, scaled), n_bad]
+    )
 
 
 def _sum_leaves(parts: list[Any], index: int | None) -> FloatArray:
@@ -313,6 +316,8 @@ def _scale_from(parts: list[FloatArray], clip_norm: float) -> FloatArray:
         sub = small < np.finfo(np.float64).tiny
         small[sub] = np.nextafter(small[sub], 0.0)
         scale[huge] = small
+    # a row (column) holding NaN/Inf in any chunk is a zero row (column)
+    scale[_sum_leaves([p[3] for p in parts], None) > 0] = 0.0
     return scale
 
 

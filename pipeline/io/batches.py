@@ -100,7 +100,7 @@ _FORMAT_NAMES = {
 _INT64_MAX = np.iinfo(np.int64).max
 _FINGERPRINT_TAG = b"dplr-update-batch-v1\0"
 # A missing CSV field is a null; every other text, "NA" and "null" included, is a
-# value (an entity may be called "NA"; "nan" in s is NaN and refused as such).
+# value (an entity may be called "NA"; "nan" in s is NaN, zeroed at ingest).
 _CSV_CONVERT = pcsv.ConvertOptions(
     column_types=dict.fromkeys(COLUMNS, pa.string()),
     include_columns=list(COLUMNS),
@@ -145,7 +145,9 @@ class UpdateBatch:
     j : ndarray of int64, shape (n,)
         Column indices in ``[0, n_cols)``.
     s : ndarray of float64, shape (n,)
-        Finite update values; negative values are deletions.
+        Update values; negative values are deletions. NaN and +-Inf are kept
+        here: at ingest they zero their entity's updates of the batch
+        (:func:`pipeline.mechanisms.entities.zero_non_finite_entities`).
     entity_kind : {"int", "str"}
         What the file's entity column held.
     id_table : EntityIds or None
@@ -300,8 +302,8 @@ def read_batch(
     BatchError
         If the file is missing, has an unknown suffix or cannot be read; a column
         is missing, duplicated, of another length, not 1-D, or of the wrong type;
-        ``i`` or ``j`` lies outside ``[0, n_rows)`` or ``[0, n_cols)``; ``s`` is
-        not finite; any column holds nulls; or integer entity ids exceed int64.
+        ``i`` or ``j`` lies outside ``[0, n_rows)`` or ``[0, n_cols)``; any
+        column holds nulls; or integer entity ids exceed int64.
 
     Notes
     -----
@@ -803,10 +805,9 @@ def _value_column(col: Column) -> npt.NDArray[np.float64]:
     arr = col if isinstance(col, np.ndarray) else _arrow_numeric(col, "s")
     if arr.dtype.kind not in "iuf":
         raise _Problem("s", f"must hold real numbers, got {arr.dtype}")
-    out = arr.astype(np.float64, copy=False)
-    if arr.dtype.kind == "f" and not np.isfinite(out).all():
-        raise _Problem("s", "must be finite (no NaN or Inf)")
-    return out
+    # NaN/Inf are not refused (a refusal would depend on one entity's data):
+    # ingest zeroes that entity's updates of the batch
+    return arr.astype(np.float64, copy=False)
 
 
 class _HashKeyer:

@@ -60,6 +60,51 @@ def scale_factors_from_sumsq(sumsq: FloatArray, clip_norm: float) -> FloatArray:
     return scale
 
 
+def zero_non_finite(block: FloatArray, unit: PrivacyUnit | None) -> FloatArray:
+    """``block`` with every individual holding NaN or +-Inf set to zero.
+
+    Parameters
+    ----------
+    block : ndarray of shape (r, d)
+        A block of ``A`` (whole rows, whole columns or any part of them).
+    unit : PrivacyUnit or None
+        Whose data is zeroed: the row (``ROW``, and None: a run without a
+        unit), the column (``COLUMN``) or the cell (``ENTRY``) holding a
+        non-finite value. A block holding part of a row (column) zeroes that
+        part; the caller zeroes the rest by its scale factor.
+
+    Returns
+    -------
+    ndarray of shape (r, d)
+        ``block`` itself when every entry is finite, else a new array.
+
+    Notes
+    -----
+    Privacy. The one rule for non-finite input (docs/privacy.md): such an
+    individual counts as a zero individual, silently, before clipping. Each
+    individual's fate depends on its own values only, so neighbouring
+    datasets stay neighbours; nothing is raised, counted or logged, since
+    any of these would publish a data-dependent fact. Huge finite values
+    (1e308) are not touched here: clipping scales them down.
+
+    Examples
+    --------
+    >>> zero_non_finite(np.array([[1.0, np.nan], [2.0, 3.0]]), PrivacyUnit.ROW).tolist()
+    [[0.0, 0.0], [2.0, 3.0]]
+    """
+    bad = ~np.isfinite(block)
+    if not bad.any():
+        return block
+    out = np.array(block, copy=True)
+    if unit is PrivacyUnit.ENTRY:
+        out[bad] = 0
+    elif unit is PrivacyUnit.COLUMN:
+        out[:, bad.any(axis=0)] = 0
+    else:
+        out[bad.any(axis=1)] = 0
+    return out
+
+
 def clip_by_peak(vectors: FloatArray, clip_norm: float) -> FloatArray:
     """Clip rows whose sum of squares overflows float64, to norm ``<= C``.
 
@@ -75,8 +120,8 @@ def clip_by_peak(vectors: FloatArray, clip_norm: float) -> FloatArray:
     -------
     ndarray of shape (r, d)
         ``(x / peak) * C / ||x / peak||``, with ``peak = max_j |x_j|``: the same
-        direction as ``x`` at norm ``C (1 - 4 eps)``. A row holding Inf or NaN
-        comes out NaN, so the caller's finiteness check still refuses it.
+        direction as ``x`` at norm ``C (1 - 4 eps)``. Rows holding Inf or NaN
+        come out NaN: callers zero them first (:func:`zero_non_finite`).
 
     Notes
     -----

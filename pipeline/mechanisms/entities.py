@@ -41,7 +41,14 @@ import numpy as np
 from pipeline._types import FloatArray, IntArray
 from pipeline.errors import PrivacyUnitError
 
-__all__ = ["ClippedBatch", "EntityTable", "StreamUnit", "clip_updates", "coalesce"]
+__all__ = [
+    "ClippedBatch",
+    "EntityTable",
+    "StreamUnit",
+    "clip_updates",
+    "coalesce",
+    "zero_non_finite_entities",
+]
 
 # Contributions are clipped to (1 - 1e-9) C, so rounding in the norms (a few ulps
 # per epoch) can never push a stream-long total above C.
@@ -143,6 +150,38 @@ def coalesce(rows: IntArray, cols: IntArray, vals: FloatArray, n_cols: int) -> t
     return r[starts], c[starts], sums
 
 
+def zero_non_finite_entities(entity: IntArray, vals: FloatArray) -> FloatArray:
+    """``vals`` with every update of an entity holding NaN or +-Inf set to 0.
+
+    Parameters
+    ----------
+    entity : ndarray of int64, shape (n,)
+    vals : ndarray of float64, shape (n,)
+
+    Returns
+    -------
+    ndarray of float64, shape (n,)
+        ``vals`` itself when every value is finite, else a new array.
+
+    Notes
+    -----
+    Privacy. The stream's form of the one rule for non-finite input
+    (docs/privacy.md): an entity whose updates in a batch hold a non-finite
+    value contributes nothing from that batch (a zero net contribution, no
+    budget spent), silently. It depends on that entity's own updates only,
+    so the others are untouched. Huge finite values are clipped as usual.
+
+    Examples
+    --------
+    >>> zero_non_finite_entities(np.array([1, 2, 1]), np.array([1.0, 2.0, np.inf])).tolist()
+    [0.0, 2.0, 0.0]
+    """
+    bad = ~np.isfinite(vals)
+    if not bad.any():
+        return vals
+    return np.where(np.isin(entity, entity[bad]), 0.0, vals)
+
+
 def clip_updates(
     entity: IntArray,
     rows: IntArray,
@@ -166,7 +205,8 @@ def clip_updates(
     rows, cols : ndarray of int64, shape (n,)
         Cell of each update, already validated against the shape.
     vals : ndarray of float64, shape (n,)
-        Finite update values.
+        Update values; an entity holding NaN or +-Inf among them contributes
+        nothing from this batch (:func:`zero_non_finite_entities`).
     table : EntityTable
         Budgets spent before this batch (not modified).
     unit : StreamUnit
@@ -207,7 +247,7 @@ def clip_updates(
     entity = np.asarray(entity, dtype=np.int64)
     rows = np.asarray(rows, dtype=np.int64)
     cols = np.asarray(cols, dtype=np.int64)
-    vals = np.asarray(vals, dtype=np.float64)
+    vals = zero_non_finite_entities(entity, np.asarray(vals, dtype=np.float64))
     if entity.size == 0:
         z = np.zeros(0, dtype=np.int64)
         return ClippedBatch(rows=z, cols=z.copy(), vals=np.zeros(0), table=table)

@@ -25,6 +25,7 @@ from pipeline.mechanisms.clipping import (
     PrivacyUnit,
     clip_by_peak,
     scale_factors_from_sumsq,
+    zero_non_finite,
 )
 from pipeline.sketches.operators import SketchOperator
 from pipeline.sketches.sparse import SparseSignOperator
@@ -96,17 +97,24 @@ class PassRequest:
 
 
 def check_finite_block(block: FloatArray, where: str) -> None:
-    """Raise :class:`NonFiniteInputError` naming ``where`` if ``block`` has NaN/Inf.
+    """Raise :class:`NonFiniteInputError` naming ``where`` if a partial sketch
+    of it overflowed (NaN/Inf).
+
+    Non-finite input never gets here (:func:`zero_non_finite` zeroes its
+    individuals first); clipped rows cannot overflow a sketch either, so
+    this fires only for a run without clipping (``--non-private``) on values
+    near the float limit.
 
     Notes
     -----
-    Privacy. Runs on raw data; the error names the chunk, never a value or a
-    count of bad entries [design 3.6].
+    Privacy. The error names the chunk, never a value or a count of entries
+    [design 3.6].
     """
     if not np.isfinite(block).all():
         raise NonFiniteInputError(
-            f"the input holds NaN or Inf in {where}; clean or impute it before "
-            "factorizing (no value is shown here, by design)."
+            f"a sketch of {where} overflowed the floating-point range (values near "
+            "the float limit in a run without clipping); rescale the input "
+            "(no value is shown here, by design)."
         )
 
 
@@ -211,19 +219,19 @@ def block_partials(
 
     Notes
     -----
-    Privacy. Clips before any product [design 3.5]. The partials are as sensitive
-    as the data: they are only ever summed, then noised by the algorithm.
+    Privacy. Zeroes the individuals holding NaN or Inf, then clips, before any
+    product [design 3.5]. The partials are as sensitive as the data: they are
+    only ever summed, then noised by the algorithm.
     """
     a = np.asarray(block)
     if not np.issubdtype(a.dtype, np.number) or np.issubdtype(a.dtype, np.complexfloating):
         raise NonFiniteInputError(f"{where} has non-numeric dtype {a.dtype}.")
     owned = a.dtype != request.compute_dtype  # astype copies: clip in place then
     a = a.astype(request.compute_dtype, copy=False)
-    if request.clip is not None and request.clip.unit is PrivacyUnit.ENTRY:
-        # entry clipping would turn +-Inf into +-C silently: look before clipping
-        check_finite_block(a, where)
-    # a NaN/Inf row makes 0 * Inf here; it is reported below as the chunk's error
-    with np.errstate(invalid="ignore", over="ignore"):
+    # the unit holding NaN/Inf counts as zero (rows when no unit: a non-private run)
+    zeroed = zero_non_finite(a, None if request.clip is None else request.clip.unit)
+    owned, a = owned or zeroed is not a, zeroed
+    with np.errstate(over="ignore"):
         a = clip_block(a, request.clip, row_scale, col_scale, inplace=owned)
     x, xr0, xc0 = (a.T, col0, row0) if request.transpose else (a, row0, col0)
     xr1, xc1 = xr0 + x.shape[0], xc0 + x.shape[1]
@@ -242,11 +250,8 @@ def block_partials(
             out.append(_f64(t_op.right(s_op.left(x, xr0, xr1, dt), xc0, xc1, dt)))
         else:
             out.append(_f64(s_op.left(t_op.right(x, xc0, xc1, dt), xr0, xr1, dt)))
-    # Every entry of the block reaches some entry of every partial with a non-zero
-    # weight (Gaussian weights are non-zero almost surely; a sparse sign operator
-    # has zeta > 0 non-zeros per index), so a NaN or Inf anywhere in the block (row
-    # clipping maps Inf rows to NaN) shows in each partial: checking the small
-    # outputs costs O(partials), not a pass over the block
+    # the block is finite now; an unclipped (non-private) product of values near the
+    # float limit can still overflow, which shows in the small outputs
     for part in out:
         check_finite_block(part, where)
     right_index = {name: i for i, (name, _) in enumerate(request.right)}

@@ -311,29 +311,26 @@ def test_pca_hostile_and_non_finite_rows(
 
 
 # -- case 3 -------------------------------------------------------------------------
-def test_non_finite_chunk_is_refused_on_low_space(
+def test_non_finite_value_is_a_zero_column_on_low_space(
     stores: dict[str, Path], tmp_path: Path
 ) -> None:
-    """(Spectral is covered by tests/cli/test_cli_bad_input.py.)"""
+    """Low-Space at unit column: the column holding the NaN is a zero column
+    (docs/privacy.md, "Non-finite values"), so the store releases what the store
+    with that column zeroed releases, bit for bit (same bytes, seeded noise)."""
     ledger = _new_ledger(tmp_path / "ledger.json", unit="column")
-    before = file_state(ledger)
-    out = tmp_path / "out.zarr"
-    proc = dplr(
-        "factorize",
-        stores["nan"],
-        "--rank",
-        3,
-        "--out",
-        out,
-        "--algorithm",
-        "low-space",
-        "--unit",
-        "column",
-        "--ledger",
-        ledger,
-        *PRIVACY,
-    )
-    _refused(proc, out, ledger, before, "NaN or Inf in chunk (")
+    zeroed = _base()
+    zeroed[:, 4] = 0.0  # the NaN is at (30, 4)
+    rels = []
+    for k, store in enumerate((stores["nan"], _write(tmp_path / "zeroed.zarr", zeroed))):
+        out = tmp_path / f"out{k}.zarr"
+        proc = dplr(
+            "factorize", store, "--rank", 3, "--out", out, "--algorithm", "low-space",
+            "--unit", "column", "--seed", 3, "--insecure-noise-seed", 5,
+            "--ledger", ledger, *PRIVACY,
+        )
+        rels.append(_released(proc, out, ledger, k + 1))
+    for a, b in ((rels[0].U, rels[1].U), (rels[0].S, rels[1].S), (rels[0].V, rels[1].V)):
+        np.testing.assert_array_equal(a, b)
 
 
 # -- case 5: damaged chunks ---------------------------------------------------------
