@@ -18,7 +18,8 @@ Everything that leaves the trusted computation is captured and scanned:
 * the progress output, the release report (JSON), the published Zarr group
   (attributes and every file), the ledger file;
 * the text of the exceptions of deliberately failing runs (over budget, bad
-  parameters, non-finite input).
+  parameters, a truncated chunk), and the progress of a run whose input holds a
+  NaN (read as a zero row, silently).
 
 Secrets: the release noise key and every sub-key the run derives (hex and raw
 bytes), the sketch seed (decimal, hex, and the little-endian bytes pickle uses);

@@ -429,4 +429,11 @@ def test_clip_rows_bounds_every_row_and_keeps_the_others_bit_for_bit(rows: np.nd
     np.testing.assert_array_equal(out[inside], rows[inside])
     big = ~inside
     np.testing.assert_allclose(norms_out[big], bound, rtol=1e-12)
-    np.testing.assert_allclose(out[big] * norms_in[big, None], rows[big] * bound, rtol=1e-9, atol=0)
+    # Direction: one rounding per entry, relative where the scaled entry is a normal
+    # float; where it falls into the subnormal range (a tiny entry beside a huge one)
+    # the rounding is absolute, at most half the smallest subnormal, scaled back by the
+    # row's norm (and the reference product may underflow the same way).
+    underflow = 4 * np.finfo(np.float64).smallest_subnormal * max(float(norms_in.max()), 1.0)
+    np.testing.assert_allclose(
+        out[big] * norms_in[big, None], rows[big] * bound, rtol=1e-9, atol=underflow
+    )
