@@ -822,7 +822,13 @@ def _load_tree(store: Any, plan: StreamPlan) -> dict[int, dict[str, np.ndarray]]
 
 
 def _close_epochs(store: Any, plan: StreamPlan, epoch: int, client: Any = None) -> None:
-    """Fold the batches of epochs ``last_closed + 1 .. epoch`` into the tree; one commit."""
+    """Fold the batches of epochs ``last_closed + 1 .. epoch`` into the tree; one commit.
+
+    The epochs closed here share one time, taken before any batch is sketched: an
+    epoch's release publishes it as ``created``, and a time stamped after the
+    sketching would tell how long the epoch's updates took to fold in.
+    """
+    stamp = _now()
     m = store.manifest
     levels = _load_tree(store, plan)
     before = {f"tree/{j}/{n}" for j, part in levels.items() for n in part}
@@ -834,7 +840,7 @@ def _close_epochs(store: Any, plan: StreamPlan, epoch: int, client: Any = None) 
         for number in pending.pop(str(tau), []):
             for name in store.names(f"pending/{tau}/{number:06d}/"):
                 arrays[name] = None
-        closed[str(tau)] = _now()
+        closed[str(tau)] = stamp
     after = {f"tree/{j}/{n}": v for j, part in levels.items() for n, v in part.items()}
     arrays |= {name: None for name in before - set(after)}
     arrays |= after

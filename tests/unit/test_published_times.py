@@ -24,12 +24,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
-from pipeline import api
+from pipeline import api, stream
 from pipeline.accounting.ledger import Ledger
 from pipeline.algorithms import pca_select_run
 from pipeline.io import FileJournal, read_group
+from pipeline.io.batches import write_batch
 from pipeline.linalg.synthetic import coherent_matrix
 
 N, D, K = 4096, 12, 2
@@ -193,3 +195,47 @@ def test_a_resumed_release_publishes_the_stamp_of_its_charge(
     assert len(Ledger.open(ledger.path).releases) == 1
     assert charged["time"] == BASE.isoformat(timespec="seconds")
     assert rel.report["created"] == charged["time"]
+
+
+def _stream_created(tmp_path: Path, n_batches: int) -> tuple[str, FakeClock]:
+    """A private stream whose first epoch holds ``n_batches`` batches; its release's time.
+
+    The fake clock advances one step per batch folded into the tree (the sketching
+    of an epoch's updates, whose work grows with their number).
+    """
+    clock = FakeClock()
+    tmp_path.mkdir()
+    state = tmp_path / "s.stream"
+    stream.stream_init(state, n_rows=30, n_cols=20, rank=2, horizon=2, epsilon=1.0,
+                       delta=1e-6, unit="row", ledger=tmp_path / "d.dplr-ledger.json",
+                       budget=(2.0, 1e-5))  # fmt: skip
+    for b in range(n_batches):
+        batch = {"entity": np.array([b]), "i": np.array([b]), "j": np.array([b]),
+                 "s": np.array([0.5])}  # fmt: skip
+        write_batch(tmp_path / f"b{b}.npz", batch)
+        stream.stream_ingest(state, tmp_path / f"b{b}.npz", epoch=1)
+    with pytest.MonkeyPatch.context() as mp:
+        _install(mp, clock)
+        sketch = stream.epoch_sketch
+
+        def one_epoch(store: Any, plan: Any, epoch: int, client: Any = None) -> Any:
+            for _ in store.manifest["pending"].get(str(epoch), []):
+                clock.advance()  # the work of folding in one batch
+            return sketch(store, plan, epoch, client)
+
+        mp.setattr(stream, "epoch_sketch", one_epoch)
+        rel, _ = stream.stream_release(state, epoch=1, out=tmp_path / "e1.zarr")
+    _, stored = read_group(tmp_path / "e1.zarr", ())
+    assert stored["created"] == rel.report["created"]
+    return str(rel.report["created"]), clock
+
+
+def test_a_stream_epochs_time_does_not_depend_on_its_updates(tmp_path: Path) -> None:
+    """An epoch's ``created`` is stamped before its batches are sketched."""
+    one, clock_one = _stream_created(tmp_path / "one", 1)
+    many, clock_many = _stream_created(tmp_path / "many", 5)
+    # negative controls: the sketching did run, for longer with more batches, and
+    # the stamp is the fake clock's (the code read it)
+    assert (clock_one.trials, clock_many.trials) == (1, 5)
+    assert one.startswith("2001-02-03T")
+    assert one == many
