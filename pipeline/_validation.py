@@ -20,9 +20,7 @@ def check_int_in_range(
     ``what`` optionally spells the bound symbolically, e.g. ``"[1, t - 1]"``.
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise InvalidParameterError(
-            f"{name} must be an integer, got {name}={value!r}."
-        )
+        raise InvalidParameterError(f"{name} must be an integer, got {name}={value!r}.")
     value = int(value)
     if value < low or (high is not None and value > high):
         if high is None and not what:
@@ -63,9 +61,7 @@ def check_float_in_interval(
 
 def check_privacy_pair(epsilon: Any, delta: Any) -> tuple[float, float]:
     """Validate an (epsilon, delta) pair of a private release."""
-    eps = check_float_in_interval(
-        epsilon, "epsilon", 0.0, math.inf, privacy=True
-    )
+    eps = check_float_in_interval(epsilon, "epsilon", 0.0, math.inf, privacy=True)
     dlt = check_float_in_interval(delta, "delta", 0.0, 1.0, privacy=True)
     return eps, dlt
 

@@ -270,7 +270,9 @@ def factorize(
         out=out, overwrite=overwrite, ledger=ledger, budget=budget, journal=journal,
         scratch=scratch, insecure_noise_seed=insecure_noise_seed, dataset=dataset,
     )  # fmt: skip
-    runtime = Runtime(scheduler=scheduler, cluster_config=cluster_config, progress=progress)
+    runtime = Runtime(
+        scheduler=scheduler, cluster_config=cluster_config, progress=progress
+    )
     return release_factorization(source, params, options, runtime, seed=seed)
 
 
@@ -317,7 +319,9 @@ def plan_factorization(source: Any, params: LrfParams) -> list[dict[str, Any]]:
     for alg in Algorithm:
         padded = params.padded and alg is Algorithm.LOW_SPACE
         try:
-            plan = plan_lrf(dataclasses.replace(params, algorithm=alg, padded=padded), info.shape)
+            plan = plan_lrf(
+                dataclasses.replace(params, algorithm=alg, padded=padded), info.shape
+            )
         except InvalidParameterError as exc:  # e.g. sizes this algorithm cannot take
             rows.append({"algorithm": alg.value, "refused": str(exc)})
             continue
@@ -521,7 +525,9 @@ def pca(
         out=out, overwrite=overwrite, ledger=ledger, budget=budget, journal=journal,
         insecure_noise_seed=insecure_noise_seed, dataset=dataset,
     )  # fmt: skip
-    runtime = Runtime(scheduler=scheduler, cluster_config=cluster_config, progress=progress)
+    runtime = Runtime(
+        scheduler=scheduler, cluster_config=cluster_config, progress=progress
+    )
     return release_pca(source, params, options, runtime, selection=selection)
 
 

@@ -292,5 +292,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(redact(traceback.format_exc()), end="", file=sys.stderr)
         return EXIT_FAILURE
 
+
 if __name__ == "__main__":
     raise SystemExit(main())

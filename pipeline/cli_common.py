@@ -149,15 +149,19 @@ def ledger_lines(report: dict[str, Any]) -> list[str]:
         return []
     if led.get("kind") == "in-process":
         return [
-            (f"  charged to this process's accountant (no ledger file): {led['n_releases']} "
-            f"release(s) compose to epsilon={led['epsilon_used']:.4g} at "
-            f"delta={led['delta_used']:.3g}")
+            (
+                f"  charged to this process's accountant (no ledger file): {led['n_releases']} "
+                f"release(s) compose to epsilon={led['epsilon_used']:.4g} at "
+                f"delta={led['delta_used']:.3g}"
+            )
         ]
     return [
-        (f"  ledger: {led['path']}  lifetime budget (epsilon={led['budget_epsilon']:g}, "
-        f"delta={led['budget_delta']:g}) for one {led['unit']} under {led['neighboring']} "
-        f"neighbours; {led['n_releases']} release(s) compose to "
-        f"epsilon={led['epsilon_used']:.4g} at the budget's delta")
+        (
+            f"  ledger: {led['path']}  lifetime budget (epsilon={led['budget_epsilon']:g}, "
+            f"delta={led['budget_delta']:g}) for one {led['unit']} under {led['neighboring']} "
+            f"neighbours; {led['n_releases']} release(s) compose to "
+            f"epsilon={led['epsilon_used']:.4g} at the budget's delta"
+        )
     ]
 
 

@@ -175,7 +175,8 @@ def run_generate(args: argparse.Namespace) -> int:
         **_store_options(args, bar),
     )
     return _wrote(
-        args, f"spectrum {args.spectrum}, rank {meta['rank']}, max row norm {args.max_row_norm:g}"
+        args,
+        f"spectrum {args.spectrum}, rank {meta['rank']}, max row norm {args.max_row_norm:g}",
     )
 
 
@@ -188,7 +189,9 @@ def _store_options(args: argparse.Namespace, bar: Any) -> dict[str, Any]:
 
 
 def _wrote(args: argparse.Namespace, detail: str) -> int:
-    print(f"wrote {args.rows} x {args.cols} {args.dtype} matrix to {args.out} ({detail})")
+    print(
+        f"wrote {args.rows} x {args.cols} {args.dtype} matrix to {args.out} ({detail})"
+    )
     return EXIT_OK
 
 
@@ -230,7 +233,9 @@ def run_demo(args: argparse.Namespace) -> int:
     from pipeline.io import generate_store
 
     # the release's parameters are checked before anything is written
-    params = make_params(args.rank, epsilon=args.epsilon, delta=args.delta, unit="entry")
+    params = make_params(
+        args.rank, epsilon=args.epsilon, delta=args.delta, unit="entry"
+    )
     work = args.dir or tempfile.mkdtemp(prefix="dplr-demo-")
     os.makedirs(work, exist_ok=True)
     store = os.path.join(work, "sample.zarr")

@@ -30,9 +30,22 @@ def add_parser(sub: Any) -> None:
             "power method (1 + T passes)."
         ),
     )
-    pc.add_argument("input", metavar="INPUT", help="path of a 2-D Zarr array (rows = individuals)")
-    pc.add_argument("--rank", "-k", type=int, required=True, help="number of components k (<= columns)")
-    pc.add_argument("--out", "-o", required=True, help="Zarr group to publish components and the report to")
+    pc.add_argument(
+        "input", metavar="INPUT", help="path of a 2-D Zarr array (rows = individuals)"
+    )
+    pc.add_argument(
+        "--rank",
+        "-k",
+        type=int,
+        required=True,
+        help="number of components k (<= columns)",
+    )
+    pc.add_argument(
+        "--out",
+        "-o",
+        required=True,
+        help="Zarr group to publish components and the report to",
+    )
     pc.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     pc.add_argument(
         "--method",
@@ -42,7 +55,12 @@ def add_parser(sub: Any) -> None:
         "when n/d exceeds 8 eigenvalue floors, from public quantities only; power: Analyze "
         "Gauss start + T clipped power iterations",
     )
-    pc.add_argument("--iterations", "-T", type=int, help="public number of power iterations T (required for power)")
+    pc.add_argument(
+        "--iterations",
+        "-T",
+        type=int,
+        help="public number of power iterations T (required for power)",
+    )
     pc.add_argument(
         "--clip-radius",
         "-R",
@@ -79,17 +97,36 @@ def add_parser(sub: Any) -> None:
         default=1.0,
         help="public C: rows are divided by C, then clipped to norm 1 (default 1)",
     )
-    pc.add_argument("--accounting", choices=("gdp", "paper"), default="gdp",
-                    help="gdp: exact Gaussian calibration (default); paper: the paper's constants")
-    pc.add_argument("--sensitivity", choices=("tight", "paper"), default="tight",
-                    help="tight: exact sensitivities (default); paper: the paper's constants "
-                    "(Gram 2 instead of sqrt(2) under --neighboring replace)")
-    pc.add_argument("--neighboring", choices=("add-remove", "replace"), default="add-remove",
-                    help="one row present or a zero row, n public (default, as factorize), "
-                    "or one row replaced")
-    pc.add_argument("--route", choices=("auto", "gram", "two-pass"), default="auto",
-                    help="H from the client's Gram matrix (1+T passes) or from the data (1+2T)")
-    pc.add_argument("--journal", help="release journal for crash recovery (default: .OUT.dplr-journal beside OUT)")
+    pc.add_argument(
+        "--accounting",
+        choices=("gdp", "paper"),
+        default="gdp",
+        help="gdp: exact Gaussian calibration (default); paper: the paper's constants",
+    )
+    pc.add_argument(
+        "--sensitivity",
+        choices=("tight", "paper"),
+        default="tight",
+        help="tight: exact sensitivities (default); paper: the paper's constants "
+        "(Gram 2 instead of sqrt(2) under --neighboring replace)",
+    )
+    pc.add_argument(
+        "--neighboring",
+        choices=("add-remove", "replace"),
+        default="add-remove",
+        help="one row present or a zero row, n public (default, as factorize), "
+        "or one row replaced",
+    )
+    pc.add_argument(
+        "--route",
+        choices=("auto", "gram", "two-pass"),
+        default="auto",
+        help="H from the client's Gram matrix (1+T passes) or from the data (1+2T)",
+    )
+    pc.add_argument(
+        "--journal",
+        help="release journal for crash recovery (default: .OUT.dplr-journal beside OUT)",
+    )
     add_cluster(pc)
     pc.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
     pc.add_argument("--json", action="store_true", help="print the full report as JSON")
@@ -98,7 +135,9 @@ def add_parser(sub: Any) -> None:
 
 def _summary(report: dict[str, Any], out: str) -> str:
     p = report["parameters"]
-    lines = [f"released rank-{report['rank']} PCA subspace ({p['method']}) to {redact(out)}"]
+    lines = [
+        f"released rank-{report['rank']} PCA subspace ({p['method']}) to {redact(out)}"
+    ]
     if report.get("epsilon") is None:
         lines.append("  NOT PRIVATE: non-private run (no clipping, no noise)")
     else:
@@ -161,5 +200,9 @@ def run(args: argparse.Namespace) -> int:
     result = release_pca(
         args.input, params, options_of(args), runtime_of(args), selection=selection
     )
-    print(json.dumps(result.report, indent=2) if args.json else _summary(result.report, args.out))
+    print(
+        json.dumps(result.report, indent=2)
+        if args.json
+        else _summary(result.report, args.out)
+    )
     return EXIT_OK

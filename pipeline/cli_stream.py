@@ -36,34 +36,71 @@ def add_parsers(sub: Any) -> None:
     i = ss.add_parser("init", help="create a stream state and charge its budget once")
     i.add_argument("state", metavar="STATE", help="stream state directory to create")
     i.add_argument("--rows", type=int, required=True, help="number of rows m (public)")
-    i.add_argument("--cols", type=int, required=True, help="number of columns n (public)")
+    i.add_argument(
+        "--cols", type=int, required=True, help="number of columns n (public)"
+    )
     i.add_argument("--rank", "-k", type=int, required=True, help="target rank k")
-    i.add_argument("--horizon", type=int, required=True, help="number of epochs T the budget covers")
+    i.add_argument(
+        "--horizon",
+        type=int,
+        required=True,
+        help="number of epochs T the budget covers",
+    )
     i.add_argument("--epsilon", type=float, help="epsilon of the whole stream")
     i.add_argument("--delta", type=float, help="delta of the whole stream")
-    i.add_argument("--non-private", action="store_true", help="no clipping, no noise (NOT PRIVATE)")
+    i.add_argument(
+        "--non-private", action="store_true", help="no clipping, no noise (NOT PRIVATE)"
+    )
     i.add_argument("--algorithm", choices=("spectral", "low-space"), default="spectral")
-    i.add_argument("--clip-norm", type=float, default=1.0,
-                   help="C: an entity's total contribution over the stream has Frobenius norm <= C")
-    i.add_argument("--unit", choices=("general", "row", "column", "entry"), default="general",
-                   help="what one entity may touch (default: general)")
-    i.add_argument("--neighboring", choices=("add-remove", "replace"), default="add-remove")
+    i.add_argument(
+        "--clip-norm",
+        type=float,
+        default=1.0,
+        help="C: an entity's total contribution over the stream has Frobenius norm <= C",
+    )
+    i.add_argument(
+        "--unit",
+        choices=("general", "row", "column", "entry"),
+        default="general",
+        help="what one entity may touch (default: general)",
+    )
+    i.add_argument(
+        "--neighboring", choices=("add-remove", "replace"), default="add-remove"
+    )
     i.add_argument("--sketch-size", "-t", type=int, help="t (default: max(4k, k + 20))")
     i.add_argument("--core-size", "-v", type=int, help="v (default: 4t)")
-    i.add_argument("--ledger", metavar="PATH",
-                   help="the privacy ledger of the stream's population, charged once now and "
-                   "shared with its other streams and releases (required unless --non-private)")
-    i.add_argument("--budget-epsilon", type=float,
-                   help="lifetime epsilon of the population, declared when --ledger does not exist yet")
-    i.add_argument("--budget-delta", type=float,
-                   help="lifetime delta of the population, declared when --ledger does not exist yet")
+    i.add_argument(
+        "--ledger",
+        metavar="PATH",
+        help="the privacy ledger of the stream's population, charged once now and "
+        "shared with its other streams and releases (required unless --non-private)",
+    )
+    i.add_argument(
+        "--budget-epsilon",
+        type=float,
+        help="lifetime epsilon of the population, declared when --ledger does not exist yet",
+    )
+    i.add_argument(
+        "--budget-delta",
+        type=float,
+        help="lifetime delta of the population, declared when --ledger does not exist yet",
+    )
     i.add_argument("--seed", type=int, help=argparse.SUPPRESS)
     i.add_argument("--insecure-noise-seed", type=int, help=argparse.SUPPRESS)
 
     g = ss.add_parser("ingest", help="apply a batch of updates to an epoch")
     g.add_argument("state", metavar="STATE")
-    g.add_argument("batch", metavar="BATCH", help=".parquet, .csv, .npz or .zarr with columns entity,i,j,s")
-    g.add_argument("--epoch", type=int, required=True, help="epoch of the batch (after the last release)")
+    g.add_argument(
+        "batch",
+        metavar="BATCH",
+        help=".parquet, .csv, .npz or .zarr with columns entity,i,j,s",
+    )
+    g.add_argument(
+        "--epoch",
+        type=int,
+        required=True,
+        help="epoch of the batch (after the last release)",
+    )
 
     r = ss.add_parser("release", help="publish the factorization after an epoch")
     r.add_argument("state", metavar="STATE")
@@ -71,9 +108,14 @@ def add_parsers(sub: Any) -> None:
     r.add_argument("--out", "-o", required=True, help="Zarr group to publish")
     r.add_argument("--json", action="store_true", help="print the full report as JSON")
     c = r.add_mutually_exclusive_group()
-    c.add_argument("--scheduler", help="sketch the epochs being closed on this Dask scheduler "
-                   "(default: DASK_SCHEDULER_ADDRESS if set, else in this process)")
-    c.add_argument("--cluster", metavar="FILE", help="cluster configuration (cluster/*.yaml)")
+    c.add_argument(
+        "--scheduler",
+        help="sketch the epochs being closed on this Dask scheduler "
+        "(default: DASK_SCHEDULER_ADDRESS if set, else in this process)",
+    )
+    c.add_argument(
+        "--cluster", metavar="FILE", help="cluster configuration (cluster/*.yaml)"
+    )
 
     st = ss.add_parser("status", help="public summary of a stream")
     st.add_argument("state", metavar="STATE")
@@ -87,10 +129,17 @@ def add_parsers(sub: Any) -> None:
             "resumable after a crash, serialised by a lock."
         ),
     )
-    n.add_argument("--config", required=True, help="the job's TOML file (see workflows/nightly.toml)")
+    n.add_argument(
+        "--config",
+        required=True,
+        help="the job's TOML file (see workflows/nightly.toml)",
+    )
     n.add_argument("--date", required=True, help="YYYY-MM-DD")
-    n.add_argument("--dry-run", action="store_true",
-                   help="validate, plan and check the horizon and ledger; read and write nothing")
+    n.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="validate, plan and check the horizon and ledger; read and write nothing",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -116,24 +165,44 @@ def _init(a: argparse.Namespace) -> int:
 
     private = not a.non_private
     info = stream_init(
-        a.state, n_rows=a.rows, n_cols=a.cols, rank=a.rank, horizon=a.horizon,
-        epsilon=a.epsilon if private else None, delta=a.delta if private else None,
-        algorithm=a.algorithm, private=private, clip_norm=a.clip_norm, unit=a.unit,
-        neighboring=a.neighboring, sketch_size=a.sketch_size, core_size=a.core_size,
-        ledger=a.ledger, budget=budget_of(a), seed=a.seed,
+        a.state,
+        n_rows=a.rows,
+        n_cols=a.cols,
+        rank=a.rank,
+        horizon=a.horizon,
+        epsilon=a.epsilon if private else None,
+        delta=a.delta if private else None,
+        algorithm=a.algorithm,
+        private=private,
+        clip_norm=a.clip_norm,
+        unit=a.unit,
+        neighboring=a.neighboring,
+        sketch_size=a.sketch_size,
+        core_size=a.core_size,
+        ledger=a.ledger,
+        budget=budget_of(a),
+        seed=a.seed,
         insecure_noise_seed=a.insecure_noise_seed,
     )
-    what = f"(epsilon={info.epsilon:g}, delta={info.delta:g})-DP over all {info.horizon} epochs" if info.private else "NOT PRIVATE"
-    print(f"created stream {info.path}: {info.shape[0]} x {info.shape[1]}, rank {info.rank}, "
-          f"{info.algorithm}, {info.levels} tree levels, {what}")
+    what = (
+        f"(epsilon={info.epsilon:g}, delta={info.delta:g})-DP over all {info.horizon} epochs"
+        if info.private
+        else "NOT PRIVATE"
+    )
+    print(
+        f"created stream {info.path}: {info.shape[0]} x {info.shape[1]}, rank {info.rank}, "
+        f"{info.algorithm}, {info.levels} tree levels, {what}"
+    )
     if info.ledger is not None:
         from pipeline.accounting.ledger import Ledger
 
         book = Ledger.open(info.ledger)
         eps_used, _ = book.spent()
-        print(f"charged to the ledger {info.ledger}: {len(book.releases)} release(s) compose to "
-              f"epsilon={eps_used:.4g} at the budget's delta (lifetime budget epsilon="
-              f"{book.budget[0]:g}, delta={book.budget[1]:g})")
+        print(
+            f"charged to the ledger {info.ledger}: {len(book.releases)} release(s) compose to "
+            f"epsilon={eps_used:.4g} at the budget's delta (lifetime budget epsilon="
+            f"{book.budget[0]:g}, delta={book.budget[1]:g})"
+        )
     return 0
 
 
@@ -151,7 +220,11 @@ def _release(a: argparse.Namespace) -> int:
 
     from pipeline.stream import stream_release
 
-    if a.scheduler is None and a.cluster is None and not os.environ.get("DASK_SCHEDULER_ADDRESS"):
+    if (
+        a.scheduler is None
+        and a.cluster is None
+        and not os.environ.get("DASK_SCHEDULER_ADDRESS")
+    ):
         f, new = stream_release(a.state, epoch=a.epoch, out=a.out)
     else:
         from pipeline.execution import cluster_client
@@ -164,11 +237,16 @@ def _release(a: argparse.Namespace) -> int:
         return 0
     word = "released" if new else "already released"
     stds = ", ".join(f"{k}={v:.4g}" for k, v in rep["stream"]["noise_std"].items())
-    priv = (f"(epsilon={rep['epsilon']:g}, delta={rep['delta']:g})-DP for the whole stream"
-            if rep["epsilon"] is not None else "NOT PRIVATE")
+    priv = (
+        f"(epsilon={rep['epsilon']:g}, delta={rep['delta']:g})-DP for the whole stream"
+        if rep["epsilon"] is not None
+        else "NOT PRIVATE"
+    )
     if rep.get("note"):
         priv += f"; {rep['note']}"
-    print(f"epoch {a.epoch} {word} -> {a.out}: rank {rep['rank']}, {priv}; noise std {stds}")
+    print(
+        f"epoch {a.epoch} {word} -> {a.out}: rank {rep['rank']}, {priv}; noise std {stds}"
+    )
     return 0
 
 
@@ -182,5 +260,10 @@ def _status(a: argparse.Namespace) -> int:
 def _nightly(a: argparse.Namespace) -> int:
     from pipeline.nightly import parse_date, run_nightly
 
-    run_nightly(a.config, parse_date(a.date), dry_run=a.dry_run, say=lambda s: print(s, flush=True))
+    run_nightly(
+        a.config,
+        parse_date(a.date),
+        dry_run=a.dry_run,
+        say=lambda s: print(s, flush=True),
+    )
     return 0

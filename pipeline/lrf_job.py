@@ -84,7 +84,9 @@ def build_report(
         # post-processing with public values: the noise's energy taken out of S
         report["singular_values"] = _TWO_PASS_SINGULAR_VALUES
     return report | {
-        "mechanism": _TWO_PASS_MECHANISM if two else "Gaussian, one joint mechanism over all released sketches (analytic calibration [BW18])",
+        "mechanism": _TWO_PASS_MECHANISM
+        if two
+        else "Gaussian, one joint mechanism over all released sketches (analytic calibration [BW18])",
         "epsilon": cal.epsilon,
         "delta": cal.delta,
         "accountant": "analytic Gaussian mechanism; releases on one dataset compose exactly in the ledger",
@@ -121,6 +123,7 @@ _TWO_PASS_MECHANISM = (
     "two Gaussian mechanisms, Z = S X + N_Z then Y = X V_k + N_Y with V_k from the noisy Z, "
     "composed exactly in GDP (analytic calibration [BW18]); both sensitivities exactly Delta_F"
 )
+
 
 def _input_report(info: Any) -> dict[str, Any]:
     return {
@@ -246,7 +249,9 @@ class LrfJob:
         def journal(sketches: dict[str, Any]) -> None:
             jr = job.durable_journal()  # the exact sketches, key and seed: durable
             if jr is not None:
-                jr.record_sketches(sketches, client=getattr(src, "client", None), tall=tall)
+                jr.record_sketches(
+                    sketches, client=getattr(src, "client", None), tall=tall
+                )
             crash_point("after-pass")  # the N-th time: after pass N was journaled
 
         details = {"rank": p.rank, "sketch_size": plan.t, "core_size": plan.v}
@@ -277,7 +282,10 @@ class LrfJob:
         else:
             job.publish(
                 lambda: write_release(
-                    out, staged, overwrite=job.spec.overwrite, client=client,
+                    out,
+                    staged,
+                    overwrite=job.spec.overwrite,
+                    client=client,
                     before_publish=lambda: crash_point("during-publish"),
                 )
             )

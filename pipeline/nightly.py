@@ -104,7 +104,9 @@ def parse_date(text: str) -> _dt.date:
     try:
         return _dt.date.fromisoformat(text)
     except (TypeError, ValueError):
-        raise InvalidParameterError(f"date must be YYYY-MM-DD, got date={text!r}.") from None
+        raise InvalidParameterError(
+            f"date must be YYYY-MM-DD, got date={text!r}."
+        ) from None
 
 
 def load_nightly_config(path: str | os.PathLike[str]) -> NightlyConfig:
@@ -132,12 +134,17 @@ def load_nightly_config(path: str | os.PathLike[str]) -> NightlyConfig:
     }
     for section, body in doc.items():
         if section not in allowed:
-            raise _bad(path, f"unknown section [{section}]; expected {sorted(allowed)}.")
+            raise _bad(
+                path, f"unknown section [{section}]; expected {sorted(allowed)}."
+            )
         if not isinstance(body, dict):
             raise _bad(path, f"[{section}] must be a table.")
         extra = set(body) - allowed[section]
         if extra:
-            raise _bad(path, f"unknown key(s) {sorted(extra)} in [{section}]; expected {sorted(allowed[section])}.")
+            raise _bad(
+                path,
+                f"unknown key(s) {sorted(extra)} in [{section}]; expected {sorted(allowed[section])}.",
+            )
     base = os.path.dirname(path)
 
     def need(section: str, key: str) -> Any:
@@ -145,7 +152,9 @@ def load_nightly_config(path: str | os.PathLike[str]) -> NightlyConfig:
             value = doc[section][key]
         except KeyError:
             raise _bad(path, f"missing [{section}] {key}.") from None
-        if not isinstance(value, str | _dt.date) or (isinstance(value, str) and not value):
+        if not isinstance(value, str | _dt.date) or (
+            isinstance(value, str) and not value
+        ):
             raise _bad(path, f"[{section}] {key} must be a non-empty string.")
         return value
 
@@ -154,7 +163,9 @@ def load_nightly_config(path: str | os.PathLike[str]) -> NightlyConfig:
 
     inbox = need("input", "inbox")
     if "{date}" not in inbox:
-        raise _bad(path, "[input] inbox must contain {date}, e.g. '/data/inbox/{date}'.")
+        raise _bad(
+            path, "[input] inbox must contain {date}, e.g. '/data/inbox/{date}'."
+        )
     missing = doc["input"].get("missing", "error")
     if missing not in _MISSING:
         raise _bad(path, f"[input] missing must be one of {_MISSING}, got {missing!r}.")
@@ -168,7 +179,9 @@ def load_nightly_config(path: str | os.PathLike[str]) -> NightlyConfig:
         if key in cluster and (not isinstance(cluster[key], str) or not cluster[key]):
             raise _bad(path, f"[cluster] {key} must be a non-empty string.")
     if "config" in cluster and not os.path.isfile(where(cluster["config"])):
-        raise _bad(path, f"[cluster] config {where(cluster['config'])!r} does not exist.")
+        raise _bad(
+            path, f"[cluster] config {where(cluster['config'])!r} does not exist."
+        )
     return NightlyConfig(
         path=path,
         state=where(need("stream", "state")),
@@ -247,9 +260,20 @@ def run_nightly(
         if str(epoch) in m["releases"]:
             out = m["releases"][str(epoch)]["out"]
             if epoch == max(_released(m)):
-                _point_latest(cfg.releases, out)  # repairs a pointer a crash left behind
-            say(f"{day.isoformat()} epoch {epoch}: already released to {out}; nothing to do")
-            summary["dates"].append({"date": day.isoformat(), "epoch": epoch, "release": out, "action": "already released"})
+                _point_latest(
+                    cfg.releases, out
+                )  # repairs a pointer a crash left behind
+            say(
+                f"{day.isoformat()} epoch {epoch}: already released to {out}; nothing to do"
+            )
+            summary["dates"].append(
+                {
+                    "date": day.isoformat(),
+                    "epoch": epoch,
+                    "release": out,
+                    "action": "already released",
+                }
+            )
             return summary
         for e in range(_first_epoch(m), epoch + 1):
             summary["dates"].append(_release_date(cfg, store, e, client, say))
@@ -280,7 +304,11 @@ def _epoch_of_day(cfg: NightlyConfig, m: dict[str, Any], day: _dt.date) -> int:
 
 
 def _dry_run(
-    cfg: NightlyConfig, m: dict[str, Any], day: _dt.date, epoch: int, say: Callable[[str], None]
+    cfg: NightlyConfig,
+    m: dict[str, Any],
+    day: _dt.date,
+    epoch: int,
+    say: Callable[[str], None],
 ) -> dict[str, Any]:
     """What a run for ``day`` would do, checked (ledger, output, inbox) but nothing read or written."""
     from pipeline.stream import _plan_of
@@ -292,19 +320,30 @@ def _dry_run(
     _check_writable(cfg)
     if str(epoch) in m["releases"]:
         say(f"{day.isoformat()} epoch {epoch}: already released; nothing to do")
-        summary["dates"].append({"date": day.isoformat(), "epoch": epoch, "action": "already released"})
-    for e in range(_first_epoch(m), epoch + 1) if str(epoch) not in m["releases"] else ():
+        summary["dates"].append(
+            {"date": day.isoformat(), "epoch": epoch, "action": "already released"}
+        )
+    for e in (
+        range(_first_epoch(m), epoch + 1) if str(epoch) not in m["releases"] else ()
+    ):
         d = cfg.date_of(e)
         files = _batches(cfg, d) if e > m["last_closed"] else []
         if files is None:
             raise _no_inbox(cfg, d, dry_run=True)
         names = ", ".join(os.path.basename(f) for f in files) or "none"
-        say(f"{d.isoformat()} epoch {e}/{horizon}: to release, {len(files)} batch file(s) "
-            f"[{names}] -> {cfg.release_for(d)}")
-        summary["dates"].append({
-            "date": d.isoformat(), "epoch": e, "batches": [os.path.basename(f) for f in files],
-            "release": cfg.release_for(d), "action": "to release",
-        })
+        say(
+            f"{d.isoformat()} epoch {e}/{horizon}: to release, {len(files)} batch file(s) "
+            f"[{names}] -> {cfg.release_for(d)}"
+        )
+        summary["dates"].append(
+            {
+                "date": d.isoformat(),
+                "epoch": e,
+                "batches": [os.path.basename(f) for f in files],
+                "release": cfg.release_for(d),
+                "action": "to release",
+            }
+        )
     say("dry run: the job is valid; nothing was read or written")
     return summary
 
@@ -324,15 +363,25 @@ def _release_date(
             raise _no_inbox(cfg, d)
         for f in files:
             # a batch applied by an earlier, interrupted run is skipped
-            if not stream_ingest(cfg.state, f, epoch=e, store=store, skip_known=True)["skipped"]:
+            if not stream_ingest(cfg.state, f, epoch=e, store=store, skip_known=True)[
+                "skipped"
+            ]:
                 done.append(os.path.basename(f))
     _, new = stream_release(cfg.state, epoch=e, out=out, client=client, store=store)
     _point_latest(cfg.releases, out)
     _crash_point("after-latest")
     action = "released" if new else "already released"
     horizon = _plan_of(store.manifest).horizon
-    say(f"{d.isoformat()} epoch {e}/{horizon}: {len(done)} batch file(s) ingested, {action} -> {out}")
-    return {"date": d.isoformat(), "epoch": e, "batches": done, "release": out, "action": action}
+    say(
+        f"{d.isoformat()} epoch {e}/{horizon}: {len(done)} batch file(s) ingested, {action} -> {out}"
+    )
+    return {
+        "date": d.isoformat(),
+        "epoch": e,
+        "batches": done,
+        "release": out,
+        "action": action,
+    }
 
 
 def _first_epoch(m: dict[str, Any]) -> int:
@@ -343,8 +392,14 @@ def _first_epoch(m: dict[str, Any]) -> int:
     return last + 1
 
 
-def _no_inbox(cfg: NightlyConfig, d: _dt.date, *, dry_run: bool = False) -> InvalidParameterError:
-    what = "a run would stop at that date" if dry_run else "nothing was released for that date"
+def _no_inbox(
+    cfg: NightlyConfig, d: _dt.date, *, dry_run: bool = False
+) -> InvalidParameterError:
+    what = (
+        "a run would stop at that date"
+        if dry_run
+        else "nothing was released for that date"
+    )
     return InvalidParameterError(
         f"the inbox {cfg.inbox_for(d)!r} for {d.isoformat()} does not exist; {what} "
         "(set [input] missing = 'empty' to release a date without updates)."
@@ -357,10 +412,14 @@ def _released(m: dict[str, Any]) -> set[int]:
 
 def _check_writable(cfg: NightlyConfig) -> None:
     """The run will write the state and the releases directory: check it may."""
-    releases = cfg.releases if os.path.isdir(cfg.releases) else os.path.dirname(cfg.releases)
+    releases = (
+        cfg.releases if os.path.isdir(cfg.releases) else os.path.dirname(cfg.releases)
+    )
     for what, where in (("stream state", cfg.state), ("releases directory", releases)):
         if not os.access(where, os.W_OK | os.X_OK):
-            raise StoreLayoutError(f"the {what} {where!r} is not writable by this user.")
+            raise StoreLayoutError(
+                f"the {what} {where!r} is not writable by this user."
+            )
 
 
 def _check_ledger(ledger: dict[str, Any]) -> None:
@@ -382,5 +441,8 @@ def _client(cfg: NightlyConfig) -> Iterator[Any]:
         return
     from pipeline.execution import cluster_client
 
-    with cluster_client(cfg.scheduler, cluster_config=cfg.cluster_config) as (client, _):
+    with cluster_client(cfg.scheduler, cluster_config=cfg.cluster_config) as (
+        client,
+        _,
+    ):
         yield client

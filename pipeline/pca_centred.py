@@ -211,7 +211,11 @@ def release_mean(
 
 
 def centred_pca(
-    X: Any, rank: int | None, kw: dict[str, Any], *, mean_fraction: float,
+    X: Any,
+    rank: int | None,
+    kw: dict[str, Any],
+    *,
+    mean_fraction: float,
     row_norm_bound: float,
 ) -> tuple[Any, FloatArray, dict[str, Any]]:
     """DP mean, centre, re-clip, PCA (spec power-pca D8): one release.
@@ -245,7 +249,11 @@ def centred_pca(
 
     array, info = open_input(X, unit=None, band_bytes=PCA_BAND_BYTES)
     shape = (int(info.shape[0]), int(info.shape[1]))
-    extra: dict[str, Any] = {"path": None if info.path is None else redact(info.path), "n": shape[0], "plan": None}
+    extra: dict[str, Any] = {
+        "path": None if info.path is None else redact(info.path),
+        "n": shape[0],
+        "plan": None,
+    }
     if not isinstance(array, np.ndarray) and array.numblocks[1] > 1:
         array = array.rechunk({1: -1})  # a row's norm needs all its columns
     k = int(shape[1]) if rank is None else int(rank)
@@ -275,6 +283,7 @@ def centred_pca(
     assert job.mean is not None
     return rel, job.mean * C, centring_report(dict(rel.report), extra)
 
+
 def _fit_centred_exactly(
     array: Any, k: int, C: float, kw: dict[str, Any], extra: dict[str, Any]
 ) -> tuple[Any, FloatArray, dict[str, Any]]:
@@ -296,6 +305,7 @@ def _fit_centred_exactly(
         mean = _row_total(array, client, C, clip=False).value / n
         centred = _centred_rows(array, mean, C, clip=False)
         return pca(centred, k, **run_kw), mean, extra
+
 
 def centred_plan(
     kw: dict[str, Any], shape: tuple[int, int], k: int, f: float
@@ -354,6 +364,7 @@ def centred_plan(
         "joint_calibration": joint_cal,
     }
 
+
 def _centred_rows(array: Any, mean: FloatArray, C: float, *, clip: bool) -> Any:
     if isinstance(array, np.ndarray):
         return _block_centre(array, mean, C, clip)
@@ -378,7 +389,12 @@ class _CentredPca:
     """
 
     def __init__(
-        self, *, array: Any, info: Any, plan: dict[str, Any], row_norm_bound: float,
+        self,
+        *,
+        array: Any,
+        info: Any,
+        plan: dict[str, Any],
+        row_norm_bound: float,
         mean_fraction: float,
     ) -> None:
         self.array, self.info, self.plan = array, info, plan

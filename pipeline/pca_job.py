@@ -247,7 +247,9 @@ class PcaJob:
         job.mark("run")
         if self.cluster is not None and not self.select:
             self.cluster["n_graph_tasks"] = src.n_tasks
-        report = build_pca_report(self.plan, result, job, info=self.info, cluster=self.cluster)
+        report = build_pca_report(
+            self.plan, result, job, info=self.info, cluster=self.cluster
+        )
         return PcaRelease(
             components=result.components, eigenvalues=result.eigenvalues, report=report
         )
@@ -256,14 +258,19 @@ class PcaJob:
         from pipeline.io import write_group
 
         if not self.select:  # the time of a selection would reveal its trials
-            rel.report["timings_seconds"]["total"] = round(time.perf_counter() - job.t0, 4)
+            rel.report["timings_seconds"]["total"] = round(
+                time.perf_counter() - job.t0, 4
+            )
         out = job.spec.out
         arrays = {"components": rel.components, "eigenvalues": rel.eigenvalues}
         job.publish(
             None
             if out is None
             else lambda: write_group(
-                out, arrays, rel.report, overwrite=job.spec.overwrite,
+                out,
+                arrays,
+                rel.report,
+                overwrite=job.spec.overwrite,
                 before_publish=lambda: crash_point("during-publish"),
             )
         )
@@ -390,7 +397,9 @@ def _selection_report(report: dict[str, Any], result: Any, cal: Any) -> dict[str
     if result.iterations == 0:
         gamma = None
     elif exhaustive:
-        gamma = cal.gamma_of(cal.candidates.index((result.clip_radius, result.iterations)))
+        gamma = cal.gamma_of(
+            cal.candidates.index((result.clip_radius, result.iterations))
+        )
     else:
         gamma = cal.gamma(result.iterations)
     report["parameters"].update(
@@ -427,7 +436,9 @@ def _selection_report(report: dict[str, Any], result: Any, cal: Any) -> dict[str
             else "Analyze Gauss warm start + Papernot-Steinke random stopping over (R, T) trials; RDP accountant",
             "epsilon": cal.epsilon,
             "delta": cal.delta,
-            "realised_epsilon": cal.realised_epsilon() if exhaustive else cal.rdp_epsilon,
+            "realised_epsilon": cal.realised_epsilon()
+            if exhaustive
+            else cal.rdp_epsilon,
             "accountant": "gdp (every candidate once)"
             if exhaustive
             else "rdp (dp_accounting RepeatAndSelectDpEvent), capped number of trials",

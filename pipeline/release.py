@@ -84,7 +84,13 @@ _crash_counts: dict[str, int] = {}
 #: The steps of the job at which :func:`crash_point` is called, in order.
 #: ("after-pass" comes before the charge in one pass, after it in two passes,
 #: once per pass: ``after-pass#2`` is after the second.)
-JOB_STEPS = ("after-journal", "after-pass", "after-charge", "before-publish", "after-publish")
+JOB_STEPS = (
+    "after-journal",
+    "after-pass",
+    "after-charge",
+    "before-publish",
+    "after-publish",
+)
 
 INSECURE_NOTE = "noise drawn from a public seed (--insecure-noise-seed): NOT PRIVATE"
 
@@ -281,7 +287,9 @@ class ReleaseSpec:
         # named after the public header only: the input's fingerprint (a digest
         # of an in-memory array's bytes) must not show in a directory listing
         public = {k: v for k, v in self.header().items() if k != "input_fingerprint"}
-        digest = hashlib.sha256(json.dumps(public, sort_keys=True).encode()).hexdigest()[:16]
+        digest = hashlib.sha256(
+            json.dumps(public, sort_keys=True).encode()
+        ).hexdigest()[:16]
         where, name = os.path.split(ledger)
         return os.path.join(where, f".{name}.{self.kind}-{digest}.dplr-journal")
 
@@ -467,7 +475,9 @@ class ReleaseJob:
                 self.journal.remove()  # the crash came after the publication
                 return True
         if spec.out is not None:
-            check_output_path(spec.out, overwrite=spec.overwrite, inputs=(spec.input.path,))
+            check_output_path(
+                spec.out, overwrite=spec.overwrite, inputs=(spec.input.path,)
+            )
         self.book = _resolve_ledger(spec)
         self._resume_or_start()
         if self.book is not None and not self.already_charged():
@@ -485,7 +495,9 @@ class ReleaseJob:
             if spec.private:
                 seed = spec.insecure_noise_seed
                 self.noise_key = (
-                    NoiseKey.fresh() if seed is None else NoiseKey.insecure_from_seed(seed)
+                    NoiseKey.fresh()
+                    if seed is None
+                    else NoiseKey.insecure_from_seed(seed)
                 )
             return
         self.resumed, self.release_id = True, str(jr.release_id)
@@ -551,7 +563,9 @@ class ReleaseJob:
                 stamp=self.stamp,
                 details={
                     **details,
-                    "output": None if self.spec.out is None else redact(location(self.spec.out)),
+                    "output": None
+                    if self.spec.out is None
+                    else redact(location(self.spec.out)),
                     "noise_reproducible_not_private": self.spec.insecure_noise_seed
                     is not None,
                 },
@@ -598,7 +612,9 @@ class ReleaseJob:
         return core
 
 
-def run_release(spec: ReleaseSpec, algorithm: ReleaseAlgorithm, runtime: Runtime) -> Any:
+def run_release(
+    spec: ReleaseSpec, algorithm: ReleaseAlgorithm, runtime: Runtime
+) -> Any:
     """Run one release job through its fixed steps (module docstring)."""
     job = ReleaseJob(spec, runtime)
     if job.prepare():
@@ -610,7 +626,9 @@ def run_release(spec: ReleaseSpec, algorithm: ReleaseAlgorithm, runtime: Runtime
     from pipeline.execution import cluster_client
 
     with cluster_client(
-        runtime.scheduler, cluster_config=runtime.cluster_config, progress=runtime.progress
+        runtime.scheduler,
+        cluster_config=runtime.cluster_config,
+        progress=runtime.progress,
     ) as (client, cinfo):
         if cinfo.dashboard:
             runtime.say(
@@ -736,7 +754,9 @@ def _resolve_ledger(spec: ReleaseSpec) -> Ledger | _NewLedger | None:
         )
     beps, bdelta = check_privacy_pair(*budget)
     if not os.path.isdir(os.path.dirname(where)):
-        raise PrivacyConfigError(f"the directory of the ledger {where!r} does not exist.")
+        raise PrivacyConfigError(
+            f"the directory of the ledger {where!r} does not exist."
+        )
     return _NewLedger(path=where, dataset=_dataset_name(spec.input.path, where),
                       epsilon=beps, delta=bdelta)  # fmt: skip
 
@@ -791,4 +811,3 @@ class _NewLedger:
     def remaining_summary(self) -> dict[str, Any]:
         assert self.ledger is not None, "summary of a ledger before its first charge"
         return self.ledger.remaining_summary()
-

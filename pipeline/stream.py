@@ -114,6 +114,7 @@ __all__ = [
     "stream_status",
 ]
 
+
 class DuplicateBatchError(InvalidParameterError):
     """The batch's content was already ingested into this stream."""
 
@@ -152,10 +153,18 @@ def _plan_of(manifest: dict[str, Any]) -> StreamPlan:
             "calibrated its noise for a secret one, so its releases would claim more "
             "privacy than they have; create a new stream."
         )
-    plan = plan_stream(_lrf_params(p), (p["n_rows"], p["n_cols"]), p["horizon"], public_seed=p.get("public_seed"))
+    plan = plan_stream(
+        _lrf_params(p),
+        (p["n_rows"], p["n_cols"]),
+        p["horizon"],
+        public_seed=p.get("public_seed"),
+    )
     want = manifest["plan"]
     if (plan.lrf.t, plan.lrf.v, plan.lrf.transpose, plan.levels) != (
-        want["sketch_size"], want["core_size"], want["transposed"], want["levels"]
+        want["sketch_size"],
+        want["core_size"],
+        want["transposed"],
+        want["levels"],
     ):
         raise StoreLayoutError(
             "the stream state's plan does not match what this dplr version derives "
@@ -316,11 +325,23 @@ def stream_init(
     if seed is not None:
         seed = check_int_in_range(seed, "seed", 0, 2**128 - 1)
     params = StreamParams(
-        n_rows=n_rows, n_cols=n_cols, rank=rank, horizon=horizon, epsilon=epsilon,
-        delta=delta, algorithm=algorithm, private=private, clip_norm=clip_norm, unit=unit,
-        neighboring=neighboring, sketch_size=sketch_size, core_size=core_size,
+        n_rows=n_rows,
+        n_cols=n_cols,
+        rank=rank,
+        horizon=horizon,
+        epsilon=epsilon,
+        delta=delta,
+        algorithm=algorithm,
+        private=private,
+        clip_norm=clip_norm,
+        unit=unit,
+        neighboring=neighboring,
+        sketch_size=sketch_size,
+        core_size=core_size,
     ).to_manifest()
-    params["public_seed"] = seed  # a user-given seed is public: the noise covers its operators
+    params["public_seed"] = (
+        seed  # a user-given seed is public: the noise covers its operators
+    )
     if not private and (ledger is not None or budget is not None):
         raise InvalidParameterError(
             "a non-private stream is charged to no ledger; drop ledger and budget."
@@ -425,7 +446,11 @@ class StreamParams:
                 "does not apply; use 'spectral' or 'low-space'."
             )
         set_(self, "unit", check_enum(StreamUnit, self.unit, "unit"))
-        set_(self, "neighboring", check_enum(Neighboring, self.neighboring, "neighboring"))
+        set_(
+            self,
+            "neighboring",
+            check_enum(Neighboring, self.neighboring, "neighboring"),
+        )
         for name, low in (("rank", 1), ("horizon", 1), ("n_rows", 1), ("n_cols", 1)):
             set_(self, name, check_int_in_range(getattr(self, name), name, low))
         if not isinstance(self.private, bool):
@@ -437,7 +462,9 @@ class StreamParams:
             set_(self, "epsilon", eps)
             set_(self, "delta", dlt)
         elif self.epsilon is not None or self.delta is not None:
-            raise InvalidParameterError("a non-private stream takes no epsilon or delta.")
+            raise InvalidParameterError(
+                "a non-private stream takes no epsilon or delta."
+            )
         set_(self, "clip_norm", check_float_in_interval(
             self.clip_norm, "clip_norm", 0.0, math.inf, privacy=True))  # fmt: skip
 
@@ -455,8 +482,13 @@ class StreamParams:
 
 
 def _init_spec(
-    params: dict[str, Any], plan: StreamPlan, state: str, ledger: Any, budget: Any,
-    seed: int | None, insecure: int | None,
+    params: dict[str, Any],
+    plan: StreamPlan,
+    state: str,
+    ledger: Any,
+    budget: Any,
+    seed: int | None,
+    insecure: int | None,
 ) -> ReleaseSpec:
     """The release spec of a stream's creation: the whole tree, charged once."""
     cal = plan.lrf.calibration
@@ -494,15 +526,19 @@ def _new_manifest(
         "created": _now(),
         "params": params,
         "plan": {
-            "sketch_size": plan.lrf.t, "core_size": plan.lrf.v,
-            "transposed": plan.lrf.transpose, "levels": plan.levels,
+            "sketch_size": plan.lrf.t,
+            "core_size": plan.lrf.v,
+            "transposed": plan.lrf.transpose,
+            "levels": plan.levels,
             "tile_size": plan.lrf.params.tile_size,
             "calibration": None if cal is None else cal.to_dict(),
         },
         "sketch_seed_fingerprint": seed_fingerprint(job.sketch_seed),
         "insecure_noise": job.spec.insecure_noise_seed is not None,
         "public_sketch_seed": public_seed,
-        "ledger": None if book is None else {"path": str(book.path), "release_id": stream_id},
+        "ledger": None
+        if book is None
+        else {"path": str(book.path), "release_id": stream_id},
         "entity_kind": None,
         "last_closed": 0,
         "closed": {},
@@ -524,14 +560,34 @@ def continue_command(manifest: dict[str, Any]) -> str:
     one's [spec 9.18]. ``NEW_STATE`` stands for the new state's path.
     """
     p = manifest["params"]
-    words = ["dplr", "stream", "init", "NEW_STATE", "--rows", p["n_rows"], "--cols", p["n_cols"],
-             "--rank", p["rank"], "--horizon", p["horizon"]]
+    words = [
+        "dplr",
+        "stream",
+        "init",
+        "NEW_STATE",
+        "--rows",
+        p["n_rows"],
+        "--cols",
+        p["n_cols"],
+        "--rank",
+        p["rank"],
+        "--horizon",
+        p["horizon"],
+    ]
     if p["private"]:
         words += ["--epsilon", repr(p["epsilon"]), "--delta", repr(p["delta"])]
     else:
         words += ["--non-private"]
-    words += ["--algorithm", p["algorithm"], "--clip-norm", repr(p["clip_norm"]), "--unit", p["unit"],
-              "--neighboring", p["neighboring"]]
+    words += [
+        "--algorithm",
+        p["algorithm"],
+        "--clip-norm",
+        repr(p["clip_norm"]),
+        "--unit",
+        p["unit"],
+        "--neighboring",
+        p["neighboring"],
+    ]
     for flag, key in (("--sketch-size", "sketch_size"), ("--core-size", "core_size")):
         if p[key] is not None:
             words += [flag, p[key]]
@@ -582,7 +638,9 @@ def _locked(state: Any, store: Any = None) -> Iterator[Any]:
 
 def _legacy_entity_key(manifest: dict[str, Any]) -> bytes:
     """The hash key with which format-1 states keyed string ids (derived from the public stream id)."""
-    return hashlib.sha256(f"dplr-entity-ids:{manifest['stream_id']}".encode()).digest()[:16]
+    return hashlib.sha256(f"dplr-entity-ids:{manifest['stream_id']}".encode()).digest()[
+        :16
+    ]
 
 
 def _hashes_string_ids(manifest: dict[str, Any]) -> bool:
@@ -596,7 +654,9 @@ def _load_entities(store: Any) -> EntityTable:
     if not store.has("entities/keys"):
         return EntityTable.empty()
     return EntityTable(
-        keys=store.read("entities/keys"), spent=store.read("entities/spent"), anchor=store.read("entities/anchor")
+        keys=store.read("entities/keys"),
+        spent=store.read("entities/spent"),
+        anchor=store.read("entities/anchor"),
     )
 
 
@@ -606,10 +666,14 @@ def _load_entity_ids(store: Any) -> EntityIds:
 
     if not store.has("entities/ids_data"):
         return EntityIds.empty()
-    return EntityIds.from_arrays(store.read("entities/ids_data"), store.read("entities/ids_offsets"))
+    return EntityIds.from_arrays(
+        store.read("entities/ids_data"), store.read("entities/ids_offsets")
+    )
 
 
-def _read_stream_batch(store: Any, manifest: dict[str, Any], batch: Any) -> tuple[UpdateBatch, int]:
+def _read_stream_batch(
+    store: Any, manifest: dict[str, Any], batch: Any
+) -> tuple[UpdateBatch, int]:
     """Read a batch with the stream's id mapping; also the number of ids the stream knew.
 
     The mapping is the stream's id table, or for a format-1 state holding string
@@ -620,7 +684,9 @@ def _read_stream_batch(store: Any, manifest: dict[str, Any], batch: Any) -> tupl
     p = manifest["params"]
     shape = (p["n_rows"], p["n_cols"])
     if _hashes_string_ids(manifest):
-        return read_batch(batch, shape=shape, entity_key=_legacy_entity_key(manifest)), 0
+        return read_batch(
+            batch, shape=shape, entity_key=_legacy_entity_key(manifest)
+        ), 0
     ids = _load_entity_ids(store)
     return read_batch(batch, shape=shape, entity_ids=ids), len(ids)
 
@@ -719,8 +785,13 @@ def stream_ingest(
         fp = b.fingerprint()
         rec = next((r for r in m["batches"] if r["fingerprint"] == fp), None)
         if rec is not None and skip_known:
-            return {"fingerprint": fp, "epoch": rec["epoch"], "batch": rec["file"], "skipped": True,
-                    "seconds": round(time.perf_counter() - t0, 3)}
+            return {
+                "fingerprint": fp,
+                "epoch": rec["epoch"],
+                "batch": rec["file"],
+                "skipped": True,
+                "seconds": round(time.perf_counter() - t0, 3),
+            }
         # an empty batch applies nothing, so it cannot be a harmful replay (quiet
         # nights deliver empty files with identical content)
         if rec is not None and len(b):
@@ -735,8 +806,14 @@ def stream_ingest(
         arrays = _entity_id_arrays(b, known)
         if plan.lrf.calibration is not None:
             clipped = clip_updates(
-                b.entity, b.i, b.j, b.s, table=_load_entities(st), unit=StreamUnit(p["unit"]),
-                clip_norm=p["clip_norm"], n_cols=p["n_cols"],
+                b.entity,
+                b.i,
+                b.j,
+                b.s,
+                table=_load_entities(st),
+                unit=StreamUnit(p["unit"]),
+                clip_norm=p["clip_norm"],
+                n_cols=p["n_cols"],
             )
             rows, cols, vals = clipped.rows, clipped.cols, clipped.vals
             if clipped.table is not None and len(b):
@@ -755,7 +832,13 @@ def stream_ingest(
         arrays |= {prefix + "rows": rows, prefix + "cols": cols, prefix + "vals": vals}
         pending = dict(m["pending"])
         pending[str(epoch)] = [*pending.get(str(epoch), []), number]
-        record = {"fingerprint": fp, "epoch": epoch, "file": os.path.basename(os.fspath(batch).rstrip("/")), "batch": number, "applied": _now()}
+        record = {
+            "fingerprint": fp,
+            "epoch": epoch,
+            "file": os.path.basename(os.fspath(batch).rstrip("/")),
+            "batch": number,
+            "applied": _now(),
+        }
         st.commit(
             arrays=arrays,
             changes={
@@ -764,12 +847,19 @@ def stream_ingest(
                 "batches": [*m["batches"], record],
                 "entity_kind": m["entity_kind"] or (b.entity_kind if len(b) else None),
                 # a format-1 state that takes its first string ids now keys them by table
-                "format": STATE_FORMAT if len(b) and b.entity_kind == "str" else m["format"],
+                "format": STATE_FORMAT
+                if len(b) and b.entity_kind == "str"
+                else m["format"],
             },
         )
         _crash_point("after-ingest")
-    return {"fingerprint": fp, "epoch": epoch, "batch": record["file"], "skipped": False,
-            "seconds": round(time.perf_counter() - t0, 3)}
+    return {
+        "fingerprint": fp,
+        "epoch": epoch,
+        "batch": record["file"],
+        "skipped": False,
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
 
 
 def epoch_cells(store: Any, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -778,7 +868,10 @@ def epoch_cells(store: Any, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndar
     As sensitive as the data. Cells of different batches may repeat (they are summed).
     """
     parts = [
-        tuple(store.read(f"pending/{epoch}/{number:06d}/{x}") for x in ("rows", "cols", "vals"))
+        tuple(
+            store.read(f"pending/{epoch}/{number:06d}/{x}")
+            for x in ("rows", "cols", "vals")
+        )
         for number in store.manifest["pending"].get(str(epoch), [])
     ]
     if not parts:
@@ -787,7 +880,9 @@ def epoch_cells(store: Any, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndar
     return tuple(np.concatenate([p[k] for p in parts]) for k in range(3))  # type: ignore[return-value]
 
 
-def epoch_sketch(store: Any, plan: StreamPlan, epoch: int, client: Any = None) -> dict[str, np.ndarray] | None:
+def epoch_sketch(
+    store: Any, plan: StreamPlan, epoch: int, client: Any = None
+) -> dict[str, np.ndarray] | None:
     """Exact sketch of the batches ingested into ``epoch`` (None if there are none).
 
     The cells are split into row ranges aligned with the operator tiles and
@@ -802,7 +897,11 @@ def epoch_sketch(store: Any, plan: StreamPlan, epoch: int, client: Any = None) -
         rows, cols = cols, rows
     order = np.argsort(rows, kind="stable")
     rows, cols, vals = rows[order], cols[order], vals[order]
-    n_parts = 1 if client is None else 2 * max(1, len(client.scheduler_info().get("workers", {})))
+    n_parts = (
+        1
+        if client is None
+        else 2 * max(1, len(client.scheduler_info().get("workers", {})))
+    )
     parts = partition_cells(rows, cols, vals, n_parts, plan.lrf.params.tile_size)
     from pipeline.execution.stream import sketch_partitions
 
@@ -844,7 +943,10 @@ def _close_epochs(store: Any, plan: StreamPlan, epoch: int, client: Any = None) 
     after = {f"tree/{j}/{n}": v for j, part in levels.items() for n, v in part.items()}
     arrays |= {name: None for name in before - set(after)}
     arrays |= after
-    store.commit(arrays=arrays, changes={"last_closed": epoch, "closed": closed, "pending": pending})
+    store.commit(
+        arrays=arrays,
+        changes={"last_closed": epoch, "closed": closed, "pending": pending},
+    )
 
 
 def _release_report(store: Any, plan: StreamPlan, epoch: int) -> dict[str, Any]:
@@ -862,12 +964,17 @@ def _release_report(store: Any, plan: StreamPlan, epoch: int) -> dict[str, Any]:
         "rank": p["rank"],
         "shape": [p["n_rows"], p["n_cols"]],
         "parameters": {
-            "sketch_size": plan.lrf.t, "core_size": plan.lrf.v,
-            "transposed": plan.lrf.transpose, "tile_size": plan.lrf.params.tile_size,
+            "sketch_size": plan.lrf.t,
+            "core_size": plan.lrf.v,
+            "transposed": plan.lrf.transpose,
+            "tile_size": plan.lrf.params.tile_size,
         },
         "stream": {
-            "stream_id": m["stream_id"], "epoch": epoch, "horizon": plan.horizon,
-            "tree_levels": plan.levels, "tree_nodes": [list(x) for x in tree_nodes(epoch)],
+            "stream_id": m["stream_id"],
+            "epoch": epoch,
+            "horizon": plan.horizon,
+            "tree_levels": plan.levels,
+            "tree_nodes": [list(x) for x in tree_nodes(epoch)],
             "noise_std": noise_std(plan, epoch),
         },
         "n_passes": 0,
@@ -875,8 +982,12 @@ def _release_report(store: Any, plan: StreamPlan, epoch: int) -> dict[str, Any]:
         "versions": {"dplr": m["dplr_version"]},
     }
     if cal is None:
-        report |= {"mechanism": None, "epsilon": None, "delta": None,
-                   "note": "non-private stream: no clipping, no noise; NOT PRIVATE"}
+        report |= {
+            "mechanism": None,
+            "epsilon": None,
+            "delta": None,
+            "note": "non-private stream: no clipping, no noise; NOT PRIVATE",
+        }
         return report
     report |= {
         "mechanism": (
@@ -896,14 +1007,21 @@ def _release_report(store: Any, plan: StreamPlan, epoch: int) -> dict[str, Any]:
         "clip_norm": p["clip_norm"],
         "calibration": cal.to_dict(),
         "sketches": [
-            {"name": s.name, "shape": list(s.shape), "sensitivity": s.sensitivity,
-             "sigma": s.sigma, "weight": s.weight}
+            {
+                "name": s.name,
+                "shape": list(s.shape),
+                "sensitivity": s.sensitivity,
+                "sigma": s.sigma,
+                "weight": s.weight,
+            }
             for s in cal.sketches
         ],
         "ledger": m["ledger"],
     }
     if insecure:
-        report["note"] = "noise drawn from a public seed (insecure_noise_seed): NOT PRIVATE"
+        report["note"] = (
+            "noise drawn from a public seed (insecure_noise_seed): NOT PRIVATE"
+        )
     return report
 
 
@@ -991,7 +1109,9 @@ def stream_release(
                 f"{m['last_closed']} or later."
             )
         if os.path.lexists(out) and not _is_this_release(out, m, epoch):
-            raise StoreLayoutError(f"the output {out!r} exists; nothing was replaced. Choose another path.")
+            raise StoreLayoutError(
+                f"the output {out!r} exists; nothing was replaced. Choose another path."
+            )
         _remove_stale_temporaries(out)
         if epoch > m["last_closed"]:
             _close_epochs(st, plan, epoch, client)
@@ -1001,16 +1121,25 @@ def stream_release(
         result = release_factorization(plan, noisy, seed)
         del noisy
         _crash_point("after-noise")
-        final = Factorization(U=result.U, S=result.S, V=result.V, report=_release_report(st, plan, epoch))
+        final = Factorization(
+            U=result.U, S=result.S, V=result.V, report=_release_report(st, plan, epoch)
+        )
         digest = _release_digest(final)
-        if os.path.lexists(out):  # published before a crash: it must be this very release
+        if os.path.lexists(
+            out
+        ):  # published before a crash: it must be this very release
             if _release_digest(read_release(out)) != digest:
                 raise StoreLayoutError(
                     f"the output {out!r} claims to be this release but differs from it; "
                     "nothing was replaced."
                 )
         else:
-            write_release(out, final, overwrite=False, before_publish=lambda: _crash_point("during-write"))
+            write_release(
+                out,
+                final,
+                overwrite=False,
+                before_publish=lambda: _crash_point("during-write"),
+            )
         _crash_point("after-write")
         releases = dict(st.manifest["releases"])
         releases[str(epoch)] = {"out": out, "digest": digest, "published": _now()}
@@ -1025,7 +1154,9 @@ def _remove_stale_temporaries(out: str) -> None:
     import shutil
 
     parent, base = os.path.split(out)
-    for tmp in glob.glob(os.path.join(glob.escape(parent), f".{glob.escape(base)}.tmp-*")):
+    for tmp in glob.glob(
+        os.path.join(glob.escape(parent), f".{glob.escape(base)}.tmp-*")
+    ):
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -467,7 +467,9 @@ def _check_factors(
 ) -> dict[str, float]:
     names = sorted(r.name for r in reqs)
     if not isinstance(factors, Mapping) or sorted(factors) != names:
-        got = sorted(factors) if isinstance(factors, Mapping) else type(factors).__name__
+        got = (
+            sorted(factors) if isinstance(factors, Mapping) else type(factors).__name__
+        )
         raise InvalidParameterError(
             f"public_operator_factors must name each sketch once ({names}), got {got}."
         )

@@ -176,7 +176,9 @@ class PrivacyContract:
         set_ = object.__setattr__
         set_(self, "unit", as_unit(self.unit))
         set_(
-            self, "neighboring", check_enum(Neighboring, self.neighboring, "neighboring")
+            self,
+            "neighboring",
+            check_enum(Neighboring, self.neighboring, "neighboring"),
         )
         set_(self, "accountant", check_enum(Accountant, self.accountant, "accountant"))
         set_(
@@ -196,7 +198,11 @@ class PrivacyContract:
             )
         set_(self, "shape", shape)
         reads = tuple(self.entry_reads)
-        if not reads or not set(reads) <= {"row", "column"} or len(set(reads)) != len(reads):
+        if (
+            not reads
+            or not set(reads) <= {"row", "column"}
+            or len(set(reads)) != len(reads)
+        ):
             raise InvalidParameterError(
                 "entry_reads must name 'row' and/or 'column' once each, got "
                 f"entry_reads={self.entry_reads!r}."

@@ -479,7 +479,9 @@ def _check_details(details: object, where: str = "details") -> None:
 
 def _write_atomic(path: pathlib.Path, data: Mapping[str, Any]) -> None:
     """Write JSON atomically and durably, mode 0600 (:func:`pipeline._durable.write_private`)."""
-    write_private(os.fspath(path), (json.dumps(data, indent=2, allow_nan=False) + "\n").encode())
+    write_private(
+        os.fspath(path), (json.dumps(data, indent=2, allow_nan=False) + "\n").encode()
+    )
 
 
 @contextlib.contextmanager
@@ -586,7 +588,9 @@ def _check_record(rec: object, led: _Declared, where: str) -> None:
             f"match its kind {rec.get('kind')!r}."
         )
     if _contract_factor(contract, led) is None:
-        raise StoreLayoutError(f"{where} cannot be composed here: {_refusal(contract, led)}")
+        raise StoreLayoutError(
+            f"{where} cannot be composed here: {_refusal(contract, led)}"
+        )
 
 
 def _check_legacy_record(rec: Mapping[str, Any], led: _Declared, where: str) -> None:
@@ -835,7 +839,11 @@ class Ledger:
             if math.isfinite(new.z)
             else f"it counts as a group of {new.factor:g}"
         )
-        read = f" (read at the ledger's {led.describe()}, {how})" if new.factor != 1.0 else ""
+        read = (
+            f" (read at the ledger's {led.describe()}, {how})"
+            if new.factor != 1.0
+            else ""
+        )
         raise BudgetExceededError(
             f"Release (epsilon={calibration.epsilon!r}, "
             f"delta={calibration.delta!r}){read} would exceed the dataset's lifetime "
@@ -987,7 +995,11 @@ class Ledger:
             if stamp is not None:
                 record["time"] = str(stamp)
             record["details"] = details_copy
-            new_data = {**self._data, "format": LEDGER_FORMAT, "contract": led.to_dict()}
+            new_data = {
+                **self._data,
+                "format": LEDGER_FORMAT,
+                "contract": led.to_dict(),
+            }
             new_data["releases"] = [*self._data["releases"], record]
             self._persist(new_data)
             self._data = new_data
@@ -1108,7 +1120,10 @@ class InProcessLedger(Ledger):
         """As :meth:`Ledger.check`; a release of another population is told to name it."""
         self._widen_for(contract)
         led = _declared(self._data)
-        if isinstance(contract, PrivacyContract) and _contract_factor(contract, led) is None:
+        if (
+            isinstance(contract, PrivacyContract)
+            and _contract_factor(contract, led) is None
+        ):
             raise PrivacyConfigError(
                 f"this process's accountant {self.dataset!r} composes releases at "
                 f"{led.describe()} (those of its first release), but the release is at "
@@ -1163,7 +1178,9 @@ class InProcessLedger(Ledger):
             for r in self._data["releases"]
             if r.get("kind") != _APPROX_KIND
         )
-        fixed = math.fsum([c.delta_jl for c in charges] + [c.delta_approx for c in charges])
+        fixed = math.fsum(
+            [c.delta_jl for c in charges] + [c.delta_approx for c in charges]
+        )
         z_tot = _compose_multipliers([c.z for c in charges])
         eps_a = math.fsum(c.epsilon_approx for c in charges)
         gauss = 0.0 if math.isinf(z_tot) else gaussian_epsilon(z_tot, delta_g)
@@ -1189,7 +1206,9 @@ IN_MEMORY_DATASET = "in-memory inputs of this process"
 _IN_PROCESS: dict[str | None, InProcessLedger] = {}
 
 
-def in_process_ledger(dataset: str | None, contract: PrivacyContract) -> InProcessLedger:
+def in_process_ledger(
+    dataset: str | None, contract: PrivacyContract
+) -> InProcessLedger:
     """This process's accountant of ``dataset`` (created with ``contract``'s unit).
 
     Parameters

@@ -67,8 +67,6 @@ _RDP_ORDERS = tuple(
 )
 
 
-
-
 def _trial_rho(chi: float, zeta: float, sens: PcaSensitivities) -> float:
     """zCDP cost of one trial, the same for every ``t`` (spec 2.5, 3.5)."""
     # t iterations x (H: s_gram^2 / (2 chi^2 t) + Z: (c R)^2 / (2 chi^2 t R^2)),
@@ -249,7 +247,7 @@ class SelectionCalibration:
     @property
     def rho_init(self) -> float:
         """zCDP cost of ``M``."""
-        return self.sensitivities.gram ** 2 / (2.0 * self.noise_init**2)
+        return self.sensitivities.gram**2 / (2.0 * self.noise_init**2)
 
     @property
     def rho_trial(self) -> float:

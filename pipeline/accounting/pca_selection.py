@@ -119,7 +119,10 @@ class CandidateSelection(PcaCalibration):
             self.gamma_scale
             * 4.0
             * self.chi_h[j]
-            * (2.0 * math.sqrt(self.rank) + math.sqrt(2.0 * math.log(16.0 * T / self.beta)))
+            * (
+                2.0 * math.sqrt(self.rank)
+                + math.sqrt(2.0 * math.log(16.0 * T / self.beta))
+            )
         )
 
     def radius_of(self, j: int) -> float | None:
@@ -229,7 +232,9 @@ def _check_candidates(candidates: object) -> tuple[tuple[float | None, int], ...
             continue
         out.append(
             (
-                check_float_in_interval(r, "candidate clip radius", 0.0, math.inf, privacy=True),
+                check_float_in_interval(
+                    r, "candidate clip radius", 0.0, math.inf, privacy=True
+                ),
                 check_int_in_range(t, "candidate iterations", 1, 10_000),
             )
         )
@@ -332,8 +337,12 @@ def calibrate_candidates(
     )  # fmt: skip
     mechanisms = tuple(
         PcaMechanism(
-            label=label, shape=_shape(label, d, k), symmetric=label[0] in "MH",
-            sensitivity=bound, sigma=applied, count=count,
+            label=label,
+            shape=_shape(label, d, k),
+            symmetric=label[0] in "MH",
+            sensitivity=bound,
+            sigma=applied,
+            count=count,
         )
         for label, (bound, applied, count) in base._want().items()
     )

@@ -52,7 +52,9 @@ class MatrixSource(Protocol):
     def tall_matmul(self, Q: Any, M: FloatArray) -> Any:
         """``Q @ M`` (tall) for a small ``M`` of shape (t, k)."""
 
-    def finish_local_qr(self, Q: Any, R: FloatArray, left: Any) -> tuple[Any, FloatArray]:
+    def finish_local_qr(
+        self, Q: Any, R: FloatArray, left: Any
+    ) -> tuple[Any, FloatArray]:
         """Second TSQR level of a pass run with ``PassRequest.local_qr``.
 
         Only called when :meth:`sketch` returned ``"<name>_R"``: a source that

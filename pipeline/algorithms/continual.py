@@ -89,7 +89,11 @@ __all__ = [
 # key that is used for nothing else)
 _NOISE_CODES = {
     Algorithm.SPECTRAL: {"Y": NoiseCode.Y, "Z": NoiseCode.Z},
-    Algorithm.LOW_SPACE: {"Yc": NoiseCode.Y_C, "Yr": NoiseCode.Y_R, "Z": NoiseCode.Z_CORE},
+    Algorithm.LOW_SPACE: {
+        "Yc": NoiseCode.Y_C,
+        "Yr": NoiseCode.Y_R,
+        "Z": NoiseCode.Z_CORE,
+    },
 }
 
 
@@ -180,7 +184,11 @@ class StreamPlan:
         HorizonExceededError
             If ``epoch > horizon`` (exit code 3: the budget covers T epochs).
         """
-        if isinstance(epoch, bool) or not isinstance(epoch, int | np.integer) or epoch < 1:
+        if (
+            isinstance(epoch, bool)
+            or not isinstance(epoch, int | np.integer)
+            or epoch < 1
+        ):
             raise EpochError(f"epoch must be an integer >= 1, got epoch={epoch!r}.")
         if epoch > self.horizon:
             raise HorizonExceededError(
@@ -192,7 +200,11 @@ class StreamPlan:
 
 
 def plan_stream(
-    params: LrfParams, shape: tuple[int, int], horizon: int, *, public_seed: int | None = None
+    params: LrfParams,
+    shape: tuple[int, int],
+    horizon: int,
+    *,
+    public_seed: int | None = None,
 ) -> StreamPlan:
     """Validate a stream's public parameters and calibrate its tree.
 
@@ -244,8 +256,16 @@ def plan_stream(
     if one.calibration is None:
         return StreamPlan(lrf=one, horizon=int(horizon), levels=levels)
     # the operators' worst-case factors do not depend on the tree: reuse them
-    factors = {sk.name: sk.jl_factor for sk in one.calibration.sketches} if one.public_sketch_seed else None
-    return StreamPlan(lrf=calibrate_plan(one, factors, tree_levels=levels), horizon=int(horizon), levels=levels)
+    factors = (
+        {sk.name: sk.jl_factor for sk in one.calibration.sketches}
+        if one.public_sketch_seed
+        else None
+    )
+    return StreamPlan(
+        lrf=calibrate_plan(one, factors, tree_levels=levels),
+        horizon=int(horizon),
+        levels=levels,
+    )
 
 
 def _stream_sizes(params: LrfParams, shape: tuple[int, int]) -> LrfParams:
@@ -299,7 +319,9 @@ class SketchDelta:
         return "SketchDelta(<private>)"
 
 
-def partition_cells(rows: IntArray, cols: IntArray, vals: FloatArray, n_parts: int, tile_size: int) -> list[tuple[IntArray, IntArray, FloatArray]]:
+def partition_cells(
+    rows: IntArray, cols: IntArray, vals: FloatArray, n_parts: int, tile_size: int
+) -> list[tuple[IntArray, IntArray, FloatArray]]:
     """Split oriented cells sorted by row into up to ``n_parts`` row ranges.
 
     Cuts fall on operator tile boundaries, so each tile of the row-indexed
@@ -310,10 +332,18 @@ def partition_cells(rows: IntArray, cols: IntArray, vals: FloatArray, n_parts: i
     n_parts = max(1, min(n_parts, rows.size))
     tiles = rows // tile_size
     targets = np.linspace(0, rows.size, n_parts + 1)[1:-1].astype(np.int64)
-    cuts = np.unique(np.searchsorted(tiles, tiles[targets], side="left")) if targets.size else np.zeros(0, np.int64)
+    cuts = (
+        np.unique(np.searchsorted(tiles, tiles[targets], side="left"))
+        if targets.size
+        else np.zeros(0, np.int64)
+    )
     cuts = cuts[(cuts > 0) & (cuts < rows.size)]
     bounds = [0, *cuts.tolist(), rows.size]
-    return [(rows[a:b], cols[a:b], vals[a:b]) for a, b in itertools.pairwise(bounds) if b > a]
+    return [
+        (rows[a:b], cols[a:b], vals[a:b])
+        for a, b in itertools.pairwise(bounds)
+        if b > a
+    ]
 
 
 def _compact(index: IntArray, length: int) -> tuple[IntArray, IntArray]:
@@ -364,11 +394,19 @@ def sketch_cells(
     if plan.lrf.params.algorithm is Algorithm.SPECTRAL:
         y = D @ ops["Phi"].rows(J)
         z = Dt @ ops["S"].rows(I)  # (S X)^T restricted to columns J
-        return SketchDelta(row_index=I, row_blocks={"Y": y}, col_index=J, col_blocks={"Z": z}, core={})
+        return SketchDelta(
+            row_index=I, row_blocks={"Y": y}, col_index=J, col_blocks={"Z": z}, core={}
+        )
     yc = D @ ops["PhiC"].rows(J)
     yr = Dt @ ops["Psi"].rows(I)
     zc = ops["S"].rows(I).T @ (D @ ops["T"].rows(J))
-    return SketchDelta(row_index=I, row_blocks={"Yc": yc}, col_index=J, col_blocks={"Yr": yr}, core={"Z": zc})
+    return SketchDelta(
+        row_index=I,
+        row_blocks={"Yc": yc},
+        col_index=J,
+        col_blocks={"Yr": yr},
+        core={"Z": zc},
+    )
 
 
 def apply_delta(sketches: dict[str, FloatArray], delta: SketchDelta) -> None:
@@ -411,16 +449,26 @@ def advance_tree(
         part = levels.get(j)
         if part is None:
             continue
-        merged = {k: v.copy() for k, v in part.items()} if merged is None else {k: merged[k] + v for k, v in part.items()}
+        merged = (
+            {k: v.copy() for k, v in part.items()}
+            if merged is None
+            else {k: merged[k] + v for k, v in part.items()}
+        )
     if epoch_sketch is not None:
-        merged = {k: np.array(v, dtype=np.float64) for k, v in epoch_sketch.items()} if merged is None else {k: merged[k] + epoch_sketch[k] for k in merged}
+        merged = (
+            {k: np.array(v, dtype=np.float64) for k, v in epoch_sketch.items()}
+            if merged is None
+            else {k: merged[k] + epoch_sketch[k] for k in merged}
+        )
     out = {j: v for j, v in levels.items() if j > ell}
     if merged is not None:
         out[ell] = merged
     return out
 
 
-def node_noise(plan: StreamPlan, key: NoiseKey, name: str, level: int, node: int) -> FloatArray:
+def node_noise(
+    plan: StreamPlan, key: NoiseKey, name: str, level: int, node: int
+) -> FloatArray:
     """The noise of statistic ``name`` at tree node (level, node), as stored.
 
     Keyed by (stream key, statistic, level, node) [spec 3.4, step 4]: fresh for
@@ -433,7 +481,13 @@ def node_noise(plan: StreamPlan, key: NoiseKey, name: str, level: int, node: int
     shape = plan.shapes()[name]
     alg = plan.lrf.params.algorithm
     sub = key.derive("tree", int(_NOISE_CODES[alg][name]), int(level), int(node))
-    g = GaussianNoise(key=sub, sigma=sigma, length=shape[0], dim=shape[1], tile_size=plan.lrf.params.tile_size)
+    g = GaussianNoise(
+        key=sub,
+        sigma=sigma,
+        length=shape[0],
+        dim=shape[1],
+        tile_size=plan.lrf.params.tile_size,
+    )
     return g.dense()
 
 
@@ -468,13 +522,21 @@ def noisy_sketches(
     return out
 
 
-def release_factorization(plan: StreamPlan, sketches: Mapping[str, FloatArray], sketch_seed: int) -> Factorization:
+def release_factorization(
+    plan: StreamPlan, sketches: Mapping[str, FloatArray], sketch_seed: int
+) -> Factorization:
     """Factorize released (already noisy) sketches: pure post-processing [spec 3.4, step 6]."""
     lrf = plan.lrf
     ops = plan_operators(lrf, sketch_seed)
-    src = ArraySource(np.zeros((0, 0)))  # only its in-memory tall-matrix operations are used
+    src = ArraySource(
+        np.zeros((0, 0))
+    )  # only its in-memory tall-matrix operations are used
     exact = {name: (x.T if name in plan.wide else x) for name, x in sketches.items()}
-    post = _spectral_post if lrf.params.algorithm is Algorithm.SPECTRAL else _low_space_post
+    post = (
+        _spectral_post
+        if lrf.params.algorithm is Algorithm.SPECTRAL
+        else _low_space_post
+    )
     Ux, s, Vx = post(src, lrf, exact, ops, None)
     U, V = (Vx, Ux) if lrf.transpose else (Ux, Vx)
     return Factorization(U=U, S=s, V=V)
@@ -489,7 +551,11 @@ def noise_std(plan: StreamPlan, epoch: int) -> dict[str, float]:
     return {name: math.sqrt(pc) * plan.lrf.sigma(name) for name in plan.names}
 
 
-def sum_deltas(plan: StreamPlan, deltas: Iterable[SketchDelta], into: dict[str, FloatArray] | None = None) -> dict[str, FloatArray]:
+def sum_deltas(
+    plan: StreamPlan,
+    deltas: Iterable[SketchDelta],
+    into: dict[str, FloatArray] | None = None,
+) -> dict[str, FloatArray]:
     """Accumulate deltas into exact sketches (zero ones when ``into`` is None)."""
     acc = empty_sketches(plan) if into is None else into
     for d in deltas:

@@ -109,7 +109,9 @@ __all__ = [
 ]
 
 
-def pass_request(plan: LrfPlan, root: int, input_dtype: Any = np.float64) -> PassRequest:
+def pass_request(
+    plan: LrfPlan, root: int, input_dtype: Any = np.float64
+) -> PassRequest:
     """The single pass over ``A`` that ``plan`` needs, for sketch seed ``root``."""
     ops = plan_operators(plan, root)
     p = plan.params
@@ -119,12 +121,21 @@ def pass_request(plan: LrfPlan, root: int, input_dtype: Any = np.float64) -> Pas
     dtype: type = np.float64
     if not p.private and np.dtype(input_dtype) == np.float32:
         dtype = np.float32
-    common: dict[str, Any] = {"transpose": plan.transpose, "clip": clip, "compute_dtype": dtype}
+    common: dict[str, Any] = {
+        "transpose": plan.transpose,
+        "clip": clip,
+        "compute_dtype": dtype,
+    }
     if p.algorithm is Algorithm.SPECTRAL:
         # non-private: Y needs no noise, so each chunk may start its TSQR and
         # apply S to its Q block while S is at hand [spec 6.2]
         local = (("Y", "Z"),) if not p.private else ()
-        return PassRequest(right=(("Y", ops["Phi"]),), left=(("Z", ops["S"]),), local_qr=local, **common)
+        return PassRequest(
+            right=(("Y", ops["Phi"]),),
+            left=(("Z", ops["S"]),),
+            local_qr=local,
+            **common,
+        )
     return PassRequest(
         right=(("Yc", ops["PhiC"]),),
         left=(("Yr", ops["Psi"]),),
@@ -238,7 +249,11 @@ def run_lrf(
     if before_noise is not None:
         before_noise()
     ops = plan_operators(plan, root)
-    post = _spectral_post if plan.params.algorithm is Algorithm.SPECTRAL else _low_space_post
+    post = (
+        _spectral_post
+        if plan.params.algorithm is Algorithm.SPECTRAL
+        else _low_space_post
+    )
     with one_blas_thread():  # the same bits on any client
         Ux, s, Vx = post(source, plan, exact, ops, noise_key)
     U, V = (Vx, Ux) if plan.transpose else (Ux, Vx)
@@ -248,26 +263,50 @@ def run_lrf(
 def _check_keys(plan: LrfPlan, sketch_seed: int, noise_key: NoiseKey | None) -> None:
     if plan.calibration is not None and noise_key is None:
         raise InvalidParameterError("a private release needs a noise key.")
-    if plan.public_sketch_seed and seed_fingerprint(sketch_seed) != plan.public_seed_fingerprint:
+    if (
+        plan.public_sketch_seed
+        and seed_fingerprint(sketch_seed) != plan.public_seed_fingerprint
+    ):
         raise InvalidParameterError(
             "the plan is calibrated for the operators of another public sketch seed; "
             "plan with public_seed set to the seed the release runs with."
         )
 
 
-def _noise(plan: LrfPlan, key: NoiseKey | None, name: str, code: NoiseCode, length: int, dim: int) -> GaussianNoise | None:
+def _noise(
+    plan: LrfPlan,
+    key: NoiseKey | None,
+    name: str,
+    code: NoiseCode,
+    length: int,
+    dim: int,
+) -> GaussianNoise | None:
     if plan.calibration is None or key is None:
         return None
     sigma = plan.sigma(name)
-    return GaussianNoise(key=key.derive(int(code)), sigma=sigma, length=length, dim=dim, tile_size=plan.params.tile_size)
+    return GaussianNoise(
+        key=key.derive(int(code)),
+        sigma=sigma,
+        length=length,
+        dim=dim,
+        tile_size=plan.params.tile_size,
+    )
 
 
-def _spectral_post(source: MatrixSource, plan: LrfPlan, exact: dict[str, Any], ops: dict[str, SketchOperator], key: NoiseKey | None) -> tuple[Any, FloatArray, FloatArray]:
+def _spectral_post(
+    source: MatrixSource,
+    plan: LrfPlan,
+    exact: dict[str, Any],
+    ops: dict[str, SketchOperator],
+    key: NoiseKey | None,
+) -> tuple[Any, FloatArray, FloatArray]:
     M, N = plan.oriented_shape
     # pop: the noise-free sketches must not outlive the noisy ones (memory, and they
     # are as sensitive as the data)
     Y, Z = exact.pop("Y"), exact.pop("Z")
-    ny = _noise(plan, key, "Y", NoiseCode.Y, M, plan.t)  # [Upa18, Fig. 1, step 3]: Y = A Phi + N_1
+    ny = _noise(
+        plan, key, "Y", NoiseCode.Y, M, plan.t
+    )  # [Upa18, Fig. 1, step 3]: Y = A Phi + N_1
     nz = _noise(plan, key, "Z", NoiseCode.Z, N, plan.v)
     if nz is not None:
         Z = Z + nz.dense().T  # Z = S A + N_2, noise tiled along the columns of Z
@@ -284,7 +323,13 @@ def _spectral_post(source: MatrixSource, plan: LrfPlan, exact: dict[str, Any], o
     return source.tall_matmul(Q, W), s, Vx * signs  # [spec 3.2, F3]
 
 
-def _low_space_post(source: MatrixSource, plan: LrfPlan, exact: dict[str, Any], ops: dict[str, SketchOperator], key: NoiseKey | None) -> tuple[Any, FloatArray, FloatArray]:
+def _low_space_post(
+    source: MatrixSource,
+    plan: LrfPlan,
+    exact: dict[str, Any],
+    ops: dict[str, SketchOperator],
+    key: NoiseKey | None,
+) -> tuple[Any, FloatArray, FloatArray]:
     M, N = plan.oriented_shape
     k, padded = plan.params.rank, plan.params.padded
     Yc, Yr, Z = exact.pop("Yc"), exact.pop("Yr"), exact.pop("Z")
@@ -323,7 +368,13 @@ def _low_space_post(source: MatrixSource, plan: LrfPlan, exact: dict[str, Any], 
 GRAM_MIN_RATIO = 1e-8
 
 
-def _range_basis(source: MatrixSource, plan: LrfPlan, Y: Any, S: SketchOperator, noise: GaussianNoise | None) -> tuple[Any, FloatArray, FloatArray | None]:
+def _range_basis(
+    source: MatrixSource,
+    plan: LrfPlan,
+    Y: Any,
+    S: SketchOperator,
+    noise: GaussianNoise | None,
+) -> tuple[Any, FloatArray, FloatArray | None]:
     """The range basis of the tall ``Y``, after its noise: ``(Q, S^T Q B, B)``.
 
     The basis is ``Q B`` (``B`` None: ``Q`` itself) and is orthonormal: the top
@@ -367,7 +418,9 @@ def gram_basis(gram: FloatArray, rank: int | None) -> FloatArray | None:
     return None if svd is None else svd[0]
 
 
-def gram_svd(gram: FloatArray, rank: int | None) -> tuple[FloatArray, FloatArray, FloatArray] | None:
+def gram_svd(
+    gram: FloatArray, rank: int | None
+) -> tuple[FloatArray, FloatArray, FloatArray] | None:
     """The top ``r`` singular triplets of a tall ``Y`` from ``gram = Y^T Y``.
 
     With ``Y^T Y = W diag(s^2) W^T``, ``Y = (Y B) diag(s) W^T`` where ``B = W
@@ -401,7 +454,14 @@ def top_singular_vectors(Y: FloatArray, rank: int) -> FloatArray:
     return np.ascontiguousarray(U[:, :rank])
 
 
-def _pad(plan: LrfPlan, Yr: FloatArray, Z: FloatArray, T: FloatArray, ops: dict[str, SketchOperator], key: NoiseKey | None) -> tuple[FloatArray, FloatArray, FloatArray]:
+def _pad(
+    plan: LrfPlan,
+    Yr: FloatArray,
+    Z: FloatArray,
+    T: FloatArray,
+    ops: dict[str, SketchOperator],
+    key: NoiseKey | None,
+) -> tuple[FloatArray, FloatArray, FloatArray]:
     """The paper's padding ``(A, sigma_min I_M)`` as public additions [spec 3.3, R2]."""
     M, _ = plan.oriented_shape
     cal = plan.calibration
@@ -410,8 +470,9 @@ def _pad(plan: LrfPlan, Yr: FloatArray, Z: FloatArray, T: FloatArray, ops: dict[
     pad_cols = sigma_min * Psi.T
     npad = _noise(plan, key, "Yr", NoiseCode.PAD, M, plan.t)
     if npad is not None:
-        pad_cols = pad_cols + npad.dense().T  # the paper's N_1 also covers these columns
+        pad_cols = (
+            pad_cols + npad.dense().T
+        )  # the paper's N_1 also covers these columns
     Tpad = ops["Tpad"].dense()  # M x v, public
     Z = Z + sigma_min * (ops["S"].dense().T @ Tpad)
     return np.hstack([Yr, pad_cols]), Z, np.vstack([T, Tpad])
-

@@ -134,7 +134,9 @@ class Prediction:
         }
 
 
-def full_gm_error(M: int, N: int, noise_multiplier: float, frobenius_bound: float) -> float:
+def full_gm_error(
+    M: int, N: int, noise_multiplier: float, frobenius_bound: float
+) -> float:
     """``s Delta_F sqrt(M + N)``: the full GM's additive spectral error, roughly.
 
     Its residual is the noise on the signal's column and row spaces, ``N P_V``
@@ -151,7 +153,12 @@ def full_gm_error(M: int, N: int, noise_multiplier: float, frobenius_bound: floa
 
 
 def sketch_ratio(
-    M: int, N: int, *, weight: float, g_range: float, g_corange: float,
+    M: int,
+    N: int,
+    *,
+    weight: float,
+    g_range: float,
+    g_corange: float,
     kappa: float = KAPPA_ONE_PASS,
 ) -> float:
     """The model's error ratio to the full GM (module docstring).
@@ -233,7 +240,9 @@ def clipped_range_sizes(rank: int) -> tuple[int, int]:
     return max(2 * rank, rank + 10), default_sketch_sizes(rank, private=False)[1]
 
 
-def default_sizes(plan: LrfPlan, *, clipped_range: bool | None = None) -> tuple[int, int]:
+def default_sizes(
+    plan: LrfPlan, *, clipped_range: bool | None = None
+) -> tuple[int, int]:
     """The model's ``(t, v)`` for a private ``plan``, clamped to its shape.
 
     With a tail bound on the range side: the smallest ``t >= max(4k, k + 20)``

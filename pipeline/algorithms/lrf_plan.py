@@ -197,7 +197,11 @@ class LrfParams:
             raise PrivacyConfigError(
                 "a non-private run takes no epsilon or delta; drop them or drop non-private."
             )
-        set_(self, "neighboring", check_enum(Neighboring, self.neighboring, "neighboring"))
+        set_(
+            self,
+            "neighboring",
+            check_enum(Neighboring, self.neighboring, "neighboring"),
+        )
         if self.operator is not None:
             set_(self, "operator", check_enum(OperatorKind, self.operator, "operator"))
         set_(self, "algorithm", self._algorithm())
@@ -233,8 +237,13 @@ class LrfParams:
 
     @classmethod
     def of(
-        cls, rank: int, *, clip_norm: float = 1.0, unit: str | PrivacyUnit = "row",
-        operator: str | OperatorKind | None = None, **kw: Any,
+        cls,
+        rank: int,
+        *,
+        clip_norm: float = 1.0,
+        unit: str | PrivacyUnit = "row",
+        operator: str | OperatorKind | None = None,
+        **kw: Any,
     ) -> LrfParams:
         """From user-facing names: ``clip_norm`` and ``unit`` make the ClipSpec,
         ``operator="auto"`` means None.
@@ -421,7 +430,9 @@ def _resolve_sizes(p: LrfParams, M: int, N: int) -> tuple[int, int]:
     )
     t0, v0 = default_sketch_sizes(k, private=p.private)
     if p.sketch_size is None:
-        t = min(t0, small)  # defaults shrink to fit a small matrix; user values never do
+        t = min(
+            t0, small
+        )  # defaults shrink to fit a small matrix; user values never do
         if v_cap is not None:
             t = min(t, v_cap - 1)  # leave room for t < v <= M (square Spectral input)
         if t <= k:  # only M = N = k + 1: no k < t < v <= M exists
@@ -430,13 +441,21 @@ def _resolve_sizes(p: LrfParams, M: int, N: int) -> tuple[int, int]:
                 f"on a square matrix, got rank={k}."
             )
     else:
-        t = check_int_in_range(p.sketch_size, "sketch_size", k + 1, small, what="[rank + 1, min(n_rows, n_cols)]")
+        t = check_int_in_range(
+            p.sketch_size,
+            "sketch_size",
+            k + 1,
+            small,
+            what="[rank + 1, min(n_rows, n_cols)]",
+        )
     if p.core_size is None:
         v = v0 if p.sketch_size is None else (4 * t if p.private else 6 * t + 1)
         v = min(v, v_cap) if v_cap is not None else v
     else:
         v = p.core_size
-    hi_txt = "[sketch_size + 1, max(n_rows, n_cols)]" if v_cap else "[sketch_size + 1, inf)"
+    hi_txt = (
+        "[sketch_size + 1, max(n_rows, n_cols)]" if v_cap else "[sketch_size + 1, inf)"
+    )
     v = check_int_in_range(v, "core_size", t + 1, v_cap, what=hi_txt)
     return t, v
 
@@ -493,9 +512,14 @@ def plan_lrf(
         from pipeline.algorithms.two_pass import plan_two_pass
 
         return plan_two_pass(params, shape, public_seed=public_seed)  # type: ignore[return-value]
-    m, n = (check_int_in_range(x, nm, 1) for x, nm in zip(shape, ("n_rows", "n_cols"), strict=True))
+    m, n = (
+        check_int_in_range(x, nm, 1)
+        for x, nm in zip(shape, ("n_rows", "n_cols"), strict=True)
+    )
     if params.padded and params.algorithm is not Algorithm.LOW_SPACE:
-        raise InvalidParameterError("padded=True applies to algorithm='low-space' only.")
+        raise InvalidParameterError(
+            "padded=True applies to algorithm='low-space' only."
+        )
     if public_seed is not None:
         public_seed = check_int_in_range(public_seed, "seed", 0, 2**128 - 1)
     # Spectral and unpadded Low-Space put the t-sized sketch on the longer side
@@ -504,13 +528,20 @@ def plan_lrf(
     M, N = (n, m) if transpose else (m, n)
     operator = _operator_of(params, transpose, public_seed is not None, reach)
     plan = LrfPlan(
-        params=params, shape=(m, n), transpose=transpose, t=0, v=0,
-        calibration=None, operator=operator,
+        params=params,
+        shape=(m, n),
+        transpose=transpose,
+        t=0,
+        v=0,
+        calibration=None,
+        operator=operator,
     )
     if not params.private:
         t, v = _resolve_sizes(params, M, N)
         return dataclasses.replace(plan, t=t, v=v)
-    plan = choose_private_sizes(plan, clipped_range=clips_range(params, transpose, reach))
+    plan = choose_private_sizes(
+        plan, clipped_range=clips_range(params, transpose, reach)
+    )
     if public_seed is None:
         return calibrate_plan(plan)
     reach = reach or reach_of(params.clip.unit, transpose)
@@ -538,7 +569,11 @@ def choose_private_sizes(plan: LrfPlan, *, clipped_range: bool = False) -> LrfPl
     t0, v0 = lrf_model.default_sizes(plan, clipped_range=clipped_range)
     if p.sketch_size is not None and p.core_size is None and 2 * p.sketch_size > v0:
         # the model's v = 2t for a user's t above the model's: t < v must hold
-        v0 = min(2 * p.sketch_size, M) if p.algorithm is Algorithm.SPECTRAL else 2 * p.sketch_size
+        v0 = (
+            min(2 * p.sketch_size, M)
+            if p.algorithm is Algorithm.SPECTRAL
+            else 2 * p.sketch_size
+        )
     t, v = _resolve_sizes(
         dataclasses.replace(p, sketch_size=p.sketch_size or t0, core_size=p.core_size or v0),
         M, N,
@@ -571,7 +606,9 @@ def _operator_of(
             else sparse_is_exact(params.clip.unit, transpose, public_seed=public_seed)
         )
     )
-    operator = params.operator or default_operator(private=params.private, exact_sparse=exact)
+    operator = params.operator or default_operator(
+        private=params.private, exact_sparse=exact
+    )
     if params.private and operator is OperatorKind.SPARSE_SIGN and not exact:
         raise InvalidParameterError(
             "operator='sparse-sign' in a private release needs every individual within "
@@ -697,7 +734,11 @@ def _requests(plan: LrfPlan) -> list[SketchRequest]:
     if plan.params.algorithm is Algorithm.SPECTRAL:
         w = 0.5 if w is None else w
         rho = plan.range_clip
-        y_side = {"jl_dims": (), "clip_factor": rho} if rho is not None else {"jl_dims": (t,)}
+        y_side = (
+            {"jl_dims": (), "clip_factor": rho}
+            if rho is not None
+            else {"jl_dims": (t,)}
+        )
         return [
             SketchRequest(name="Y", shape=(M, t), weight=w, **y_side),
             SketchRequest(name="Z", shape=(v, N), jl_dims=s_dims, weight=1.0 - w),
@@ -706,7 +747,9 @@ def _requests(plan: LrfPlan) -> list[SketchRequest]:
     return [
         SketchRequest(name="Yc", shape=(M, t), jl_dims=(t,), weight=wc),
         SketchRequest(name="Yr", shape=(t, N), jl_dims=(t,), weight=wr),
-        SketchRequest(name="Z", shape=(v, v), jl_dims=(*s_dims, v), weight=1.0 - wc - wr),
+        SketchRequest(
+            name="Z", shape=(v, v), jl_dims=(*s_dims, v), weight=1.0 - wc - wr
+        ),
     ]
 
 
@@ -727,7 +770,9 @@ def plan_operators(plan: LrfPlan, root: int) -> dict[str, SketchOperator]:
 
     def op(code: OperatorCode, length: int, dim: int) -> SketchOperator:
         kind = plan.operator if code in sparse_ok else OperatorKind.GAUSSIAN
-        return make_operator(kind, root=root, code=code, length=length, dim=dim, tile_size=b)
+        return make_operator(
+            kind, root=root, code=code, length=length, dim=dim, tile_size=b
+        )
 
     if plan.params.algorithm is Algorithm.SPECTRAL:
         return {"Phi": op(OperatorCode.PHI, N, t), "S": op(OperatorCode.S, M, v)}

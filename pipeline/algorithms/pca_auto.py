@@ -140,7 +140,13 @@ def choose_method(params: Any, shape: tuple[int, int]) -> AutoChoice:
     score = n / (d * gamma)
     given = params.iterations is not None or params.clip_radius is not None
     if given or score >= AUTO_MARGIN:
-        return AutoChoice(method="power", iterations=T, clip_radius=R, gamma=gamma, score=score)
+        return AutoChoice(
+            method="power", iterations=T, clip_radius=R, gamma=gamma, score=score
+        )
     return AutoChoice(
-        method="analyze-gauss", iterations=None, clip_radius=None, gamma=gamma, score=score
+        method="analyze-gauss",
+        iterations=None,
+        clip_radius=None,
+        gamma=gamma,
+        score=score,
     )

@@ -60,8 +60,6 @@ def _released(x: Any, name: str) -> FloatArray:
     return np.asarray(x, dtype=np.float64)
 
 
-
-
 # --------------------------------------------------------------------------
 # Post-processing (released inputs only)
 # --------------------------------------------------------------------------

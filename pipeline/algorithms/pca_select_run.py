@@ -170,7 +170,9 @@ def _trials(key: NoiseKey | None, cal: Any) -> list[_Trial]:
     for j, l in _draw_trials(key, cal):
         R, T = float(cal.radii[j]), int(cal.iteration_grid[l])
         r = cal.effective_clip_radius(R, T)
-        out.append(_Trial(R, r, T, cal.noise_iter(T), cal.noise_iter(T) * r, cal.gamma(T)))
+        out.append(
+            _Trial(R, r, T, cal.noise_iter(T), cal.noise_iter(T) * r, cal.gamma(T))
+        )
     return out
 
 
@@ -317,9 +319,15 @@ def run_selection(
 
 
 def _run_trials(
-    rel: Any, source: RowSource, cal: Any, trials: Any, X0: FloatArray,
-    score_of: Callable[[FloatArray], Callable[[], Secret]], h: float,
-    max_concurrent_trials: int, dk: tuple[int, int],
+    rel: Any,
+    source: RowSource,
+    cal: Any,
+    trials: Any,
+    X0: FloatArray,
+    score_of: Callable[[FloatArray], Callable[[], Secret]],
+    h: float,
+    max_concurrent_trials: int,
+    dk: tuple[int, int],
 ) -> tuple[float, int, FloatArray] | None:
     """Every trial's power method in lockstep batches, then its noisy score.
 
@@ -343,11 +351,18 @@ def _run_trials(
             active = [i for i in batch if T_of[i] > t]
             _lockstep_step(rel, source, trials, Xs, active, t, dk)
         for i in batch:
-            noisy = rel.release(f"s{i}", score_of(Xs[i]), cal.score_noise(h), (1, 1), False)
+            noisy = rel.release(
+                f"s{i}", score_of(Xs[i]), cal.score_noise(h), (1, 1), False
+            )
             s = float(noisy[0, 0])
             # post-processing of the noisy scores: a power trial must beat Analyze
             # Gauss by `margin` standard deviations of a difference of two scores
-            s += getattr(cal, "margin", 0.0) * math.sqrt(2.0) * cal.score_noise(h) * (T_of[i] > 0)
+            s += (
+                getattr(cal, "margin", 0.0)
+                * math.sqrt(2.0)
+                * cal.score_noise(h)
+                * (T_of[i] > 0)
+            )
             if best is None or (s, i) < (best[0], best[1]):
                 best = (s, i, Xs[i])
     return best

@@ -52,7 +52,6 @@ References
    privacy-preserving principal component analysis. STOC 2014.
 """
 
-
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -206,8 +205,6 @@ class MemoryJournal:
 
     def record(self, label: str, value: FloatArray) -> None:
         self.values[label] = np.array(value, copy=True)
-
-
 
 
 # --------------------------------------------------------------------------

@@ -204,7 +204,9 @@ def _check_params(params: LrfParams) -> None:
             "has exactly rank columns); drop it."
         )
     if params.padded:
-        raise InvalidParameterError("padded=True applies to algorithm='low-space' only.")
+        raise InvalidParameterError(
+            "padded=True applies to algorithm='low-space' only."
+        )
     if params.operator not in (None, OperatorKind.SPARSE_SIGN):
         raise InvalidParameterError(
             "algorithm='two-pass' uses a sparse sign co-range sketch (its exact "
@@ -276,12 +278,19 @@ def plan_two_pass(
     (True, (300, 500), 100, 'exact')
     """
     _check_params(params)
-    m, n = (check_int_in_range(x, nm, 1) for x, nm in zip(shape, ("n_rows", "n_cols"), strict=True))
+    m, n = (
+        check_int_in_range(x, nm, 1)
+        for x, nm in zip(shape, ("n_rows", "n_cols"), strict=True)
+    )
     transpose = _transpose(params, m, n)
     M, N = (n, m) if transpose else (m, n)
-    k = check_int_in_range(params.rank, "rank", 1, min(M, N) - 1, what="[1, min(n_rows, n_cols) - 1]")
+    k = check_int_in_range(
+        params.rank, "rank", 1, min(M, N) - 1, what="[1, min(n_rows, n_cols) - 1]"
+    )
     v = min(default_core_size(k), M) if params.core_size is None else params.core_size
-    v = check_int_in_range(v, "core_size", k + 1, M, what="[rank + 1, the oriented row count]")
+    v = check_int_in_range(
+        v, "core_size", k + 1, M, what="[rank + 1, the oriented row count]"
+    )
     if params.range_weight is not None:  # the range side is Y = X V_k here
         weight_z = 1.0 - params.range_weight
     w = check_float_in_interval(weight_z, "weight_z", 0.0, 1.0)
@@ -328,7 +337,9 @@ def _request(plan: TwoPassPlan, input_dtype: Any, **sketches: Any) -> PassReques
     if not p.private and np.dtype(input_dtype) == np.float32:
         dtype = np.float32
     clip = p.clip if p.private else None
-    return PassRequest(transpose=plan.transpose, clip=clip, compute_dtype=dtype, **sketches)
+    return PassRequest(
+        transpose=plan.transpose, clip=clip, compute_dtype=dtype, **sketches
+    )
 
 
 def top_right_vectors(Z: FloatArray, rank: int) -> FloatArray:
@@ -337,7 +348,14 @@ def top_right_vectors(Z: FloatArray, rank: int) -> FloatArray:
     return np.ascontiguousarray(vt[:rank].T)
 
 
-def _noise(plan: TwoPassPlan, key: NoiseKey | None, name: str, code: NoiseCode, length: int, dim: int) -> GaussianNoise | None:
+def _noise(
+    plan: TwoPassPlan,
+    key: NoiseKey | None,
+    name: str,
+    code: NoiseCode,
+    length: int,
+    dim: int,
+) -> GaussianNoise | None:
     if plan.calibration is None or key is None:
         return None
     return GaussianNoise(
@@ -427,7 +445,9 @@ def run_two_pass(
         return _release(source, plan, Vk, y_exact, noise_key)
 
 
-def _co_range_basis(plan: TwoPassPlan, z_exact: Any, key: NoiseKey | None) -> FloatArray:
+def _co_range_basis(
+    plan: TwoPassPlan, z_exact: Any, key: NoiseKey | None
+) -> FloatArray:
     """``V_k``: top-k right singular vectors of ``Z = S X + N_Z`` [private-lrf-2, 6.1]."""
     _, N = plan.oriented_shape
     Z = np.array(z_exact, dtype=np.float64)
@@ -437,7 +457,13 @@ def _co_range_basis(plan: TwoPassPlan, z_exact: Any, key: NoiseKey | None) -> Fl
     return top_right_vectors(Z, plan.t)
 
 
-def _release(source: MatrixSource, plan: TwoPassPlan, Vk: FloatArray, y_exact: Any, key: NoiseKey | None) -> Factorization:
+def _release(
+    source: MatrixSource,
+    plan: TwoPassPlan,
+    Vk: FloatArray,
+    y_exact: Any,
+    key: NoiseKey | None,
+) -> Factorization:
     """``Y + N_Y = Q R``, ``R = P diag(s) W^T``: ``U = Q P``, ``V = V_k W`` [6.3]."""
     M, _ = plan.oriented_shape
     k = plan.params.rank

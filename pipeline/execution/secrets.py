@@ -117,7 +117,9 @@ class _SecretPlugin(WorkerPlugin):
     """Installs one sealed secret on each worker for as long as its lease is
     renewed (module docstring); its repr shows no secret."""
 
-    def __init__(self, name: str, token: str, value: Any, lease_s: float = DEFAULT_LEASE_S) -> None:
+    def __init__(
+        self, name: str, token: str, value: Any, lease_s: float = DEFAULT_LEASE_S
+    ) -> None:
         self.name = name
         self.lease_s = lease_s
         self._token = token
@@ -160,7 +162,9 @@ class _SecretPlugin(WorkerPlugin):
             await asyncio.sleep(self.lease_s / CHECKS_PER_LEASE)
             try:
                 count = await asyncio.wait_for(
-                    worker.scheduler.get_metadata(keys=[LEASE_KEY, self.name], default=None),
+                    worker.scheduler.get_metadata(
+                        keys=[LEASE_KEY, self.name], default=None
+                    ),
                     self.lease_s,
                 )
             except Exception:  # noqa: BLE001, S112 - no answer: no decision
@@ -177,7 +181,9 @@ class _SecretPlugin(WorkerPlugin):
         self._watch = None
         self._forget()
         with contextlib.suppress(Exception):  # another worker may have removed it first
-            await asyncio.wait_for(worker.scheduler.unregister_worker_plugin(name=self.name), self.lease_s)
+            await asyncio.wait_for(
+                worker.scheduler.unregister_worker_plugin(name=self.name), self.lease_s
+            )
 
 
 class _Renewal:
@@ -187,7 +193,9 @@ class _Renewal:
         self.client, self.name, self.lease_s = client, name, lease_s
         self.count = 1
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="dplr-secret-lease", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name="dplr-secret-lease", daemon=True
+        )
 
     def start(self) -> None:
         """Open the lease (synchronously: the workers find it on their first check) and keep it."""
@@ -263,7 +271,9 @@ def _register(client: Client, plugin: _SecretPlugin, name: str) -> None:
         try:
             client.register_plugin(plugin, name=name)
             return
-        except OSError as exc:  # CommClosedError, connect timeouts; they name addresses only
+        except (
+            OSError
+        ) as exc:  # CommClosedError, connect timeouts; they name addresses only
             if attempt == REGISTER_ATTEMPTS or client.status != "running":
                 remove_secret(client, name)
                 raise RuntimeError(

@@ -94,7 +94,9 @@ def _block_task(
     return _spill_parts(parts, spill)
 
 
-def _spill_parts(parts: tuple[Any, ...], paths: tuple[str, ...] | None) -> tuple[Any, ...]:
+def _spill_parts(
+    parts: tuple[Any, ...], paths: tuple[str, ...] | None
+) -> tuple[Any, ...]:
     """Write the first ``len(paths)`` (tall) partials to the scratch directory
     in the pass task itself; the result keeps only the small ones."""
     if not paths:
@@ -126,13 +128,21 @@ def _read_block_task(
     block = _read_rows(reader, cuts, cols, first, c)
     where = _band_where(first, first + len(cuts) - 2, c)
     parts = block_partials(
-        block, cuts[0], cols[0], request, row_scale=row_scale, col_scale=col_scale, where=where
+        block,
+        cuts[0],
+        cols[0],
+        request,
+        row_scale=row_scale,
+        col_scale=col_scale,
+        where=where,
     )
     return _spill_parts(parts, spill)
 
 
 def _band_where(first: int, last: int, c: int) -> str:
-    return f"chunk ({first}, {c})" if first == last else f"chunks ({first}..{last}, {c})"
+    return (
+        f"chunk ({first}, {c})" if first == last else f"chunks ({first}..{last}, {c})"
+    )
 
 
 def _read_rows(
@@ -446,7 +456,9 @@ class DaskSource:
                 }
                 graph = HighLevelGraph.from_collections(sname, layer, dependencies=[x])
                 tokens.append(
-                    da.Array(graph, sname, chunks=((1,) * len(paths), (1,)), dtype=np.float64)
+                    da.Array(
+                        graph, sname, chunks=((1,) * len(paths), (1,)), dtype=np.float64
+                    )
                 )
                 kept[name] = _load_array(paths, x.chunks, lname)
             running = self.client.persist([*tokens, *small.values()])
@@ -473,7 +485,10 @@ class DaskSource:
         return (_concat_rows, [(A.name, r, c) for r in range(a, b)], a, c)
 
     def _scale_keys(
-        self, request: PassRequest, layer: dict[Any, Any], bands: list[tuple[int, int]],
+        self,
+        request: PassRequest,
+        layer: dict[Any, Any],
+        bands: list[tuple[int, int]],
         rkey: Any,
     ) -> tuple[dict[int, Any], dict[int, Any]]:
         """Norm pre-pass for row/column clipping when a row/column spans chunks
@@ -494,17 +509,23 @@ class DaskSource:
                 src = self._band_source(band, c, rkey)
                 layer[(nname, i, c)] = (_block_sumsq, src, axis, where)
         for j in range(nc if axis == 0 else nb):
-            leaves = [(nname, j, c) for c in range(nc)] if axis == 1 else [
-                (nname, i, j) for i in range(nb)
-            ]
+            leaves = (
+                [(nname, j, c) for c in range(nc)]
+                if axis == 1
+                else [(nname, i, j) for i in range(nb)]
+            )
             layer[(sname, j)] = (_scale_from, leaves, clip.clip_norm)
             (rows if axis == 1 else cols)[j] = (sname, j)
         self.n_passes += 1
         return rows, cols
 
     def _partial_tasks(
-        self, layer: dict[Any, Any], request: PassRequest, bands: list[tuple[int, int]],
-        rkey: Any, scales: tuple[dict[int, Any], dict[int, Any]],
+        self,
+        layer: dict[Any, Any],
+        request: PassRequest,
+        bands: list[tuple[int, int]],
+        rkey: Any,
+        scales: tuple[dict[int, Any], dict[int, Any]],
         spill: Callable[[int, int], tuple[str, ...] | None],
     ) -> str:
         """One pass task per band and column block; returns their layer name."""
@@ -539,7 +560,9 @@ class DaskSource:
         out = {}
         for name, _ in request.right:
             sname = _name(f"spill-{name}")
-            out[name] = [os.path.join(self.scratch, f"{sname}-{R}.npy") for R in range(n_x_rows)]
+            out[name] = [
+                os.path.join(self.scratch, f"{sname}-{R}.npy") for R in range(n_x_rows)
+            ]
         return out
 
     def sketch(self, request: PassRequest) -> dict[str, Any]:
@@ -560,7 +583,9 @@ class DaskSource:
         row_keys, col_keys = self._scale_keys(request, layer, bands, rkey)
         brows = tuple(sum(A.chunks[0][a:b]) for a, b in bands)
         # X = A.T when transposed: X row block R is A column block R
-        x_row_chunks, x_col_chunks = (A.chunks[1], brows) if tr else (brows, A.chunks[1])
+        x_row_chunks, x_col_chunks = (
+            (A.chunks[1], brows) if tr else (brows, A.chunks[1])
+        )
         spilled = self._spill_plan(request, len(x_row_chunks), (nb if tr else nc) == 1)
 
         def spill(i: int, c: int) -> tuple[str, ...] | None:
@@ -619,7 +644,9 @@ class DaskSource:
             for name, op in request.right
             if spilled
         }
-        result = self._finish_pass(request, arrays, f"pass over the input: {nr * nc} chunks")
+        result = self._finish_pass(
+            request, arrays, f"pass over the input: {nr * nc} chunks"
+        )
         result.pop("_spilled", None)
         return {**loaded, **result}
 
@@ -656,7 +683,14 @@ class DaskSource:
         gname, lname = _name("noisy-gram"), _name("noisy-left")
         layer: dict[Any, Any] = {}
         for b in range(nb):
-            layer[(bname, b)] = (_block_noise_gram, (Y.name, b, 0), fn, op, offs[b], offs[b + 1])
+            layer[(bname, b)] = (
+                _block_noise_gram,
+                (Y.name, b, 0),
+                fn,
+                op,
+                offs[b],
+                offs[b + 1],
+            )
             layer[(yname, b, 0)] = (operator.getitem, (bname, b), 0)
         leaves = [(bname, b) for b in range(nb)]
         _tree(layer, gname, (gname, 0, 0), leaves, 1)
@@ -665,9 +699,13 @@ class DaskSource:
         graph = HighLevelGraph.from_collections(yname, layer, dependencies=[Y])
         small = {"G": da.Array(graph, gname, chunks=((t,), (t,)), dtype=np.float64)}
         if op is not None:
-            small["L"] = da.Array(graph, lname, chunks=((op.dim,), (t,)), dtype=np.float64)
+            small["L"] = da.Array(
+                graph, lname, chunks=((op.dim,), (t,)), dtype=np.float64
+            )
         noisy = da.Array(graph, yname, chunks=Y.chunks, dtype=np.float64)
-        kept, gathered = self._run({"noisy-Y": noisy}, small, "adding noise to the range sketch")
+        kept, gathered = self._run(
+            {"noisy-Y": noisy}, small, "adding noise to the range sketch"
+        )
         return kept["noisy-Y"], gathered["G"], gathered.get("L")
 
     def tall_qr(self, Y: da.Array, *, with_r: bool = False) -> Any:
@@ -767,7 +805,11 @@ class DaskSource:
         lname, oname = _name("local-qr-left"), _name("local-qr-sum")
         layer: dict[Any, Any] = {}
         for b in range(nb):
-            layer[(lname, b)] = (_block_left_combine, (left.name, b, 0), _q2_ref(blocks, b))
+            layer[(lname, b)] = (
+                _block_left_combine,
+                (left.name, b, 0),
+                _q2_ref(blocks, b),
+            )
         _tree(layer, oname, (oname, 0, 0), [(lname, b) for b in range(nb)], None)
         graph = HighLevelGraph.from_collections(
             oname, layer, dependencies=[left, *_q2_deps(blocks)]
@@ -798,13 +840,20 @@ class DaskSource:
         if isinstance(Q, _LocalQ) and not isinstance(Q.blocks, list):
             qname = _name("local-q-matmul")
             layer = {
-                (qname, b, 0): (_block_local_q2, (Q.Q.name, b, 0), (Q.blocks.name, b, 0), M)
+                (qname, b, 0): (
+                    _block_local_q2,
+                    (Q.Q.name, b, 0),
+                    (Q.blocks.name, b, 0),
+                    M,
+                )
                 for b in range(Q.Q.numblocks[0])
             }
             graph = HighLevelGraph.from_collections(
                 qname, layer, dependencies=[Q.Q, Q.blocks]
             )
-            return da.Array(graph, qname, chunks=(Q.Q.chunks[0], (M.shape[1],)), dtype=np.float64)
+            return da.Array(
+                graph, qname, chunks=(Q.Q.chunks[0], (M.shape[1],)), dtype=np.float64
+            )
         if isinstance(Q, _LocalQ):
             qname = _name("local-q-matmul")
             layer = {
@@ -812,7 +861,9 @@ class DaskSource:
                 for b, q2 in enumerate(Q.blocks)
             }
             graph = HighLevelGraph.from_collections(qname, layer, dependencies=[Q.Q])
-            return da.Array(graph, qname, chunks=(Q.Q.chunks[0], (M.shape[1],)), dtype=np.float64)
+            return da.Array(
+                graph, qname, chunks=(Q.Q.chunks[0], (M.shape[1],)), dtype=np.float64
+            )
         return Q.map_blocks(
             _block_matmul,
             np.ascontiguousarray(M),
@@ -875,9 +926,7 @@ def _output_trees(
     return out
 
 
-def _block_left(
-    q: FloatArray, op: SketchOperator, start: int, stop: int
-) -> FloatArray:
+def _block_left(q: FloatArray, op: SketchOperator, start: int, stop: int) -> FloatArray:
     return op.left(q, start, stop)
 
 
@@ -913,11 +962,15 @@ def _q2_deps(blocks: Any) -> list[da.Array]:
 
 def _stack_qr(parts: list[Any]) -> tuple[FloatArray, FloatArray]:
     """QR of the stacked R factors of one group of the tree."""
-    q, r = np.linalg.qr(np.concatenate([np.asarray(p, dtype=np.float64) for p in parts]))
+    q, r = np.linalg.qr(
+        np.concatenate([np.asarray(p, dtype=np.float64) for p in parts])
+    )
     return q, r
 
 
-def _q2_child(qr: tuple[FloatArray, FloatArray], start: int, stop: int, parent: Any) -> FloatArray:
+def _q2_child(
+    qr: tuple[FloatArray, FloatArray], start: int, stop: int, parent: Any
+) -> FloatArray:
     """Rows ``start:stop`` of a group's ``Q``, times the group's own ``Q2`` block."""
     q = qr[0][start:stop]
     return np.ascontiguousarray(q if parent is None else q @ parent)
@@ -935,7 +988,9 @@ def _q2_tree(R: da.Array) -> tuple[da.Array, da.Array]:
     qname, rname, dname = _name("tsqr-node"), _name("tsqr-r"), _name("tsqr-q2")
     layer: dict[Any, Any] = {}
     level = [((R.name, b, 0), h) for b, h in enumerate(R.chunks[0])]
-    levels: list[list[tuple[Any, list[int]]]] = []  # per level: (node key, child heights)
+    levels: list[
+        list[tuple[Any, list[int]]]
+    ] = []  # per level: (node key, child heights)
     depth = 0
     while True:
         groups = [level[i : i + SPLIT_EVERY] for i in range(0, len(level), SPLIT_EVERY)]

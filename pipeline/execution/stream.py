@@ -76,10 +76,19 @@ def sketch_partitions(
             # scattered cells died with their worker is scattered again
             data = client.scatter([parts[k] for k in todo], hash=False)
             futures = {
-                k: client.submit(_sketch_on_worker, plan, sealed, d, key=f"dplr-stream-part-{uuid.uuid4().hex}", pure=False)
+                k: client.submit(
+                    _sketch_on_worker,
+                    plan,
+                    sealed,
+                    d,
+                    key=f"dplr-stream-part-{uuid.uuid4().hex}",
+                    pure=False,
+                )
                 for k, d in zip(todo, data, strict=True)
             }
-            with contextlib.suppress(FuturesCancelledError):  # looked at one by one below
+            with contextlib.suppress(
+                FuturesCancelledError
+            ):  # looked at one by one below
                 wait(list(futures.values()))
             lost = []
             for k, f in futures.items():

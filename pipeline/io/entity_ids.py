@@ -114,7 +114,9 @@ class EntityIds:
         # one key per distinct *value*: merge repeated entries of the dictionary
         encoded = pc.dictionary_encode(values)
         values = encoded.dictionary
-        indices = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)[indices]
+        indices = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)[
+            indices
+        ]
         found = pc.index_in(values, value_set=self.ids)
         codes = found.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
         new_rows = np.flatnonzero(codes[indices] < 0)
@@ -154,7 +156,12 @@ class EntityIds:
             state); the message names no id.
         """
         data, offsets = np.asarray(data), np.asarray(offsets)
-        if data.ndim != 1 or data.dtype != np.uint8 or offsets.ndim != 1 or offsets.dtype != np.int64:
+        if (
+            data.ndim != 1
+            or data.dtype != np.uint8
+            or offsets.ndim != 1
+            or offsets.dtype != np.int64
+        ):
             raise StoreLayoutError(_DAMAGED.format(what="wrong array types"))
         if (
             offsets.size == 0
@@ -167,7 +174,11 @@ class EntityIds:
         ids = pa.LargeBinaryArray.from_buffers(
             pa.large_binary(),
             n,
-            [None, pa.py_buffer(np.ascontiguousarray(offsets)), pa.py_buffer(np.ascontiguousarray(data))],
+            [
+                None,
+                pa.py_buffer(np.ascontiguousarray(offsets)),
+                pa.py_buffer(np.ascontiguousarray(data)),
+            ],
         )
         if n and pc.count_distinct(ids).as_py() != n:
             raise StoreLayoutError(_DAMAGED.format(what="repeated ids"))

@@ -75,9 +75,15 @@ def _open_zarr(path: str) -> zarr.Array:
         names = sorted(node.array_keys()) if isinstance(node, zarr.Group) else []
     if isinstance(node, zarr.Group):
         hint = ""
-        if names:  # a URL's key is joined with "/", a path's with the system's separator
+        if (
+            names
+        ):  # a URL's key is joined with "/", a path's with the system's separator
             url = objectstore.is_url(path)
-            inner = f"{shown.rstrip('/')}/{names[0]}" if url else os.path.join(path, names[0])
+            inner = (
+                f"{shown.rstrip('/')}/{names[0]}"
+                if url
+                else os.path.join(path, names[0])
+            )
             hint = f"; it holds the arrays {names}, pass e.g. {inner!r}"
         raise StoreLayoutError(f"{shown!r} is a Zarr group, not an array{hint}.")
     return node
@@ -224,7 +230,8 @@ class _CheckedReads:
         cr, cc = lay.chunks
         i, j = divmod(r0, cr), divmod(c0, cc)
         if (
-            i[1] or j[1]
+            i[1]
+            or j[1]
             or r1 != min(r0 + cr, self.shape[0])
             or c1 != min(c0 + cc, self.shape[1])
         ):
@@ -238,7 +245,9 @@ class _CheckedReads:
     @staticmethod
     def _read_chunk(lay: _PlainLayout, coords: tuple[int, int]) -> np.ndarray:
         nbytes = lay.chunks[0] * lay.chunks[1] * lay.dtype.itemsize
-        raw = _chunk_bytes(lay.store, f"{lay.prefix}{lay.metadata.encode_chunk_key(coords)}")
+        raw = _chunk_bytes(
+            lay.store, f"{lay.prefix}{lay.metadata.encode_chunk_key(coords)}"
+        )
         out = np.frombuffer(_buffer("chunk", nbytes), dtype=np.uint8, count=nbytes)
         chunk = out.view(lay.dtype).reshape(lay.chunks)
         if raw is None:  # never written: the fill value, as zarr reads it
@@ -372,7 +381,9 @@ def open_input(
         raise StoreLayoutError(
             f"the input must be a Zarr path, a zarr array, a dask array or a numpy array, got {type(source).__name__}."
         )
-    what = f"input store {objectstore.redact(path)!r}" if path else "the input zarr array"
+    what = (
+        f"input store {objectstore.redact(path)!r}" if path else "the input zarr array"
+    )
     _check_array_meta(z.shape, z.dtype, what)
     store_chunks = tuple(int(c) for c in (z.shards or z.chunks))
     if band_bytes is not None:

@@ -154,13 +154,18 @@ def storage_options() -> dict[str, Any]:
                 f"the storage-options file {path!r} must hold a JSON object."
             )
     client = dict(opts.get("client_kwargs") or {})
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get(
+        "AWS_ENDPOINT_URL"
+    )
     if endpoint and "endpoint_url" not in opts:
         client.setdefault("endpoint_url", endpoint)
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
     if region:
         client.setdefault("region_name", region)
-    config = {"connect_timeout": CONNECT_TIMEOUT, "retries": {"max_attempts": MAX_ATTEMPTS}}
+    config = {
+        "connect_timeout": CONNECT_TIMEOUT,
+        "retries": {"max_attempts": MAX_ATTEMPTS},
+    }
     config.update(opts.get("config_kwargs") or {})
     return {**opts, "client_kwargs": client, "config_kwargs": config}
 

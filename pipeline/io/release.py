@@ -39,7 +39,10 @@ def check_output_path(
     shown = objectstore.redact(out)
     # compared as recorded: a URL as itself, a path made absolute, user-info redacted
     here = objectstore.redact(objectstore.location(out))
-    if any(p is not None and objectstore.redact(objectstore.location(p)) == here for p in inputs):
+    if any(
+        p is not None and objectstore.redact(objectstore.location(p)) == here
+        for p in inputs
+    ):
         raise StoreLayoutError(
             f"the output {shown!r} is the input store; choose another path."
         )
@@ -193,7 +196,9 @@ def _open_release(path: str) -> zarr.Group:
     """The group at ``path`` (a directory or an object-store URL), read-only."""
     if objectstore.is_url(path):
         if not objectstore.url_exists(path, what="release"):
-            raise StoreLayoutError(f"release {objectstore.redact(path)!r} does not exist.")
+            raise StoreLayoutError(
+                f"release {objectstore.redact(path)!r} does not exist."
+            )
         store = objectstore.open_store(path, read_only=True, what="release")
         return zarr.open_group(store=store, mode="r")
     if not os.path.isdir(path):
@@ -310,6 +315,7 @@ def read_release(path: str | os.PathLike[str], *, load: bool = True) -> Factoriz
     """
     path = os.fspath(path)
     g = _open_release(path)
+
     def tall(z: Any) -> Any:
         return np.asarray(z[...]) if load else StoredArray(z)
 

@@ -124,7 +124,9 @@ class StreamStore:
                 "(its budget cannot be reset). Choose another path."
             )
         if not os.path.isdir(parent):
-            raise StoreLayoutError(f"the directory of the stream state {parent!r} does not exist.")
+            raise StoreLayoutError(
+                f"the directory of the stream state {parent!r} does not exist."
+            )
         tmp = os.path.join(parent, f".{base}.tmp-{uuid.uuid4().hex}")
         os.mkdir(tmp, _DIR_MODE)
         try:
@@ -136,7 +138,11 @@ class StreamStore:
             }
             write_private(os.path.join(tmp, _SECRETS), json.dumps(secrets_doc).encode())
             store = cls(tmp, {})
-            doc = dict(manifest) | {"format": STATE_FORMAT, "generation": 0, "arrays": {}}
+            doc = dict(manifest) | {
+                "format": STATE_FORMAT,
+                "generation": 0,
+                "arrays": {},
+            }
             store._write_arrays_and_manifest(doc, dict(arrays or {}))
             os.rename(tmp, path)
             fsync_path(parent)
@@ -168,10 +174,18 @@ class StreamStore:
                 "with 'dplr stream init'."
             ) from None
         except (OSError, ValueError):
-            raise StoreLayoutError(f"the stream state {path!r} has an unreadable zarr.json.") from None
-        manifest = doc.get("attributes", {}).get(_MANIFEST_KEY) if isinstance(doc, dict) else None
+            raise StoreLayoutError(
+                f"the stream state {path!r} has an unreadable zarr.json."
+            ) from None
+        manifest = (
+            doc.get("attributes", {}).get(_MANIFEST_KEY)
+            if isinstance(doc, dict)
+            else None
+        )
         if not isinstance(manifest, dict):
-            raise StoreLayoutError(f"{path!r} is a Zarr group but not a dplr stream state.")
+            raise StoreLayoutError(
+                f"{path!r} is a Zarr group but not a dplr stream state."
+            )
         fmt = manifest.get("format")
         if fmt not in _READABLE:
             raise StoreLayoutError(
@@ -179,7 +193,9 @@ class StreamStore:
                 f"reads {' and '.join(map(repr, _READABLE))}. Use the dplr version that created it."
             )
         if not os.path.exists(os.path.join(path, _SECRETS)):
-            raise StoreLayoutError(f"the stream state {path!r} has lost its secrets file.")
+            raise StoreLayoutError(
+                f"the stream state {path!r} has lost its secrets file."
+            )
         return cls(path, manifest)
 
     # -- reading --------------------------------------------------------------
@@ -198,7 +214,11 @@ class StreamStore:
         with open(os.path.join(self.path, _SECRETS), "rb") as f:
             doc = json.loads(f.read())
         key = doc.get("noise_key")
-        noise = None if key is None else NoiseKey(bytes.fromhex(key), insecure=bool(doc.get("insecure_noise")))
+        noise = (
+            None
+            if key is None
+            else NoiseKey(bytes.fromhex(key), insecure=bool(doc.get("insecure_noise")))
+        )
         return int(doc["sketch_seed"]), noise
 
     def has(self, logical: str) -> bool:
@@ -213,7 +233,9 @@ class StreamStore:
         try:
             stored = self._manifest["arrays"][logical]
         except KeyError:
-            raise StoreLayoutError(f"the stream state has no array {logical!r}.") from None
+            raise StoreLayoutError(
+                f"the stream state has no array {logical!r}."
+            ) from None
         try:
             arr = zarr.open_array(os.path.join(self.path, stored), mode="r")
             return np.asarray(arr[...])
@@ -266,7 +288,9 @@ class StreamStore:
         self._write_arrays_and_manifest(doc, dict(arrays))
         self._collect_garbage()
 
-    def _write_arrays_and_manifest(self, doc: dict[str, Any], arrays: dict[str, np.ndarray | None]) -> None:
+    def _write_arrays_and_manifest(
+        self, doc: dict[str, Any], arrays: dict[str, np.ndarray | None]
+    ) -> None:
         gen = int(doc.get("generation", 0)) + 1
         table = dict(doc.get("arrays", {}))
         written = []
@@ -283,8 +307,14 @@ class StreamStore:
             fsync_tree(full)
         doc["generation"] = gen
         doc["arrays"] = table
-        doc["updated"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-        group = {"zarr_format": 3, "node_type": "group", "attributes": {_MANIFEST_KEY: doc}}
+        doc["updated"] = datetime.datetime.now(datetime.UTC).isoformat(
+            timespec="seconds"
+        )
+        group = {
+            "zarr_format": 3,
+            "node_type": "group",
+            "attributes": {_MANIFEST_KEY: doc},
+        }
         data = json.dumps(group, indent=1, allow_nan=False).encode()
         write_private(os.path.join(self.path, "zarr.json"), data)
         self._manifest = json.loads(json.dumps(doc))

@@ -249,7 +249,9 @@ def _left_factor(m: int, r: int, cr: int, seed: int) -> Callable[[int], np.ndarr
 
     nblocks = -(-m // cr)
     if m * r <= IN_MEMORY_LIMIT:
-        U = orthonormal_columns_from(np.vstack([gauss_block(b) for b in range(nblocks)]))
+        U = orthonormal_columns_from(
+            np.vstack([gauss_block(b) for b in range(nblocks)])
+        )
         return lambda b: U[b * cr : (b + 1) * cr]
     gram = np.zeros((r, r))
     for b in range(nblocks):

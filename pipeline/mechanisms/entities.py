@@ -123,7 +123,9 @@ def _group_starts(*keys: IntArray) -> IntArray:
     return np.flatnonzero(change)
 
 
-def _cell_order(rows: IntArray, cols: IntArray, n_cols: int, first: IntArray | None = None) -> IntArray:
+def _cell_order(
+    rows: IntArray, cols: IntArray, n_cols: int, first: IntArray | None = None
+) -> IntArray:
     """Permutation sorting by (first, row, col); two 1-key sorts when cells fit in int64."""
     if n_cols * (int(rows.max()) + 1 if rows.size else 1) < 2**62:
         order = np.argsort(rows * n_cols + cols, kind="stable")
@@ -134,7 +136,9 @@ def _cell_order(rows: IntArray, cols: IntArray, n_cols: int, first: IntArray | N
     return order
 
 
-def coalesce(rows: IntArray, cols: IntArray, vals: FloatArray, n_cols: int) -> tuple[IntArray, IntArray, FloatArray]:
+def coalesce(
+    rows: IntArray, cols: IntArray, vals: FloatArray, n_cols: int
+) -> tuple[IntArray, IntArray, FloatArray]:
     """Sum duplicate cells; returns unique (row, col) sorted, with their sums.
 
     Examples
@@ -274,8 +278,13 @@ def clip_updates(
         pos = np.searchsorted(table.keys, keys)
         known = table.keys[np.minimum(pos, table.keys.size - 1)] == keys
     else:
-        pos, known = np.zeros(keys.size, dtype=np.int64), np.zeros(keys.size, dtype=bool)
-    if unit is not StreamUnit.GENERAL and np.any(table.anchor[pos[known]] != anchor[known]):
+        pos, known = (
+            np.zeros(keys.size, dtype=np.int64),
+            np.zeros(keys.size, dtype=bool),
+        )
+    if unit is not StreamUnit.GENERAL and np.any(
+        table.anchor[pos[known]] != anchor[known]
+    ):
         raise PrivacyUnitError(_unit_message(unit, earlier=True))
     spent = np.zeros(keys.size)
     spent[known] = table.spent[pos[known]]
@@ -303,7 +312,9 @@ def clip_updates(
     return ClippedBatch(rows=rr, cols=cc2, vals=vv, table=new_table)
 
 
-def _anchors(unit: StreamUnit, cr: IntArray, cc: IntArray, starts: IntArray, n_cols: int) -> IntArray:
+def _anchors(
+    unit: StreamUnit, cr: IntArray, cc: IntArray, starts: IntArray, n_cols: int
+) -> IntArray:
     """The row/column/cell each entity is bound to; raises if it has several."""
     if unit is StreamUnit.GENERAL:
         return np.full(starts.size, -1, dtype=np.int64)

@@ -182,7 +182,9 @@ class GaussianNoise:
 
     def tile(self, g: int) -> FloatArray:
         """Tile ``g`` of standard normals, of shape (tile_size, dim), unscaled."""
-        return _tile_generator(unseal(self.key), g).standard_normal((self.tile_size, self.dim))
+        return _tile_generator(unseal(self.key), g).standard_normal(
+            (self.tile_size, self.dim)
+        )
 
     def block(self, start: int, stop: int) -> FloatArray:
         """Rows ``start:stop`` of the noise, of shape (stop - start, dim), scaled.
@@ -209,7 +211,9 @@ class GaussianNoise:
             if lo == g * b:
                 gen.standard_normal(out=out[lo - start : hi - start])
             else:
-                out[lo - start : hi - start] = gen.standard_normal((hi - g * b, self.dim))[lo - g * b :]
+                out[lo - start : hi - start] = gen.standard_normal(
+                    (hi - g * b, self.dim)
+                )[lo - g * b :]
         out *= self.sigma
         return out
 

@@ -83,7 +83,9 @@ class PassRequest:
         rights, lefts = {n for n, _ in self.right}, {n for n, _ in self.left}
         for r, left in self.local_qr:
             if r not in rights or left not in lefts:
-                raise ValueError(f"local_qr pair ({r!r}, {left!r}) names no right/left sketch.")
+                raise ValueError(
+                    f"local_qr pair ({r!r}, {left!r}) names no right/left sketch."
+                )
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -224,7 +226,9 @@ def block_partials(
     only ever summed, then noised by the algorithm.
     """
     a = np.asarray(block)
-    if not np.issubdtype(a.dtype, np.number) or np.issubdtype(a.dtype, np.complexfloating):
+    if not np.issubdtype(a.dtype, np.number) or np.issubdtype(
+        a.dtype, np.complexfloating
+    ):
         raise NonFiniteInputError(f"{where} has non-numeric dtype {a.dtype}.")
     owned = a.dtype != request.compute_dtype  # astype copies: clip in place then
     a = a.astype(request.compute_dtype, copy=False)
@@ -262,7 +266,9 @@ def block_partials(
         if rows >= t:
             # y = q r, q (rows, t) orthonormal, r (t, t); y is this task's own array
             # and already checked finite (scipy's economic QR: half numpy's time)
-            q, r = scipy.linalg.qr(y, mode="economic", overwrite_a=True, check_finite=False)
+            q, r = scipy.linalg.qr(
+                y, mode="economic", overwrite_a=True, check_finite=False
+            )
             out[i] = q
             out += [r, _f64(left_blocks[lname] @ q)]
         else:

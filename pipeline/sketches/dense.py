@@ -83,11 +83,15 @@ class DenseOperator:
         """``G[start:stop].T`` (dim, stop - start)."""
         return self.block(start, stop, dtype).T
 
-    def left(self, x: FloatArray, start: int, stop: int, dtype: type = np.float64) -> FloatArray:
+    def left(
+        self, x: FloatArray, start: int, stop: int, dtype: type = np.float64
+    ) -> FloatArray:
         """``G[start:stop].T @ x`` of shape (dim, x.shape[1])."""
         return self.left_block(start, stop, dtype) @ np.asarray(x, dtype=dtype)  # type: ignore[no-any-return]
 
-    def right(self, x: FloatArray, start: int, stop: int, dtype: type = np.float64) -> FloatArray:
+    def right(
+        self, x: FloatArray, start: int, stop: int, dtype: type = np.float64
+    ) -> FloatArray:
         """``x @ G[start:stop]`` of shape (x.shape[0], dim)."""
         return np.asarray(x, dtype=dtype) @ self.block(start, stop, dtype)  # type: ignore[no-any-return]
 

@@ -90,11 +90,15 @@ class GaussianOperator:
         """``G[start:stop].T`` (dim, stop - start) in ``dtype``, to multiply blocks with."""
         return self.block(start, stop).astype(dtype, copy=False).T
 
-    def left(self, x: FloatArray, start: int, stop: int, dtype: type = np.float64) -> FloatArray:
+    def left(
+        self, x: FloatArray, start: int, stop: int, dtype: type = np.float64
+    ) -> FloatArray:
         """``G[start:stop].T @ x`` of shape (dim, x.shape[1]), computed in ``dtype``."""
         return self.left_block(start, stop, dtype) @ np.asarray(x, dtype=dtype)  # type: ignore[no-any-return]
 
-    def right(self, x: FloatArray, start: int, stop: int, dtype: type = np.float64) -> FloatArray:
+    def right(
+        self, x: FloatArray, start: int, stop: int, dtype: type = np.float64
+    ) -> FloatArray:
         """``x @ G[start:stop]`` of shape (x.shape[0], dim), computed in ``dtype``."""
         return np.asarray(x, dtype=dtype) @ self._right_block(start, stop, dtype)  # type: ignore[no-any-return]
 
@@ -114,9 +118,20 @@ class GaussianOperator:
             block.setflags(write=False)
             return block
 
-        if (stop - start) * self.dim * np.dtype(dtype).itemsize > self.RIGHT_CACHE_BYTES:
+        if (stop - start) * self.dim * np.dtype(
+            dtype
+        ).itemsize > self.RIGHT_CACHE_BYTES:
             return self.block(start, stop).astype(dtype, copy=False)
-        key = ("right", int(self.code), self.length, self.dim, self.tile_size, start, stop, np.dtype(dtype).str)
+        key = (
+            "right",
+            int(self.code),
+            self.length,
+            self.dim,
+            self.tile_size,
+            start,
+            stop,
+            np.dtype(dtype).str,
+        )
         return derived(self.root, key, make)
 
 
@@ -127,7 +142,9 @@ def operator_tile(op: GaussianOperator, tile: int) -> FloatArray:
     NumPy version; ``Generator.standard_normal`` streams are not promised stable
     across NumPy releases (NEP 19), so reports record the NumPy version.
     """
-    seq = np.random.SeedSequence(entropy=int(unseal(op.root)), spawn_key=(int(op.code), tile))
+    seq = np.random.SeedSequence(
+        entropy=int(unseal(op.root)), spawn_key=(int(op.code), tile)
+    )
     rng = np.random.Generator(np.random.Philox(seq))
     block = rng.standard_normal((op.tile_size, op.dim))
     # JL normalisation N(0, 1/d) is part of the privacy contract: the sensitivity
@@ -165,7 +182,9 @@ def tile_groups(
     """
     index = np.asarray(index, dtype=np.int64)
     if index.size and (index.min() < 0 or index.max() >= length):
-        raise ValueError(f"row indices must be in [0, {length}); got indices outside it.")
+        raise ValueError(
+            f"row indices must be in [0, {length}); got indices outside it."
+        )
     tiles = index // tile_size
     for g in np.unique(tiles):
         sel = np.flatnonzero(tiles == g)

@@ -53,9 +53,16 @@ def make_operator(
         if code not in _SPARSE_CODE:
             raise ValueError(f"operator {code.name} has no sparse sign version.")
         return SparseSignOperator(
-            root=root, code=_SPARSE_CODE[code], length=length, dim=dim, nnz=nnz, tile_size=tile_size
+            root=root,
+            code=_SPARSE_CODE[code],
+            length=length,
+            dim=dim,
+            nnz=nnz,
+            tile_size=tile_size,
         )
-    return GaussianOperator(root=root, code=code, length=length, dim=dim, tile_size=tile_size)
+    return GaussianOperator(
+        root=root, code=code, length=length, dim=dim, tile_size=tile_size
+    )
 
 
 __all__ = ["OperatorKind", "SketchOperator", "make_operator"]

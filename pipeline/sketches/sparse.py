@@ -131,7 +131,9 @@ class SparseSignOperator:
         """The whole operator ``G`` of shape (length, dim); for tests and small sizes."""
         return self.block(0, self.length)
 
-    def left_block(self, start: int, stop: int, dtype: type = np.float64) -> sp.csc_array:
+    def left_block(
+        self, start: int, stop: int, dtype: type = np.float64
+    ) -> sp.csc_array:
         """``G[start:stop].T`` (dim, stop - start) in CSC form (column j = row j of G),
         to multiply blocks with."""
         cols, vals = self.structure(start, stop)
@@ -142,7 +144,9 @@ class SparseSignOperator:
             shape=(self.dim, n),
         )
 
-    def left(self, x: FloatArray, start: int, stop: int, dtype: type = np.float64) -> FloatArray:
+    def left(
+        self, x: FloatArray, start: int, stop: int, dtype: type = np.float64
+    ) -> FloatArray:
         """``G[start:stop].T @ x`` of shape (dim, x.shape[1]); ``x`` has stop - start rows.
 
         Costs ``zeta`` multiply-adds per entry of ``x`` (scipy's sparse-dense
@@ -151,7 +155,9 @@ class SparseSignOperator:
         g_t = self.left_block(start, stop, dtype)
         return np.asarray(g_t @ np.asarray(x, dtype=dtype))
 
-    def right(self, x: FloatArray, start: int, stop: int, dtype: type = np.float64) -> FloatArray:
+    def right(
+        self, x: FloatArray, start: int, stop: int, dtype: type = np.float64
+    ) -> FloatArray:
         """``x @ G[start:stop]`` of shape (x.shape[0], dim); ``x`` has stop - start columns."""
         g_t = self.left_block(start, stop, dtype)
         # (G^T x^T)^T: the CSC product streams over the rows of x^T = columns of x
@@ -168,7 +174,9 @@ def sparse_tile(op: SparseSignOperator, tile: int) -> tuple[IntArray, FloatArray
     dim = 181 about 15% of rows need a second draw.) Deterministic in (root,
     code, tile, tile_size, dim, zeta) for a fixed NumPy version.
     """
-    seq = np.random.SeedSequence(entropy=int(unseal(op.root)), spawn_key=(int(op.code), tile))
+    seq = np.random.SeedSequence(
+        entropy=int(unseal(op.root)), spawn_key=(int(op.code), tile)
+    )
     rng = np.random.Generator(np.random.Philox(seq))
     b, z, d = op.tile_size, op.zeta, op.dim
     first, second = np.triu_indices(z, 1)

@@ -29,9 +29,9 @@ from hypothesis import strategies as st
 from scipy import optimize
 from scipy.stats import norm
 
+from pipeline.algorithms import lrf_model
 from pipeline.algorithms.base import ArraySource
 from pipeline.algorithms.continual import plan_stream
-from pipeline.algorithms import lrf_model
 from pipeline.algorithms.lrf import (
     Algorithm,
     ClippedNoise,
