@@ -21,15 +21,15 @@ def check_int_in_range(
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise InvalidParameterError(f"{name} must be an integer, got {name}={value!r}.")
-    value = int(value)
-    if value < low or (high is not None and value > high):
+    number = int(value)
+    if number < low or (high is not None and number > high):
         if high is None and not what:
             text = f"{name} must be >= {low}"
         else:
             bound = f"[{low}, {high}]" if high is not None else f">= {low}"
             text = f"{name} must be in {what + ' = ' if what else ''}{bound}"
-        raise InvalidParameterError(f"{text}, got {name}={value}.")
-    return value
+        raise InvalidParameterError(f"{text}, got {name}={number}.")
+    return number
 
 
 def check_float_in_interval(
@@ -46,17 +46,17 @@ def check_float_in_interval(
     error = PrivacyConfigError if privacy else InvalidParameterError
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise error(f"{name} must be a real number, got {name}={value!r}.")
-    value = float(value)
-    too_low = value <= low if low_open else value < low
-    too_high = value >= high if high_open else value > high
-    if math.isnan(value) or too_low or too_high:
+    number = float(value)
+    too_low = number <= low if low_open else number < low
+    too_high = number >= high if high_open else number > high
+    if math.isnan(number) or too_low or too_high:
         left = "(" if low_open else "["
         right = ")" if high_open else "]"
         high_txt = "inf" if math.isinf(high) else f"{high:g}"
         raise error(
-            f"{name} must be in {left}{low:g}, {high_txt}{right}, got {name}={value!r}."
+            f"{name} must be in {left}{low:g}, {high_txt}{right}, got {name}={number!r}."
         )
-    return value
+    return number
 
 
 def check_privacy_pair(epsilon: Any, delta: Any) -> tuple[float, float]:

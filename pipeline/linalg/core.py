@@ -173,6 +173,6 @@ def sign_convention(V: FloatArray) -> FloatArray:
     array([-1., -1.])
     """
     idx = np.argmax(np.abs(V), axis=0)
-    signs = np.sign(V[idx, np.arange(V.shape[1])])
+    signs: FloatArray = np.sign(V[idx, np.arange(V.shape[1])])
     signs[signs == 0] = 1.0
     return signs

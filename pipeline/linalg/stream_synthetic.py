@@ -76,7 +76,7 @@ class _Schedule:
 
 def _haar(n: int, r: int, rng: np.random.Generator) -> FloatArray:
     q, rr = np.linalg.qr(rng.standard_normal((n, r)))
-    return q * np.sign(np.diag(rr))  # type: ignore[no-any-return]
+    return q * np.sign(np.diag(rr))
 
 
 def _schedule(
@@ -264,7 +264,7 @@ def turnstile_matrix(
         live[ins] = True
         live[dele] = False
     full = sch.left @ sch.right.T
-    return np.where(live.reshape(n_rows, n_cols), full, 0.0)  # type: ignore[no-any-return]
+    return np.where(live.reshape(n_rows, n_cols), full, 0.0)
 
 
 def entity_budget_spent(updates: list[Updates], n_entities: int) -> FloatArray:

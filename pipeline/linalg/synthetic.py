@@ -65,7 +65,7 @@ def low_rank_matrix(
     s = np.asarray(singular_values, dtype=np.float64)
     U = orthonormal_columns(m, s.size, rng)
     V = orthonormal_columns(n, s.size, rng)
-    return (U * s) @ V.T  # type: ignore[no-any-return]
+    return (U * s) @ V.T
 
 
 # --- PCA test data with controlled coherence and eigengap [spec power-pca, App. B] ---

@@ -141,7 +141,10 @@ def clip_by_peak(vectors: FloatArray, clip_norm: float) -> FloatArray:
         peak = np.abs(x).max(axis=1, keepdims=True)
         scaled = x / peak
         sn = np.sqrt(np.einsum("ij,ij->i", scaled, scaled))[:, None]
-        return scaled * (clip_norm * (1.0 - 4.0 * np.finfo(np.float64).eps) / sn)
+        out: FloatArray = scaled * (
+            clip_norm * (1.0 - 4.0 * np.finfo(np.float64).eps) / sn
+        )
+        return out
 
 
 def clip_rows(block: FloatArray, bound: float) -> FloatArray:
