@@ -87,13 +87,13 @@ class DenseOperator:
         self, x: FloatArray, start: int, stop: int, dtype: type = np.float64
     ) -> FloatArray:
         """``G[start:stop].T @ x`` of shape (dim, x.shape[1])."""
-        return self.left_block(start, stop, dtype) @ np.asarray(x, dtype=dtype)  # type: ignore[no-any-return]
+        return self.left_block(start, stop, dtype) @ np.asarray(x, dtype=dtype)
 
     def right(
         self, x: FloatArray, start: int, stop: int, dtype: type = np.float64
     ) -> FloatArray:
         """``x @ G[start:stop]`` of shape (x.shape[0], dim)."""
-        return np.asarray(x, dtype=dtype) @ self.block(start, stop, dtype)  # type: ignore[no-any-return]
+        return np.asarray(x, dtype=dtype) @ self.block(start, stop, dtype)
 
 
 __all__ = ["DenseOperator"]

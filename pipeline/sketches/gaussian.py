@@ -94,13 +94,13 @@ class GaussianOperator:
         self, x: FloatArray, start: int, stop: int, dtype: type = np.float64
     ) -> FloatArray:
         """``G[start:stop].T @ x`` of shape (dim, x.shape[1]), computed in ``dtype``."""
-        return self.left_block(start, stop, dtype) @ np.asarray(x, dtype=dtype)  # type: ignore[no-any-return]
+        return self.left_block(start, stop, dtype) @ np.asarray(x, dtype=dtype)
 
     def right(
         self, x: FloatArray, start: int, stop: int, dtype: type = np.float64
     ) -> FloatArray:
         """``x @ G[start:stop]`` of shape (x.shape[0], dim), computed in ``dtype``."""
-        return np.asarray(x, dtype=dtype) @ self._right_block(start, stop, dtype)  # type: ignore[no-any-return]
+        return np.asarray(x, dtype=dtype) @ self._right_block(start, stop, dtype)
 
     #: Largest operator block :meth:`right` keeps between tasks (bytes).
     RIGHT_CACHE_BYTES = 16 * 2**20
@@ -114,7 +114,7 @@ class GaussianOperator:
         """
 
         def make() -> FloatArray:
-            block = self.block(start, stop).astype(dtype, copy=False)
+            block: FloatArray = self.block(start, stop).astype(dtype, copy=False)
             block.setflags(write=False)
             return block
 
@@ -164,7 +164,7 @@ def operator_block(
         )
     b = op.tile_size
     first, last = start // b, (stop - 1) // b if stop > start else start // b - 1
-    out = np.empty((stop - start, op.dim), dtype=dtype)
+    out: FloatArray = np.empty((stop - start, op.dim), dtype=dtype)
     for g in range(first, last + 1):
         lo, hi = max(start, g * b), min(stop, (g + 1) * b)
         out[lo - start : hi - start] = operator_tile(op, g)[lo - g * b : hi - g * b]
@@ -195,7 +195,7 @@ def operator_rows(
     op: GaussianOperator, index: IntArray, *, dtype: type = np.float64
 ) -> FloatArray:
     """Rows ``index`` of ``op``, generating each touched tile once."""
-    out = np.empty((np.size(index), op.dim), dtype=dtype)
+    out: FloatArray = np.empty((np.size(index), op.dim), dtype=dtype)
     for g, sel, local in tile_groups(index, op.length, op.tile_size):
         out[sel] = operator_tile(op, g)[local]
     return out

@@ -115,13 +115,13 @@ class SparseSignOperator:
     def block(self, start: int, stop: int, dtype: type = np.float64) -> FloatArray:
         """Rows ``start:stop`` of ``G`` as a dense array of shape (stop - start, dim)."""
         cols, vals = self.structure(start, stop)
-        out = np.zeros((stop - start, self.dim), dtype=dtype)
+        out: FloatArray = np.zeros((stop - start, self.dim), dtype=dtype)
         np.put_along_axis(out, cols, vals.astype(dtype, copy=False), axis=1)
         return out
 
     def rows(self, index: IntArray, dtype: type = np.float64) -> FloatArray:
         """Rows ``index`` of ``G`` (any order, repeats allowed), dense."""
-        out = np.zeros((np.size(index), self.dim), dtype=dtype)
+        out: FloatArray = np.zeros((np.size(index), self.dim), dtype=dtype)
         for g, sel, local in tile_groups(index, self.length, self.tile_size):
             tc, tv = sparse_tile(self, g)
             out[sel[:, None], tc[local]] = tv[local]
