@@ -155,12 +155,12 @@ def selection_rdp_epsilon(
     """
     dlt = check_float_in_interval(delta, "delta", 0.0, 1.0, privacy=True)
     th = check_float_in_interval(theta, "theta", 0.0, 1.0, high_open=False)
-    sig = [
+    sig_init, sig_chi, sig_zeta = (
         check_float_in_interval(v, name, 0.0, math.inf, privacy=True)
         for v, name in ((noise_init, "noise_init"), (chi, "chi"), (zeta, "zeta"))
-    ]
+    )
     sens = pca_sensitivities(sensitivity, neighboring)
-    return _rdp_epsilon_and_order(*sig, th, sens, dlt)[0]
+    return _rdp_epsilon_and_order(sig_init, sig_chi, sig_zeta, th, sens, dlt)[0]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -289,7 +289,9 @@ class SelectionCalibration:
     def effective_clip_radius(self, radius: float, t: int) -> float:
         """``R_eff = min(R, gamma(t)^(-1/2))``: larger radii never clip (spec 2.2)."""
         r = check_float_in_interval(radius, "radius", 0.0, math.inf, privacy=True)
-        return min(r, self.gamma(t) ** -0.5)
+        # typeshed types float ** float as Any (a negative base gives a complex)
+        unclipped: float = self.gamma(t) ** -0.5
+        return min(r, unclipped)
 
     def score_noise(self, h: float) -> float:
         """Std of the score's noise for the public gap ``h > 0`` [P, Alg. 4, step 5].

@@ -82,7 +82,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from pipeline._types import FloatArray
+from pipeline._types import FloatArray, IntArray
 from pipeline.accounting.gaussian import gaussian_epsilon
 
 __all__ = [
@@ -227,7 +227,7 @@ def _log_ratio(num: FloatArray, den: FloatArray) -> FloatArray:
 
 def _rates(
     null: FloatArray, alt: FloatArray, taus: FloatArray
-) -> tuple[FloatArray, FloatArray]:
+) -> tuple[IntArray, IntArray]:
     """Counts of false positives (``null > tau``) and false negatives (``alt <= tau``)."""
     n0, n1 = np.sort(null), np.sort(alt)
     fp = n0.size - np.searchsorted(n0, taus, side="right")
@@ -236,7 +236,7 @@ def _rates(
 
 
 def _bounds(
-    fp: FloatArray, fn: FloatArray, n: int, delta: float, alpha: float
+    fp: IntArray, fn: IntArray, n: int, delta: float, alpha: float
 ) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
     fpr_hi = clopper_pearson_upper(fp, n, alpha)
     fnr_hi = clopper_pearson_upper(fn, n, alpha)
