@@ -59,7 +59,7 @@ import shutil
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -109,7 +109,7 @@ _CSV_CONVERT = pcsv.ConvertOptions(
     quoted_strings_can_be_null=False,
 )
 
-Column = np.ndarray | pa.Array | pa.ChunkedArray
+Column: TypeAlias = np.ndarray | pa.Array | pa.ChunkedArray
 IntArray = npt.NDArray[np.int64]
 
 
@@ -723,12 +723,14 @@ def _read_zarr(where: str) -> dict[str, Column]:
     except Exception as exc:  # noqa: BLE001 - zarr raises many types for a non-group
         raise _unreadable(where, ".zarr", exc) from None
     _check_names(where, list(members), ".zarr")
+    arrays: dict[str, zarr.Array[Any]] = {}
     for name in COLUMNS:
-        if not isinstance(members[name], zarr.Array):
+        member = members[name]
+        if not isinstance(member, zarr.Array):
             raise BatchError(
                 f"batch {where!r}: {name!r} must be a 1-D array, found a group."
             )
-    arrays = {c: members[c] for c in COLUMNS}
+        arrays[name] = member
     _check_ndim(where, arrays)
     _check_lengths(where, {c: arrays[c].shape[0] for c in COLUMNS})
     out: dict[str, Column] = {}
@@ -817,7 +819,9 @@ class _HashKeyer:
         self.key = key
 
     def __call__(self, distinct: pa.Array, indices: np.ndarray) -> IntArray:
-        return _digests(distinct.cast(pa.large_binary()).to_pylist(), self.key)[indices]
+        digests = _digests(distinct.cast(pa.large_binary()).to_pylist(), self.key)
+        keys: IntArray = digests[indices]
+        return keys
 
 
 class _TableKeyer:
@@ -987,7 +991,9 @@ def _write_csv(tmp: str, columns: Mapping[str, Any]) -> None:
 
 def _write_npz(tmp: str, columns: Mapping[str, Any]) -> None:
     with open(tmp, "wb") as f:  # a file object: savez would append ".npz" to a name
-        np.savez(f, **{name: _as_numpy(v) for name, v in columns.items()})
+        # values typed Any: numpy's stub checks ** against its keyword allow_pickle
+        arrays: dict[str, Any] = {name: _as_numpy(v) for name, v in columns.items()}
+        np.savez(f, **arrays)
 
 
 def _write_zarr(tmp: str, columns: Mapping[str, Any]) -> None:

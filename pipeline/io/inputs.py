@@ -37,6 +37,11 @@ class InputInfo:
     reader: Any = field(default=None, repr=False, compare=False)
 
 
+def _pair(values: tuple[int, ...]) -> tuple[int, int]:
+    """The two entries of a checked 2-D shape (or chunk shape) as ints."""
+    return int(values[0]), int(values[1])
+
+
 def _check_array_meta(shape: tuple[int, ...], dtype: Any, what: str) -> None:
     if len(shape) != 2:
         raise StoreLayoutError(
@@ -53,7 +58,7 @@ def _check_array_meta(shape: tuple[int, ...], dtype: Any, what: str) -> None:
         )
 
 
-def _open_zarr(path: str) -> zarr.Array:
+def _open_zarr(path: str) -> zarr.Array[Any]:
     store: Any = path
     shown = objectstore.redact(path)
     if objectstore.is_url(path):
@@ -102,7 +107,7 @@ class _PlainLayout:
     metadata: Any  # the array's metadata: encodes chunk keys
 
 
-def _plain_layout(z: zarr.Array) -> _PlainLayout | None:
+def _plain_layout(z: zarr.Array[Any]) -> _PlainLayout | None:
     """The layout of ``z`` if its chunks can be read directly, else None.
 
     Direct means: a Zarr v3 array in a local directory store, regular chunks,
@@ -119,7 +124,7 @@ def _plain_layout(z: zarr.Array) -> _PlainLayout | None:
         m.zarr_format != 3
         or not isinstance(z.store, LocalStore)
         or not isinstance(m.chunk_grid, RegularChunkGrid)
-        or getattr(m, "storage_transformers", ())
+        or getattr(m, "storage_transformers", None)
         or z.shards is not None
     ):
         return None
@@ -191,7 +196,7 @@ class _CheckedReads:
     Reading happens on the workers: the wrapper pickles with its zarr array.
     """
 
-    def __init__(self, z: zarr.Array, what: str) -> None:
+    def __init__(self, z: zarr.Array[Any], what: str) -> None:
         self.z, self.what = z, what
         self.shape, self.dtype, self.ndim = tuple(z.shape), z.dtype, 2
         self.layout = _plain_layout(z)
@@ -350,13 +355,13 @@ def open_input(
     """
     if isinstance(source, np.ndarray):
         _check_array_meta(source.shape, source.dtype, "the input array")
-        chunks = ((int(source.shape[0]),), (int(source.shape[1]),))
+        whole = ((int(source.shape[0]),), (int(source.shape[1]),))
         return source, InputInfo(
             path=None,
             shape=source.shape,
             dtype=str(source.dtype),
             store_chunks=None,
-            dask_chunks=chunks,
+            dask_chunks=whole,
         )
     if isinstance(source, da.Array):
         _check_array_meta(source.shape, source.dtype, "the input dask array")
@@ -366,7 +371,7 @@ def open_input(
             )
         return source, InputInfo(
             path=None,
-            shape=tuple(int(s) for s in source.shape),
+            shape=_pair(source.shape),
             dtype=str(source.dtype),
             store_chunks=None,
             dask_chunks=source.chunks,
@@ -385,14 +390,14 @@ def open_input(
         f"input store {objectstore.redact(path)!r}" if path else "the input zarr array"
     )
     _check_array_meta(z.shape, z.dtype, what)
-    store_chunks = tuple(int(c) for c in (z.shards or z.chunks))
+    store_chunks = _pair(z.shards or z.chunks)
     if band_bytes is not None:
         rows = store_chunks[0] * max(
             1, band_bytes // (store_chunks[0] * z.shape[1] * 8)
         )
         chunks = (min(rows, int(z.shape[0])), int(z.shape[1]))
     else:
-        chunks = _band_chunks(tuple(z.shape), store_chunks, z.dtype.itemsize, unit)
+        chunks = _band_chunks(_pair(z.shape), store_chunks, z.dtype.itemsize, unit)
     reader = _CheckedReads(z, what)
     arr = da.from_array(
         reader,
@@ -404,7 +409,7 @@ def open_input(
     )
     return arr, InputInfo(
         path=path,
-        shape=tuple(int(s) for s in z.shape),
+        shape=_pair(z.shape),
         dtype=str(z.dtype),
         store_chunks=store_chunks,
         dask_chunks=arr.chunks,

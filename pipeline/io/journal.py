@@ -135,7 +135,7 @@ def array_fingerprint(array: np.ndarray) -> str:
     """
     a = np.ascontiguousarray(array)
     h = hashlib.sha256(f"{a.dtype.str}\0{a.shape}\n".encode())
-    h.update(memoryview(a).cast("B"))
+    h.update(a.data.cast("B"))  # ndarray.data is memoryview(a)
     return h.hexdigest()
 
 

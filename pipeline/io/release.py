@@ -6,8 +6,8 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, cast
 
 import dask.array as da
 import numpy as np
@@ -214,6 +214,19 @@ def release_exists(path: str | os.PathLike[str]) -> bool:
     return os.path.isdir(path)
 
 
+def _member_array(group: zarr.Group, name: str) -> zarr.Array[Any]:
+    """Member ``name`` of a release group, an array by the release layout."""
+    # zarr types a member as Array | Group; a release stores arrays under these
+    # names (a hand-edited group fails at the indexing below, as before)
+    return cast("zarr.Array[Any]", group[name])
+
+
+def _report_of(group: zarr.Group) -> dict[str, Any]:
+    """The report attribute of a release group, as a new dict."""
+    # zarr types attributes as JSON; write_group stores the report as an object
+    return dict(cast("Mapping[str, Any]", group.attrs["report"]))
+
+
 def read_group(
     path: str | os.PathLike[str], names: tuple[str, ...]
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -221,7 +234,8 @@ def read_group(
     path = os.fspath(path)
     try:
         g = _open_release(path)
-        return {n: np.asarray(g[n][...]) for n in names}, dict(g.attrs["report"])
+        arrays = {n: np.asarray(_member_array(g, n)[...]) for n in names}
+        return arrays, _report_of(g)
     except (KeyError, FileNotFoundError) as exc:
         raise StoreLayoutError(
             f"{objectstore.redact(path)!r} is not a dplr release (missing {exc})."
@@ -248,7 +262,8 @@ class StoredArray(np.lib.mixins.NDArrayOperatorsMixin):
 
     @property
     def dtype(self) -> np.dtype[Any]:
-        return np.dtype(self._z.dtype)
+        dtype: np.dtype[Any] = np.dtype(self._z.dtype)
+        return dtype
 
     @property
     def ndim(self) -> int:
@@ -322,9 +337,9 @@ def read_release(path: str | os.PathLike[str], *, load: bool = True) -> Factoriz
     try:
         return Factorization(
             U=tall(g["U"]),
-            S=np.asarray(g["S"][...]),
+            S=np.asarray(_member_array(g, "S")[...]),
             V=tall(g["V"]),
-            report=dict(g.attrs["report"]),
+            report=_report_of(g),
         )
     except KeyError as exc:
         raise StoreLayoutError(

@@ -109,7 +109,8 @@ def generate_store(
     }
 
     def row_block(b: int) -> np.ndarray:
-        return ((u_block(b) * (scale * sigma)) @ V.T).astype(dtype)
+        block: np.ndarray = ((u_block(b) * (scale * sigma)) @ V.T).astype(dtype)
+        return block
 
     _publish(path, (m, n), np.dtype(dtype), (cr, cc), row_block, meta, progress)
     return meta
@@ -295,4 +296,4 @@ def _publish(
 
 def orthonormal_columns_from(G: np.ndarray) -> np.ndarray:
     Q, R = np.linalg.qr(G)
-    return Q * np.sign(np.diag(R))  # type: ignore[no-any-return]
+    return Q * np.sign(np.diag(R))
