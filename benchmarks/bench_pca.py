@@ -57,6 +57,7 @@ sys.path.insert(1, os.path.dirname(HERE))
 
 import _common as C
 import numpy as np
+from bingham import corrected_bingham
 
 PARTS = ("sb", "eps", "diffprivlib", "real", "perf")
 DELTA = 1e-6
@@ -622,64 +623,6 @@ def import_diffprivlib() -> types.ModuleType:
     return diffprivlib
 
 
-def bingham_randomise_corrected(self: Any, value: Any) -> Any:
-    """diffprivlib 0.6.6 ``Bingham.randomise`` with the acceptance ratio of Kent et al. (2018).
-
-    Identical to the shipped method (same envelope, same ``b``, same random draws)
-    except one exponent: a proposal ``x`` from the angular central Gaussian with
-    density proportional to ``(x^T Omega x)^(-q/2)`` must be accepted with
-    probability ``exp(-x^T A x) (x^T Omega x)^(+q/2) / M``; the shipped code divides
-    by ``(x^T Omega x)^(q/2)``. Computed in logs (the factor reaches 1e147 here).
-    """
-    self._check_all(value)
-    eigvals, eigvecs = np.linalg.eigh(value)
-    dims = value.shape[0]
-    if dims == 1:
-        return np.ones((1, 1))
-    if self.sensitivity / self.epsilon == 0:
-        return eigvecs[:, eigvals.argmax()]
-    value_translated = (
-        self.epsilon * (eigvals.max() * np.eye(dims) - value) / 4 / self.sensitivity
-    )
-    translated_eigvals = np.linalg.eigvalsh(value_translated)
-    left, right, mid = 1, dims, (1 + dims) / 2
-    old_interval_size = (right - left) * 2
-    while right - left < old_interval_size:
-        old_interval_size = right - left
-        mid = (right + left) / 2
-        f_mid = np.array([1 / (mid + 2 * eig) for eig in translated_eigvals]).sum()
-        if f_mid <= 1:
-            right = mid
-        if f_mid >= 1:
-            left = mid
-    b_const = mid
-    omega = np.eye(dims) + 2 * value_translated / b_const
-    omega_inv = np.linalg.inv(omega)
-    log_norm_const = -(dims - b_const) / 2 + (dims / 2) * math.log(dims / b_const)
-    while True:
-        rnd_vec = self._rng.multivariate_normal(
-            np.zeros(dims), omega_inv / 4, size=4
-        ).sum(axis=0)
-        unit_vec = rnd_vec / np.linalg.norm(rnd_vec)
-        log_prob = (
-            -unit_vec.dot(value_translated).dot(unit_vec)
-            - log_norm_const
-            + (dims / 2) * math.log(unit_vec.dot(omega).dot(unit_vec))
-        )
-        if self._rng.random() <= math.exp(min(log_prob, 0.0)):
-            return unit_vec
-
-
-@contextlib.contextmanager
-def corrected_bingham() -> Iterator[None]:
-    from unittest import mock
-
-    from diffprivlib.mechanisms import Bingham
-
-    with mock.patch.object(Bingham, "randomise", bingham_randomise_corrected):
-        yield
-
-
 def bingham_distribution_check(n_samples: int, seed: int = 1) -> dict[str, Any]:
     """E[x_1^2] under the shipped and the corrected sampler against the exact Bingham value.
 
@@ -1005,7 +948,7 @@ def md_diffprivlib(
         "",
         (
             "The diffprivlib columns above therefore use diffprivlib's own code with that one exponent"
-            " corrected (`bingham_randomise_corrected` in this script: same envelope, same b, same random"
+            " corrected (`bingham_randomise_corrected` in `bingham.py`: same envelope, same b, same random"
             " stream, log-space arithmetic). They measure the algorithm diffprivlib implements, not the"
             " shipped binary, which does not finish."
         ),
@@ -1074,7 +1017,7 @@ def kernel_breakdown(path: str, band_rows: int, radius: float) -> dict[str, floa
     """
     import zarr
 
-    from pipeline.algorithms.power_pca import (
+    from pipeline.algorithms.pca import (
         band_gram,
         band_pass,
         band_update,

@@ -223,7 +223,7 @@ def chunk_costs(reps: int) -> dict[str, Any]:
     from threadpoolctl import threadpool_limits
 
     from pipeline.algorithms.lrf import Algorithm, LrfParams, pass_request, plan_lrf
-    from pipeline.algorithms.power_pca import band_pass
+    from pipeline.algorithms.pca import band_pass
     from pipeline.sketches.apply import block_partials
 
     rng = np.random.default_rng(0)

@@ -13,8 +13,8 @@ memory (``pipeline.algorithms.lrf.run_lrf`` on an ``ArraySource``, the denoised
 range basis), and prints the median over 3 noise draws of its additive spectral
 error ``||A - U S V^T||_2 - sigma_{k+1}`` over that of the full-matrix Gaussian
 mechanism (``A + N(0, (s Delta_F)^2)`` per entry, truncated SVD), next to the
-model's ratio (:func:`pipeline.algorithms.lrf_model.sketch_ratio`).
-``pipeline/algorithms/lrf_model.py`` states the constants fitted from these rows
+model's ratio (:func:`pipeline.algorithms.lrf.model.sketch_ratio`).
+``pipeline/algorithms/lrf/model.py`` states the constants fitted from these rows
 (``C_CORANGE``, ``KAPPA_ONE_PASS``) and the split rule they support. Noise comes
 from seeded test-only keys, so a run is reproducible. No timing here.
 """
@@ -69,9 +69,9 @@ def full_gm_error(A: np.ndarray, eps: float, tail: float, seed: int) -> float:
 
 def one_pass_error(A: np.ndarray, eps: float, t: int, v: int, w: float, tail: float, seed: int) -> tuple[float, float]:
     """(measured error, model ratio) of one Spectral-LRF release."""
-    from pipeline.algorithms import lrf_model
     from pipeline.algorithms.base import ArraySource
     from pipeline.algorithms.lrf import LrfParams, plan_lrf, run_lrf
+    from pipeline.algorithms.lrf import model as lrf_model
     from pipeline.mechanisms.noise import NoiseKey
 
     params = LrfParams.of(

@@ -11,7 +11,7 @@ median over noise seeds of ``sin theta_max(X, V_k)`` of:
 * ``select``: ``select=True`` (Analyze Gauss and that power candidate, each run once);
 * ``diffprivlib``: ``diffprivlib.models.PCA(k, epsilon, data_norm=1, centered=True)``
   where it runs (d <= 10; pure epsilon-DP, so delta = 0 for it), with its Bingham
-  sampler's acceptance exponent corrected (``bench_pca.corrected_bingham``, as in the
+  sampler's acceptance exponent corrected (``bingham.corrected_bingham``, as in the
   ``diffprivlib`` part): as shipped, the sampler did not return within 8 minutes on
   the 10-pixel digits at epsilon = 2.
 
@@ -27,6 +27,7 @@ import time
 from typing import Any
 
 import numpy as np
+from bingham import corrected_bingham
 from pca_real_data import REAL_DATASETS, load_real, top_subspace
 
 K, DELTA = 2, 1e-6
@@ -43,7 +44,7 @@ LABELS = {
 
 def _one(method: str, A: np.ndarray, eps: float, seed: int, dpl: Any) -> np.ndarray | None:
     """The (d, k) components of one run, or None where the method does not run."""
-    from pipeline.algorithms.pca_auto import AUTO_ITERATIONS, auto_radius
+    from pipeline.algorithms.pca import AUTO_ITERATIONS, auto_radius
     from pipeline.api import pca
     from pipeline.estimators import DPPCA
 
@@ -61,8 +62,6 @@ def _one(method: str, A: np.ndarray, eps: float, seed: int, dpl: Any) -> np.ndar
         return pca(A, K, select=True, **kw).components
     if dpl is None or d > 10:
         return None
-    from bench_pca import corrected_bingham
-
     model = dpl.models.PCA(
         n_components=K, epsilon=eps, data_norm=1.0, centered=True, random_state=seed
     )

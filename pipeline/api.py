@@ -22,14 +22,14 @@ from pipeline._validation import (
     check_int_in_range,
 )
 from pipeline.accounting.ledger import Ledger
-from pipeline.algorithms import lrf_model
 from pipeline.algorithms.base import Factorization
 from pipeline.algorithms.lrf import (
     Algorithm,
     LrfParams,
     plan_lrf,
 )
-from pipeline.algorithms.power_pca import PcaRelease
+from pipeline.algorithms.lrf import model as lrf_model
+from pipeline.algorithms.pca import PcaRelease
 from pipeline.errors import (
     InvalidParameterError,
     PrivacyConfigError,
@@ -141,7 +141,7 @@ def factorize(
         (``"spectral"``) or ``padded`` for the paper's padding (``"low-space"``);
         ``"spectral"`` for a non-private run (docs/algorithms.md, "Which
         algorithm"). ``"two-pass"`` reads a stored matrix twice, with both sensitivities
-        exact (:mod:`pipeline.algorithms.two_pass`); both passes are charged
+        exact (:mod:`pipeline.algorithms.lrf.two_pass`); both passes are charged
         once, after the first pass and before any noise, and ``sketch_size``,
         ``padded`` and a Gaussian ``operator`` do not apply to it.
     private : bool
@@ -163,7 +163,7 @@ def factorize(
         Distribution of the co-range operator ``S`` (and ``T``). None (or
         ``"auto"``): a sparse sign map (8 non-zeros per row of ``A``, columns of
         norm exactly 1) wherever its sensitivity is exact
-        (:func:`pipeline.algorithms.lrf_plan.sparse_is_exact`: every non-private run;
+        (:func:`pipeline.algorithms.lrf.plan.sparse_is_exact`: every non-private run;
         a private release whose individual is one row of the sketched matrix,
         or one entry with a secret seed [spec private-lrf-2, 2]); Gaussian
         elsewhere, where ``"sparse-sign"`` is refused.
@@ -293,7 +293,7 @@ def plan_factorization(source: Any, params: LrfParams) -> list[dict[str, Any]]:
         One per algorithm: ``algorithm``, ``sketch_size``, ``core_size``,
         ``range_weight``, ``operator``, ``passes``, ``predicted_error``,
         ``full_gm_error`` and ``ratio_to_full_gm`` (public values only:
-        :mod:`pipeline.algorithms.lrf_model`).
+        :mod:`pipeline.algorithms.lrf.model`).
 
     Raises
     ------
@@ -412,7 +412,7 @@ def pca(
     method : {"auto", "power", "analyze-gauss"}
         ``"auto"`` (default): Analyze Gauss, or the power method with public
         ``T = 3`` and ``R = sqrt(k / n)`` when ``n / d`` exceeds 8
-        eigenvalue floors ``gamma`` (:mod:`pipeline.algorithms.pca_auto`; public
+        eigenvalue floors ``gamma`` (:mod:`pipeline.algorithms.pca.auto`; public
         quantities only; given ``iterations``/``clip_radius`` mean the power
         method). ``"power"``: the clipped, preconditioned power method
         (Analyze Gauss start, then ``iterations`` steps). ``"analyze-gauss"``:
@@ -505,7 +505,7 @@ def pca(
     >>> r.components.shape
     (8, 2)
     """
-    from pipeline.algorithms.power_pca import PcaParams
+    from pipeline.algorithms.pca import PcaParams
 
     if not isinstance(private, bool):
         raise InvalidParameterError(
@@ -547,7 +547,7 @@ def release_pca(
     Examples
     --------
     >>> import numpy as np
-    >>> from pipeline.algorithms.power_pca import PcaParams
+    >>> from pipeline.algorithms.pca import PcaParams
     >>> A = np.random.default_rng(0).normal(size=(500, 6)) / 6
     >>> r = release_pca(A, PcaParams(rank=2, iterations=2, private=False))
     >>> r.components.shape

@@ -177,7 +177,7 @@ def _summary(report: dict[str, Any], out: str) -> str:
 
 def _params_of(args: argparse.Namespace) -> tuple[Any, Any]:
     """The parameters of ``dplr pca`` (what is released), validated; and its selection."""
-    from pipeline.algorithms.power_pca import PcaParams
+    from pipeline.algorithms.pca import PcaParams
     from pipeline.api import Selection
 
     params = PcaParams(

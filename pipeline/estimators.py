@@ -200,7 +200,7 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         ``"auto"``: Analyze Gauss, or the power method with public ``T = 3``
         and ``R = sqrt(k / n)`` when ``n / d`` exceeds 8 eigenvalue
         floors (a rule on public quantities only,
-        :mod:`pipeline.algorithms.pca_auto`; a given ``n_iter`` or
+        :mod:`pipeline.algorithms.pca.auto`; a given ``n_iter`` or
         ``clip_radius`` means the power method). ``"power"``: the clipped,
         preconditioned power method. ``"analyze-gauss"``: Analyze Gauss alone
         with the whole budget (no ``n_iter``, no ``clip_radius``).

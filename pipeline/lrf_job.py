@@ -20,7 +20,6 @@ import numpy as np
 
 from pipeline import _scratch
 from pipeline.accounting.contract import Accountant, PrivacyContract
-from pipeline.algorithms import lrf_model
 from pipeline.algorithms.base import ArraySource, Factorization
 from pipeline.algorithms.lrf import (
     Algorithm,
@@ -30,6 +29,7 @@ from pipeline.algorithms.lrf import (
     run_lrf,
     seed_fingerprint,
 )
+from pipeline.algorithms.lrf import model as lrf_model
 from pipeline.io.objectstore import redact
 from pipeline.release import (
     NON_PRIVATE_REPORT,

@@ -36,7 +36,7 @@ from pipeline.accounting.gaussian import (
     gaussian_epsilon,
     gaussian_noise_multiplier,
 )
-from pipeline.algorithms.power_pca import PcaParams, Secret, plan_pca, prep_rows
+from pipeline.algorithms.pca import PcaParams, Secret, plan_pca, prep_rows
 from pipeline.errors import PrivacyConfigError
 from pipeline.io.objectstore import redact
 from pipeline.mechanisms.noise import GaussianNoise, NoiseKey

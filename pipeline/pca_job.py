@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.accounting.contract import Accountant, PrivacyContract
-from pipeline.algorithms.power_pca import PcaRelease
+from pipeline.algorithms.pca import PcaRelease
 from pipeline.errors import InvalidParameterError
 from pipeline.io.objectstore import redact
 from pipeline.mechanisms.clipping import Neighboring, PrivacyUnit
@@ -95,7 +95,7 @@ class Selection:
 def pca_plan(params: Any, shape: tuple[int, int], selection: Selection | None) -> Any:
     """The plan of a fixed run, or of a selection with its calibration."""
     from pipeline.accounting.pca import calibrate_selection
-    from pipeline.algorithms.power_pca import default_selection_grids, plan_pca
+    from pipeline.algorithms.pca import default_selection_grids, plan_pca
 
     if selection is None:
         return plan_pca(params, shape)
@@ -133,7 +133,7 @@ def _candidates_of(params: Any, shape: tuple[int, int], selection: Selection) ->
     rule's ``T`` and ``R``; given grids: Analyze Gauss and their product.
     """
     from pipeline.accounting.pca_selection import calibrate_candidates
-    from pipeline.algorithms.pca_auto import AUTO_ITERATIONS, auto_radius
+    from pipeline.algorithms.pca import AUTO_ITERATIONS, auto_radius
 
     radii = selection.radii or (auto_radius(shape[0], params.rank),)
     iterations = selection.iterations or (AUTO_ITERATIONS,)
@@ -200,7 +200,7 @@ class PcaJob:
     def open_source(
         self, job: ReleaseJob, client: Any, cluster: dict[str, Any] | None
     ) -> Iterator[Any]:
-        from pipeline.algorithms.power_pca import ArrayRowSource
+        from pipeline.algorithms.pca import ArrayRowSource
 
         p = self.plan.params
         if self.local:
@@ -220,7 +220,7 @@ class PcaJob:
         yield self.source
 
     def compute(self, job: ReleaseJob, src: Any) -> PcaRelease:
-        from pipeline.algorithms.power_pca import run_pca, run_selection
+        from pipeline.algorithms.pca import run_pca, run_selection
 
         p, cal = self.plan.params, self.plan.calibration
         details = {

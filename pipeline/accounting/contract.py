@@ -149,7 +149,7 @@ class PrivacyContract:
         For an entry-unit release, the units (``"row"``, ``"column"``) at which
         its sensitivity is linear in ``||dA||_F`` and a ledger may read it
         (:func:`gdp_scale`). A sparse sign co-range sketch is exact along one
-        axis only (:func:`pipeline.algorithms.lrf_plan.sparse_is_exact`).
+        axis only (:func:`pipeline.algorithms.lrf.plan.sparse_is_exact`).
 
     Examples
     --------

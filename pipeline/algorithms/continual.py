@@ -54,17 +54,17 @@ import scipy.sparse as sp
 from pipeline._types import FloatArray, IntArray
 from pipeline._validation import check_int_in_range
 from pipeline.algorithms.base import ArraySource, Factorization
-from pipeline.algorithms.lrf import _low_space_post, _spectral_post
-from pipeline.algorithms.lrf_plan import (
+from pipeline.algorithms.lrf.kernels import low_space_post, spectral_post
+from pipeline.algorithms.lrf.plan import (
     Algorithm,
     LrfParams,
     LrfPlan,
     Reach,
-    _resolve_sizes,
     calibrate_plan,
-    plan_lrf,
     plan_operators,
+    resolve_sizes,
 )
+from pipeline.algorithms.lrf.run import plan_lrf
 from pipeline.errors import EpochError, HorizonExceededError, InvalidParameterError
 from pipeline.mechanisms.noise import GaussianNoise, NoiseCode, NoiseKey
 from pipeline.sketches.operators import SketchOperator
@@ -273,7 +273,7 @@ def _stream_sizes(params: LrfParams, shape: tuple[int, int]) -> LrfParams:
 
     A stream's state keeps an ``M x t`` sketch per tree node, so it does not
     take the larger ``t`` the one-shot error model picks
-    (:mod:`pipeline.algorithms.lrf_model`); its budget split is the even one
+    (:mod:`pipeline.algorithms.lrf.model`); its budget split is the even one
     its states were created with. An entity's cells may lie in several rows,
     so ``plan_lrf(reach=Reach.ANY)`` keeps the Gaussian co-range operator.
     """
@@ -281,7 +281,7 @@ def _stream_sizes(params: LrfParams, shape: tuple[int, int]) -> LrfParams:
         return params
     m, n = shape
     M, N = (n, m) if m < n else (m, n)  # plan_lrf's unpadded orientation
-    t, v = _resolve_sizes(params, M, N)
+    t, v = resolve_sizes(params, M, N)
     even = 0.5 if params.algorithm is Algorithm.SPECTRAL else 2.0 / 3.0
     return dataclasses.replace(
         params, sketch_size=t, core_size=v,
@@ -533,9 +533,7 @@ def release_factorization(
     )  # only its in-memory tall-matrix operations are used
     exact = {name: (x.T if name in plan.wide else x) for name, x in sketches.items()}
     post = (
-        _spectral_post
-        if lrf.params.algorithm is Algorithm.SPECTRAL
-        else _low_space_post
+        spectral_post if lrf.params.algorithm is Algorithm.SPECTRAL else low_space_post
     )
     Ux, s, Vx = post(src, lrf, exact, ops, None)
     U, V = (Vx, Ux) if lrf.transpose else (Ux, Vx)

@@ -24,7 +24,7 @@ import numpy as np
 from dask.highlevelgraph import HighLevelGraph
 
 from pipeline._types import FloatArray, Shape2D
-from pipeline.algorithms.power_pca import Secret, band_pass
+from pipeline.algorithms.pca import Secret, band_pass
 from pipeline.execution.progress import show_progress
 from pipeline.execution.source import _bands, _concat_rows, _name, _tree
 
@@ -70,7 +70,7 @@ def _band_kernel(
 
 
 class DaskRowSource:
-    """:class:`~pipeline.algorithms.power_pca.RowSource` over a dask array.
+    """:class:`~pipeline.algorithms.pca.RowSource` over a dask array.
 
     Parameters
     ----------

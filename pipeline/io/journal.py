@@ -157,7 +157,7 @@ def _label_file(label: str) -> str:
 
 
 class FileJournal:
-    """A :class:`~pipeline.algorithms.power_pca.ReleaseJournal` on disk.
+    """A :class:`~pipeline.algorithms.pca.ReleaseJournal` on disk.
 
     Use :meth:`open` to create one or to resume from one.
     """

@@ -1,7 +1,7 @@
 """A public dense operator: a small matrix applied along one axis of the data.
 
 Problem. The second pass of the two-pass factorization
-(:mod:`pipeline.algorithms.two_pass`) multiplies ``X`` by ``V_k`` (N x k), a
+(:mod:`pipeline.algorithms.lrf.two_pass`) multiplies ``X`` by ``V_k`` (N x k), a
 matrix computed on the client from a noisy release. It is not generated from a
 seed, so the keyed operators (:mod:`~pipeline.sketches.gaussian`,
 :mod:`~pipeline.sketches.sparse`) cannot describe it.

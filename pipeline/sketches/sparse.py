@@ -24,7 +24,7 @@ Privacy. Every row of the operator has norm exactly 1, for every draw, so ``S``
 applied along the axis where one individual's data lies in one index (one row of
 the sketched matrix) moves the sketch by exactly that individual's norm: no
 ``Delta_JL`` factor and no share of delta [private-lrf-2, 2].
-:func:`pipeline.algorithms.lrf_plan.sparse_is_exact` says where that holds; elsewhere
+:func:`pipeline.algorithms.lrf.plan.sparse_is_exact` says where that holds; elsewhere
 a private plan keeps a Gaussian ``S`` and refuses an explicit sparse one.
 
 References

@@ -41,7 +41,6 @@ from typing import Any
 import numpy as np
 
 from pipeline.accounting.gaussian import paper_gaussian_sigma
-from pipeline.algorithms import lrf as lrf_module
 from pipeline.algorithms.base import ArraySource
 from pipeline.algorithms.continual import (
     StreamPlan,
@@ -58,7 +57,8 @@ from pipeline.algorithms.lrf import (
     plan_lrf,
     run_lrf,
 )
-from pipeline.algorithms.power_pca import (
+from pipeline.algorithms.lrf import kernels as lrf_module
+from pipeline.algorithms.pca import (
     ArrayRowSource,
     MemoryJournal,
     PcaParams,

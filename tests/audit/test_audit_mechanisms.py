@@ -44,7 +44,7 @@ from audit_cases import (
 )
 from scipy import stats
 
-from pipeline.algorithms.power_pca import sym
+from pipeline.algorithms.pca import sym
 from pipeline.testing.audit import GaussianBlock, draw_statistic, statistic
 
 pytestmark = pytest.mark.audit

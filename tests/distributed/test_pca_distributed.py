@@ -33,7 +33,7 @@ from distributed import Client, LocalCluster
 
 import pipeline.api
 import pipeline.pca_job
-from pipeline.algorithms.power_pca import (
+from pipeline.algorithms.pca import (
     ArrayRowSource,
     MemoryJournal,
     PcaParams,

@@ -25,7 +25,7 @@ import pytest
 from pipeline.accounting.ledger import Ledger
 from pipeline.algorithms.base import ArraySource
 from pipeline.algorithms.lrf import pass_request, plan_lrf
-from pipeline.algorithms.power_pca import ArrayRowSource
+from pipeline.algorithms.pca import ArrayRowSource
 from pipeline.api import factorize, make_params, pca
 from pipeline.errors import InvalidParameterError
 

@@ -37,7 +37,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline.accounting.pca_sensitivity import pca_sensitivities
-from pipeline.algorithms.power_pca import (
+from pipeline.algorithms.pca import (
     PcaParams,
     Secret,
     band_gram,

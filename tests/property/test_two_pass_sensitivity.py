@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from pipeline.algorithms.base import ArraySource
 from pipeline.algorithms.lrf import LrfParams
-from pipeline.algorithms.two_pass import co_range_operator, plan_two_pass
+from pipeline.algorithms.lrf.two_pass import co_range_operator, plan_two_pass
 from pipeline.sketches.apply import PassRequest
 from pipeline.sketches.dense import DenseOperator
 

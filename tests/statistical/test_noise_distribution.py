@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from pipeline.algorithms import lrf
 from pipeline.algorithms.base import ArraySource
 from pipeline.algorithms.lrf import Algorithm, LrfParams, LrfPlan, plan_lrf, run_lrf
+from pipeline.algorithms.lrf import kernels as lrf
 from pipeline.linalg.metrics import spectral_error
 from pipeline.linalg.synthetic import low_rank_matrix
 from pipeline.mechanisms.clipping import ClipSpec, PrivacyUnit

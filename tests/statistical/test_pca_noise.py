@@ -26,14 +26,14 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from pipeline.algorithms import power_pca
-from pipeline.algorithms.power_pca import (
+from pipeline.algorithms.pca import (
     ArrayRowSource,
     MemoryJournal,
     PcaParams,
     plan_pca,
     run_pca,
 )
+from pipeline.algorithms.pca import power as power_pca
 from pipeline.mechanisms.noise import GaussianNoise, NoiseKey
 
 pytestmark = pytest.mark.statistical

@@ -31,8 +31,7 @@ import pytest
 from threadpoolctl import threadpool_limits
 
 from pipeline.accounting.pca import calibrate_selection
-from pipeline.algorithms import pca_select_run
-from pipeline.algorithms.power_pca import (
+from pipeline.algorithms.pca import (
     ArrayRowSource,
     MemoryJournal,
     PcaParams,
@@ -44,6 +43,7 @@ from pipeline.algorithms.power_pca import (
     sym,
     topk_eig,
 )
+from pipeline.algorithms.pca import selection as pca_select_run
 from pipeline.api import pca
 from pipeline.linalg.metrics import sin_theta
 from pipeline.linalg.synthetic import CoherentMatrix, coherent_matrix
@@ -315,7 +315,7 @@ def grid_errors(
     radii, grid = cal.radii, cal.iteration_grid
     points = [(j, ell) for ell in range(len(grid)) for j in range(len(radii))]
     journal = MemoryJournal()
-    # the selection run lives in pca_select_run (re-exported by power_pca)
+    # the selection run lives in pipeline.algorithms.pca.selection
     with mock.patch.object(pca_select_run, "_draw_trials", return_value=list(points)):
         res = run_selection(
             ArrayRowSource(data.A),

@@ -17,7 +17,7 @@ something (``err_GM < sigma_1``) a ratio far below 1 would mean a bug, because:
 
 The best case of that argument is an oracle that knows ``V_k`` exactly, spends
 the whole budget on ``A V_k + N`` (m x k) and releases the same debiased singular
-values (``pipeline.algorithms.two_pass.debiased_singular_values``): it scores
+values (``pipeline.algorithms.lrf.two_pass.debiased_singular_values``): it scores
 0.62-0.86 of the full GM on the quick grid's in-regime cells (0.83-0.95 without
 the debiasing; ``test_exact_vk_oracle_clears_the_floor``). ``RATIO_FLOOR = 0.5``
 sits below it, with room for the spread of a median of 3 draws; a release without
@@ -37,7 +37,7 @@ import numpy as np
 import pytest
 
 from pipeline.accounting.gaussian import gaussian_noise_multiplier
-from pipeline.algorithms.two_pass import debiased_singular_values
+from pipeline.algorithms.lrf.two_pass import debiased_singular_values
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "bench_utility.py"

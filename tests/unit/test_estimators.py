@@ -28,7 +28,7 @@ from sklearn.utils.estimator_checks import (
 import pipeline
 from pipeline import DPPCA, DPLowRank
 from pipeline.accounting.gaussian import gaussian_delta
-from pipeline.algorithms.power_pca import prep_rows
+from pipeline.algorithms.pca import prep_rows
 from pipeline.api import factorize, pca
 from pipeline.errors import BudgetExceededError, InvalidParameterError
 

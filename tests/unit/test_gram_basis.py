@@ -14,10 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipeline.algorithms import lrf
 from pipeline.algorithms.base import ArraySource
 from pipeline.algorithms.lrf import (
-    GRAM_MIN_RATIO,
     Algorithm,
     LrfParams,
     gram_basis,
@@ -25,6 +23,8 @@ from pipeline.algorithms.lrf import (
     plan_lrf,
     run_lrf,
 )
+from pipeline.algorithms.lrf import kernels as lrf
+from pipeline.algorithms.lrf.kernels import GRAM_MIN_RATIO
 from pipeline.mechanisms.clipping import ClipSpec, PrivacyUnit
 from pipeline.mechanisms.noise import NoiseKey
 

@@ -14,7 +14,8 @@ import pytest
 
 from pipeline import api, pca_job
 from pipeline.accounting.ledger import Ledger
-from pipeline.algorithms import power_pca
+from pipeline.algorithms import pca as power_pca
+from pipeline.algorithms.pca import power
 from pipeline.errors import BudgetExceededError, InvalidParameterError
 from pipeline.io import default_journal_path, read_group
 from pipeline.linalg.synthetic import coherent_matrix
@@ -31,13 +32,13 @@ def data() -> np.ndarray:
 def count_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Every band pass reads the data: count them."""
     reads: list[int] = []
-    real = power_pca.band_pass
+    real = power.band_pass
 
     def counting(*args: object, **kw: object) -> np.ndarray:
         reads.append(1)
         return real(*args, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(power_pca, "band_pass", counting)
+    monkeypatch.setattr(power, "band_pass", counting)
     return reads
 
 
@@ -158,7 +159,7 @@ def test_resume_from_a_journal_draws_and_charges_nothing_twice(
     count_reads.clear()
 
     # crash right after the second Z release was journaled
-    real_qr = power_pca.qr_pos
+    real_qr = power.qr_pos
     calls: list[int] = []
 
     def crashing_qr(Z: object) -> np.ndarray:
@@ -167,7 +168,7 @@ def test_resume_from_a_journal_draws_and_charges_nothing_twice(
             raise KeyboardInterrupt("simulated crash")
         return real_qr(Z)
 
-    monkeypatch.setattr(power_pca, "qr_pos", crashing_qr)
+    monkeypatch.setattr(power, "qr_pos", crashing_qr)
     with pytest.raises(KeyboardInterrupt):
         api.pca(data, K, out=out, ledger=book, **kw)  # type: ignore[arg-type]
     journal = default_journal_path(out)
@@ -183,7 +184,7 @@ def test_resume_from_a_journal_draws_and_charges_nothing_twice(
     assert oct(os.stat(os.path.join(journal, "header.json")).st_mode & 0o777) == "0o600"
     assert len(book.releases) == 1
     reads_before = len(count_reads)
-    monkeypatch.setattr(power_pca, "qr_pos", real_qr)
+    monkeypatch.setattr(power, "qr_pos", real_qr)
 
     resumed = api.pca(data, K, out=out, ledger=book, **kw)  # type: ignore[arg-type]
     assert len(book.releases) == 1  # charged once
@@ -204,7 +205,7 @@ def test_journal_of_another_job_is_refused(
 
     out = os.path.join(tmp_path, "rel.zarr")
     monkeypatch.setattr(
-        power_pca, "qr_pos", lambda Z: (_ for _ in ()).throw(KeyboardInterrupt())
+        power, "qr_pos", lambda Z: (_ for _ in ()).throw(KeyboardInterrupt())
     )
     with pytest.raises(KeyboardInterrupt):
         api.pca(
@@ -317,7 +318,7 @@ def test_auto_is_the_default_and_records_its_public_choice(data: np.ndarray) -> 
 
 def test_auto_picks_the_power_method_when_n_over_d_is_large() -> None:
     """Negative control of the test above: the same rule at n = 2^19, d = 64."""
-    from pipeline.algorithms.pca_auto import AUTO_ITERATIONS, auto_radius
+    from pipeline.algorithms.pca import AUTO_ITERATIONS, auto_radius
 
     plan = power_pca.plan_pca(
         power_pca.PcaParams(rank=2, epsilon=1.0, delta=1e-6), (2**19, 64)
@@ -341,7 +342,7 @@ def test_default_selection_runs_every_candidate_once_composed_exactly(
     """``select=True``: Analyze Gauss and the auto rule's power candidate, each run
     once, charged to the ledger as one mu-GDP composition at exactly (epsilon, delta)."""
     from pipeline.accounting.pca_selection import CandidateSelection
-    from pipeline.algorithms.pca_auto import AUTO_ITERATIONS, auto_radius
+    from pipeline.algorithms.pca import AUTO_ITERATIONS, auto_radius
 
     book = _ledger(tmp_path)
     rel = api.pca(data, K, epsilon=1.0, delta=1e-6, select=True, ledger=book,

@@ -8,13 +8,13 @@ import math
 import numpy as np
 import pytest
 
-from pipeline.algorithms import lrf_model
 from pipeline.algorithms.lrf import (
     Algorithm,
     LrfParams,
     default_sketch_sizes,
     plan_lrf,
 )
+from pipeline.algorithms.lrf import model as lrf_model
 from pipeline.errors import InvalidParameterError, PrivacyConfigError
 from pipeline.mechanisms.clipping import ClipSpec, Neighboring, PrivacyUnit
 

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipeline.algorithms.power_pca import (
+from pipeline.algorithms.pca import (
     ArrayRowSource,
     MemoryJournal,
     PcaParams,
@@ -804,7 +804,7 @@ def test_update_kernel_matches_the_definition(
     rows far outside ``[-1, 1]``, a zero row, a non-finite row and an unclipped
     trial (``R = inf``).
     """
-    from pipeline.algorithms import pca_kernels
+    from pipeline.algorithms.pca import kernels as pca_kernels
 
     monkeypatch.setattr(pca_kernels, "SUB_BLOCK_BYTES", sub_block_bytes)
     n, d, k = 301, 7, 2

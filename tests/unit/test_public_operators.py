@@ -29,7 +29,6 @@ from hypothesis import strategies as st
 from scipy import optimize
 from scipy.stats import norm
 
-from pipeline.algorithms import lrf_model
 from pipeline.algorithms.base import ArraySource
 from pipeline.algorithms.continual import plan_stream
 from pipeline.algorithms.lrf import (
@@ -41,6 +40,7 @@ from pipeline.algorithms.lrf import (
     plan_lrf,
     run_lrf,
 )
+from pipeline.algorithms.lrf import model as lrf_model
 from pipeline.api import factorize
 from pipeline.errors import InvalidParameterError, PrivacyConfigError
 from pipeline.mechanisms.clipping import ClipSpec, Neighboring, PrivacyUnit

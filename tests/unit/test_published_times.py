@@ -29,7 +29,7 @@ import pytest
 
 from pipeline import api, stream
 from pipeline.accounting.ledger import Ledger
-from pipeline.algorithms import pca_select_run
+from pipeline.algorithms.pca import selection as pca_select_run
 from pipeline.io import FileJournal, read_group
 from pipeline.io.batches import write_batch
 from pipeline.linalg.synthetic import coherent_matrix

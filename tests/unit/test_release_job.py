@@ -19,7 +19,7 @@ import pytest
 import pipeline.io
 from pipeline import api
 from pipeline.accounting.ledger import Ledger
-from pipeline.algorithms import power_pca
+from pipeline.algorithms.pca import power as power_pca
 from pipeline.errors import StoreLayoutError
 from pipeline.estimators import DPPCA
 from pipeline.io import FileJournal, default_journal_path, read_group

@@ -32,8 +32,8 @@ import pytest
 import pipeline.mechanisms.noise as noise_module
 from pipeline import api, lrf_job
 from pipeline.accounting.ledger import Ledger
-from pipeline.algorithms import power_pca
 from pipeline.algorithms.base import ArraySource
+from pipeline.algorithms.pca import power as power_pca
 from pipeline.errors import BudgetExceededError
 from pipeline.estimators import DPPCA
 
@@ -161,7 +161,7 @@ def test_a_release_that_draws_before_its_charge_is_caught(
 
     events.clear()
     with monkeypatch.context() as mp:
-        mp.setattr(power_pca._Releases, "release", release_charging_late)
+        mp.setattr(power_pca.Releases, "release", release_charging_late)
         RELEASES["pca-power"](data, _ledger(tmp_path / "pca"))
     with pytest.raises(AssertionError, match="noise drawn before the charge"):
         assert_charged_once_before_any_draw(events)

@@ -18,7 +18,7 @@ from pipeline.accounting.calibration import pld_epsilon
 from pipeline.accounting.gaussian import gaussian_noise_multiplier
 from pipeline.algorithms.base import ArraySource
 from pipeline.algorithms.lrf import LrfParams, plan_lrf, run_lrf
-from pipeline.algorithms.two_pass import (
+from pipeline.algorithms.lrf.two_pass import (
     DEFAULT_WEIGHT_Z,
     TwoPassPlan,
     debiased_singular_values,

@@ -1,55 +1,8 @@
-"""Coherence-adaptive DP PCA: Analyze Gauss and the private clipped power method.
+"""Analyze Gauss and the private clipped power method: the row sources, the release
+journals, the releases (keyed noise, journal, the one charge) and :func:`run_pca`.
 
-Problem. ``A`` is an (n, d) matrix whose rows are individuals. Find ``X`` of
-shape (d, k) with orthonormal columns whose span is close to ``span(V_k)``, the
-top-k right singular subspace of ``A`` (uncentred PCA: the top eigenvectors of
-``A^T A``), measured by ``sin theta_max = ||(I - X X^T) V_k||_2``, such that
-releasing ``X`` is (epsilon, delta)-DP for neighbours that differ in one row:
-present or a zero row (the default), or replaced by another; n is public under
-both (spec power-pca section 1.2).
-
-Method (spec sections 2.1-2.3).
-
-1. Rows are clipped to norm ``<= 1 - 1e-9`` before anything touches them
-   (after an optional public rescaling ``a_i / C``); a row holding NaN or Inf
-   becomes the zero row -- silently, because raising or counting would be a
-   data-dependent side channel (spec 1.4, rules 1-2).
-2. Analyze Gauss [DTTZ14]: release ``M = A^T A + noise_init sym(G)`` and take
-   its top-k eigenvectors ``X0``. Alone (with the whole budget) it is the
-   baseline method ``"analyze-gauss"``.
-3. The preconditioned clipped power method, ``t = 0 .. T-1``: release
-   ``H = X^T A^T A X + noise_H sym(G_t)``; ``B = (H floored at gamma)^(-1/2)``;
-   release ``Z = sum_i a_i Clip_R(a_i^T X B) + noise_Z R G~_t``; ``X = qr(Z)``.
-   ``B`` whitens ``A X`` so that, near the answer, ``a_i^T X B ~ e_i^T U_k``,
-   whose norm is at most ``sqrt(k) ||U||_inf``: on incoherent data a small
-   clip radius ``R`` -- hence little noise -- suffices [P, section 3].
-
-Everything data-derived that leaves :func:`run_pca` passes through exactly one
-Gaussian release (``M``, ``H_t``, ``Z_t``) whose noise is drawn here, on the
-reduced statistic, from the secret keyed generator of
-:mod:`pipeline.mechanisms.noise`; ``B``, ``X`` and the eigenvalues are
-post-processing of releases only. Exact aggregates travel inside
-:class:`Secret` wrappers that refuse to be printed or pickled.
-
-Passes over A: 1 (Gram) + T (one per iteration); the ``H`` releases are
-computed on the client from the Gram matrix (spec 4.4). The ``"two-pass"``
-route recomputes ``H`` from the data instead (1 + 2T passes) and never holds a
-d x d matrix after the first step (spec 4.5).
-
-This module holds the row sources, the release journals, the releases (keyed
-noise, journal, the one charge) and :func:`run_pca`. One module per other
-concern, whose names are re-exported here: :mod:`~pipeline.algorithms.pca_kernels`
-(row preparation and per-band kernels), :mod:`~pipeline.algorithms.pca_linalg`
-(secrets and the post-processing of releases), :mod:`~pipeline.algorithms.pca_plan`
-(parameters and plan), :mod:`~pipeline.algorithms.pca_auto` (the ``auto`` rule)
-and :mod:`~pipeline.algorithms.pca_select_run` (the private selection run).
-
-References
-----------
-.. [P] Coherence-adaptive differentially private PCA via a preconditioned,
-   clipped block power method (seed paper; spec power-pca).
-.. [DTTZ14] Dwork, Talwar, Thakurta, Zhang. Analyze Gauss: optimal bounds for
-   privacy-preserving principal component analysis. STOC 2014.
+The package docstring (:mod:`pipeline.algorithms.pca`) states the problem, the
+method and the privacy of the releases.
 """
 
 from __future__ import annotations
@@ -61,68 +14,30 @@ from typing import Any, Protocol
 import numpy as np
 
 from pipeline._types import FloatArray, Shape2D
+from pipeline.algorithms.pca.kernels import (
+    band_pass,
+)
+from pipeline.algorithms.pca.linalg import (
+    Secret,
+    eig_floor_inv_sqrt,
+    qr_pos,
+    sym,
+    topk_eig,
+)
+from pipeline.algorithms.pca.plan import PcaPlan
 from pipeline.errors import InvalidParameterError
 from pipeline.mechanisms.noise import GaussianNoise, NoiseKey
 
 __all__ = [
     "ArrayRowSource",
     "MemoryJournal",
-    "PcaParams",
-    "PcaPlan",
     "PcaRelease",
     "PcaResult",
     "ReleaseJournal",
+    "Releases",
     "RowSource",
-    "Secret",
-    "band_gram",
-    "band_pass",
-    "band_products",
-    "band_update",
-    "clip_rows",
-    "default_selection_grids",
-    "eig_floor_inv_sqrt",
-    "plan_pca",
-    "prep_factors",
-    "prep_rows",
-    "qr_pos",
     "run_pca",
-    "run_selection",
-    "sym",
-    "topk_eig",
 ]
-
-
-# One module per concern; their names stay importable from here.
-from pipeline.algorithms.pca_kernels import (  # noqa: F401 - re-exported
-    RADIUS_SLACK,
-    ROW_CLIP,
-    SUB_BLOCK_BYTES,
-    band_gram,
-    band_pass,
-    band_products,
-    band_update,
-    clip_rows,
-    prep_factors,
-    prep_rows,
-    update_factors,
-)
-from pipeline.algorithms.pca_linalg import (  # noqa: F401 - re-exported
-    Secret,
-    _released,
-    eig_floor_inv_sqrt,
-    qr_pos,
-    sym,
-    topk_eig,
-)
-from pipeline.algorithms.pca_plan import (  # noqa: F401 - re-exported
-    GRAM_CLIENT_BYTES,
-    METHODS,
-    NONPRIVATE_GAMMA,
-    ROUTES,
-    PcaParams,
-    PcaPlan,
-    plan_pca,
-)
 
 
 # --------------------------------------------------------------------------
@@ -272,7 +187,7 @@ def _noise(
     return sym(G) if symmetric else G
 
 
-class _Releases:
+class Releases:
     """The releases of one run: journal lookups, the one charge, keyed noise, the Gram.
 
     Every data-derived value leaves through :meth:`release`: a label already in
@@ -375,7 +290,7 @@ def run_pca(
         )
     d = plan.shape[1]
     k = plan.params.rank
-    rel = _Releases(source, noise_key, journal, before_first_release, on_step)
+    rel = Releases(source, noise_key, journal, before_first_release, on_step)
     release, exact_gram, say = rel.release, rel.gram, rel.say
 
     M = release("M", exact_gram, plan.noise_init, (d, d), True)
@@ -413,16 +328,3 @@ def run_pca(
         resumed=tuple(rel.resumed),
         history=tuple(history),
     )
-
-
-# The selection run (it uses this module's releases, so it is imported last).
-from pipeline.algorithms.pca_select_run import (  # noqa: F401 - re-exported
-    MAX_CONCURRENT_TRIALS,
-    SelectionResult,
-    _draw_trials,
-    default_selection_grids,
-    exact_score,
-    run_selection,
-    score_basis,
-    score_setup,
-)

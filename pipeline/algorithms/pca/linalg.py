@@ -50,7 +50,7 @@ class Secret:
         raise TypeError("exact aggregates are not serialisable; release them first.")
 
 
-def _released(x: Any, name: str) -> FloatArray:
+def released(x: Any, name: str) -> FloatArray:
     """Guard for post-processing functions: they accept released values only."""
     if isinstance(x, Secret):
         raise TypeError(
@@ -70,7 +70,7 @@ def sym(G: FloatArray) -> FloatArray:
 
 def topk_eig(M: Any, k: int) -> tuple[FloatArray, FloatArray]:
     """Top-k eigenvectors (d, k) and top k+1 eigenvalues of a released symmetric ``M``."""
-    M = _released(M, "M")
+    M = released(M, "M")
     d = M.shape[0]
     lo = max(d - k - 1, 0)
     lam, Q = scipy.linalg.eigh(M, subset_by_index=[lo, d - 1])
@@ -88,7 +88,7 @@ def _sign_fix(X: FloatArray) -> FloatArray:
 
 def eig_floor_inv_sqrt(H: Any, gamma: float) -> FloatArray:
     """``B = Q diag(max(lambda, gamma))^(-1/2) Q^T`` for the released ``H = Q diag(lambda) Q^T``."""
-    H = _released(H, "H")
+    H = released(H, "H")
     lam, Q = np.linalg.eigh(H)
     lam = np.maximum(lam, gamma)
     return (Q / np.sqrt(lam)) @ Q.T
@@ -96,7 +96,7 @@ def eig_floor_inv_sqrt(H: Any, gamma: float) -> FloatArray:
 
 def qr_pos(Z: Any) -> FloatArray:
     """Orthonormal factor of the reduced QR of a released ``Z``, with ``diag(R) >= 0``."""
-    Z = _released(Z, "Z")
+    Z = released(Z, "Z")
     Q, R = np.linalg.qr(Z)
     signs = np.sign(np.diag(R))
     signs[signs == 0] = 1.0

@@ -7,7 +7,7 @@ random stopping ([P, App. C]; :class:`pipeline.accounting.pca.SelectionCalibrati
 trials in lockstep (trials with equal ``T`` share passes, each trial's block
 clipped on its own), release each trial's noisy score and return the winner.
 The trials' releases go through the same journaled, charged-once releases as
-:func:`pipeline.algorithms.power_pca.run_pca`.
+:func:`pipeline.algorithms.pca.power.run_pca`.
 
 References
 ----------
@@ -20,25 +20,23 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from pipeline._types import FloatArray
 from pipeline._validation import check_int_in_range
-from pipeline.algorithms.pca_linalg import (
+from pipeline.algorithms.pca.linalg import (
     Secret,
-    _released,
     eig_floor_inv_sqrt,
     qr_pos,
+    released,
     sym,
     topk_eig,
 )
+from pipeline.algorithms.pca.power import ReleaseJournal, Releases, RowSource
 from pipeline.errors import InvalidParameterError
 from pipeline.mechanisms.noise import NoiseKey
-
-if TYPE_CHECKING:
-    from pipeline.algorithms.power_pca import ReleaseJournal, RowSource
 
 # --------------------------------------------------------------------------
 # Private selection of (R, T) [P, Algorithms 4 and 5; spec 2.4, 2.5, 4.6]
@@ -89,7 +87,7 @@ def score_setup(
     of ``M`` in spectral norm w.p. ``1 - beta/8`` (Lemma 5);
     ``a = lam_{k+1} + eps_w``, ``b = lam_k - eps_w``, ``h = b - a`` [P, Alg. 4].
     """
-    lam = _released(eigenvalues, "eigenvalues")
+    lam = released(eigenvalues, "eigenvalues")
     eps_w = noise_init * (2.0 * math.sqrt(d) + math.sqrt(2.0 * math.log(8.0 / beta)))
     a = float(lam[k]) + eps_w
     b = float(lam[k - 1]) - eps_w
@@ -270,9 +268,7 @@ def run_selection(
     )
     d = source.shape[1]
     k = cal.rank
-    from pipeline.algorithms.power_pca import _Releases  # the run's releases
-
-    rel = _Releases(source, noise_key, journal, before_first_release, on_step)
+    rel = Releases(source, noise_key, journal, before_first_release, on_step)
     release, exact_gram, say = rel.release, rel.gram, rel.say
 
     M = release("M", exact_gram, cal.noise_init, (d, d), True)

@@ -1,7 +1,7 @@
 """Public parameters and the calibrated plan of one private PCA run.
 
 Problem. Validate the public parameters against the public shape before the
-data is read, resolve ``method="auto"`` (:mod:`pipeline.algorithms.pca_auto`),
+data is read, resolve ``method="auto"`` (:mod:`pipeline.algorithms.pca.auto`),
 choose the route (Gram matrix on the client, or two passes per iteration) and
 calibrate the noise (:func:`pipeline.accounting.pca.calibrate_pca`).
 """
@@ -16,7 +16,8 @@ from typing import Any
 
 from pipeline._types import Shape2D
 from pipeline._validation import check_float_in_interval, check_int_in_range
-from pipeline.algorithms.pca_linalg import Secret  # noqa: F401
+from pipeline.accounting.pca import calibrate_pca
+from pipeline.algorithms.pca.auto import choose_method
 from pipeline.errors import InvalidParameterError, PrivacyConfigError
 
 #: Eigenvalue floor of the non-private variant (only keeps B finite).
@@ -43,7 +44,7 @@ class PcaParams:
         Budget (None only when ``private`` is False).
     method : {"auto", "power", "analyze-gauss"}
         ``"auto"`` picks one of the two (and ``T``, ``R``) from public
-        quantities (:mod:`pipeline.algorithms.pca_auto`).
+        quantities (:mod:`pipeline.algorithms.pca.auto`).
     iterations : int or None
         ``T`` for the power method (required; never chosen from the data).
     clip_radius : float or None
@@ -195,8 +196,6 @@ def plan_pca(params: PcaParams, shape: Shape2D) -> PcaPlan:
             clip_radius=R,
             n_passes=passes,
         )
-    from pipeline.accounting.pca import calibrate_pca
-
     if params.epsilon is None or params.delta is None:
         raise InvalidParameterError(
             "epsilon and delta are required for a private PCA "
@@ -236,8 +235,6 @@ def _resolve_auto(
     params: PcaParams, shape: Shape2D
 ) -> tuple[PcaParams, dict[str, Any]]:
     """``method="auto"`` replaced by the rule's method, ``T`` and ``R``."""
-    from pipeline.algorithms.pca_auto import choose_method
-
     if not params.private:
         # the exact eigenvectors of A^T A, unless T is given for a power run
         method = "analyze-gauss" if params.iterations is None else "power"

@@ -55,6 +55,8 @@ import dataclasses
 import math
 from typing import Any
 
+from pipeline.accounting.pca import calibrate_pca
+
 __all__ = ["AUTO_ITERATIONS", "AUTO_MARGIN", "AutoChoice", "choose_method"]
 
 #: Iterations of the power method when the rule picks it.
@@ -112,7 +114,7 @@ def choose_method(params: Any, shape: tuple[int, int]) -> AutoChoice:
 
     Examples
     --------
-    >>> from pipeline.algorithms.power_pca import PcaParams
+    >>> from pipeline.algorithms.pca import PcaParams
     >>> p = PcaParams(rank=2, epsilon=1.0, delta=1e-6, method="auto")
     >>> choose_method(p, (1797, 64)).method
     'analyze-gauss'
@@ -120,8 +122,6 @@ def choose_method(params: Any, shape: tuple[int, int]) -> AutoChoice:
     >>> c.method, c.iterations, round(c.clip_radius, 5)
     ('power', 3, 0.00195)
     """
-    from pipeline.accounting.pca import calibrate_pca
-
     n, d = int(shape[0]), int(shape[1])
     T = params.iterations if params.iterations is not None else AUTO_ITERATIONS
     R = (

@@ -97,8 +97,8 @@ from pipeline.accounting.calibration import (
     calibrate_release,
 )
 from pipeline.algorithms.base import Factorization, MatrixSource
-from pipeline.algorithms.lrf import _row_noise, gram_svd
-from pipeline.algorithms.lrf_plan import Algorithm, LrfParams, seed_fingerprint
+from pipeline.algorithms.lrf.kernels import gram_svd, row_noise
+from pipeline.algorithms.lrf.plan import Algorithm, LrfParams, seed_fingerprint
 from pipeline.errors import InvalidParameterError
 from pipeline.linalg.core import one_blas_thread, sign_convention
 from pipeline.mechanisms.clipping import PrivacyUnit
@@ -180,7 +180,7 @@ class TwoPassPlan:
         ``Y``'s bound ``||D V_k||_F <= ||D||_F`` holds for every ``D``; the sparse
         ``S`` of ``Z`` is exact for a difference within one row of ``X`` only, so
         the release converts to that axis of ``A`` alone (as in one pass:
-        :attr:`pipeline.algorithms.lrf_plan.LrfPlan.entry_reads`).
+        :attr:`pipeline.algorithms.lrf.plan.LrfPlan.entry_reads`).
         """
         if self.calibration is None:
             return ("row", "column")
@@ -472,7 +472,7 @@ def _release(
     if ny is not None:
         # Y = X V_k + N_Y, and its Gram matrix in the same step: its SVD, unless
         # too ill-conditioned for that (then TSQR)
-        Y, gram, _ = source.tall_noise_gram(Y, _row_noise(ny, source), None)
+        Y, gram, _ = source.tall_noise_gram(Y, row_noise(ny, source), None)
         svd = gram_svd(gram, k)
     if svd is None:
         Q, R = source.tall_qr(Y, with_r=True)

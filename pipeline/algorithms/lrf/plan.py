@@ -4,8 +4,8 @@ Everything here reads public values only -- the shape, the rank, the budget, the
 privacy unit and clip norm, and (for a public seed) the operators it generates --
 never the data (plan-then-execute, style B.3.1). :func:`plan_lrf` validates the
 parameters, orients the matrix, picks the operators' kinds, the sizes and the
-budget split (:mod:`~pipeline.algorithms.lrf_model`) and calibrates the joint
-Gaussian mechanism; :mod:`pipeline.algorithms.lrf` executes the plan.
+budget split (:mod:`~pipeline.algorithms.lrf.model`) and calibrates the joint
+Gaussian mechanism; :mod:`pipeline.algorithms.lrf.run` executes the plan.
 
 Sensitivities [spec 4.2; private-lrf-2, 2-3]: a Gaussian operator contributes its
 tail bound ``Delta_JL(d, beta)`` for a pair fixed before it is drawn (a secret
@@ -50,7 +50,7 @@ class Algorithm(enum.Enum):
 
     SPECTRAL = "spectral"
     LOW_SPACE = "low-space"
-    TWO_PASS = "two-pass"  # pipeline.algorithms.two_pass
+    TWO_PASS = "two-pass"  # pipeline.algorithms.lrf.two_pass
 
 
 class Reach(enum.Enum):
@@ -144,7 +144,7 @@ class LrfParams:
     range_weight : float or None
         Private releases: the share ``w`` of the budget (in ``mu^2`` of the joint
         Gaussian mechanism) spent on the range sketch(es); None picks it by the
-        public error model (:mod:`pipeline.algorithms.lrf_model`).
+        public error model (:mod:`pipeline.algorithms.lrf.model`).
     range_clip : bool
         Private Spectral-LRF where one individual is one row of the sketched
         matrix: clip the rows of ``Y = X Phi`` to ``rho(t) C`` before the noise
@@ -350,7 +350,7 @@ class LrfPlan:
     (the range sketches' share of the budget), ``basis_rank`` (``k'``: the range
     basis is the top ``k'`` left singular vectors of the noisy range sketch,
     [private-lrf-2, 4]) and ``predicted_error`` (the public error model's
-    prediction of the additive spectral error, :mod:`~pipeline.algorithms.lrf_model`).
+    prediction of the additive spectral error, :mod:`~pipeline.algorithms.lrf.model`).
     ``range_clip`` is ``rho`` when the rows of ``Y`` are clipped to ``rho C``
     before the noise (:func:`clips_range`), else None.
     """
@@ -421,7 +421,7 @@ class LrfPlan:
         return next(s.sigma for s in self.calibration.sketches if s.name == name)
 
 
-def _resolve_sizes(p: LrfParams, M: int, N: int) -> tuple[int, int]:
+def resolve_sizes(p: LrfParams, M: int, N: int) -> tuple[int, int]:
     """Validate (t, v) against ``k < t <= min(M, N)``, ``t < v`` (``v <= M`` for Spectral)."""
     small = min(M, N)
     v_cap = M if p.algorithm is Algorithm.SPECTRAL else None
@@ -460,136 +460,7 @@ def _resolve_sizes(p: LrfParams, M: int, N: int) -> tuple[int, int]:
     return t, v
 
 
-def plan_lrf(
-    params: LrfParams,
-    shape: Shape2D,
-    *,
-    public_seed: int | None = None,
-    reach: Reach | None = None,
-) -> LrfPlan:
-    """Validate ``params`` for a matrix of ``shape`` and calibrate the noise.
-
-    Reads no data: everything here is public (plan-then-execute, style B.3.1).
-
-    Parameters
-    ----------
-    params : LrfParams
-    shape : tuple (n_rows, n_cols)
-    public_seed : int or None
-        The sketch seed when it is public (given by the user): the calibration
-        then uses the worst-case sensitivity of the operators it generates, and
-        the plan may only run with this seed. None: the seed is secret.
-    reach : Reach or None
-        For a public seed, what one individual's difference may touch in ``X``;
-        None derives it from ``params.clip.unit`` (:func:`reach_of`).
-
-    Returns
-    -------
-    LrfPlan
-
-    Raises
-    ------
-    InvalidParameterError
-        If rank or sketch sizes are inconsistent with each other or the shape.
-
-    Notes
-    -----
-    Privacy. One Gaussian mechanism over all released sketches; a Gaussian
-    operator's factor is ``Delta_JL(d, beta)``, ``beta = delta_JL / J`` [spec
-    3.2-3.3, S3], a sparse ``S``'s exactly 1 [private-lrf-2, 2], a range sketch
-    clipped in sketch space (:func:`clips_range`) exactly ``rho(t)``. With
-    ``public_seed``: :func:`worst_case_factors`, ``delta_JL = 0`` [private-lrf-2,
-    3], and ``O((M + N) d^2)`` flops to generate the operators once.
-
-    Examples
-    --------
-    >>> plan = plan_lrf(LrfParams(algorithm=Algorithm.SPECTRAL, rank=2, epsilon=1.0,
-    ...                           delta=1e-6), (500, 300))
-    >>> plan.t, plan.v, plan.transpose, round(plan.range_clip, 3)
-    (12, 133, False, 1.478)
-    """
-    if params.algorithm is Algorithm.TWO_PASS:
-        from pipeline.algorithms.two_pass import plan_two_pass
-
-        return plan_two_pass(params, shape, public_seed=public_seed)  # type: ignore[return-value]
-    m, n = (
-        check_int_in_range(x, nm, 1)
-        for x, nm in zip(shape, ("n_rows", "n_cols"), strict=True)
-    )
-    if params.padded and params.algorithm is not Algorithm.LOW_SPACE:
-        raise InvalidParameterError(
-            "padded=True applies to algorithm='low-space' only."
-        )
-    if public_seed is not None:
-        public_seed = check_int_in_range(public_seed, "seed", 0, 2**128 - 1)
-    # Spectral and unpadded Low-Space put the t-sized sketch on the longer side
-    # (memory m t + v n, spec 3.2); padded mode follows the paper's m <= n [spec 3.3]
-    transpose = (m > n) if params.padded else (m < n)
-    M, N = (n, m) if transpose else (m, n)
-    operator = _operator_of(params, transpose, public_seed is not None, reach)
-    plan = LrfPlan(
-        params=params,
-        shape=(m, n),
-        transpose=transpose,
-        t=0,
-        v=0,
-        calibration=None,
-        operator=operator,
-    )
-    if not params.private:
-        t, v = _resolve_sizes(params, M, N)
-        return dataclasses.replace(plan, t=t, v=v)
-    plan = choose_private_sizes(
-        plan, clipped_range=clips_range(params, transpose, reach)
-    )
-    if public_seed is None:
-        return calibrate_plan(plan)
-    reach = reach or reach_of(params.clip.unit, transpose)
-    plan = dataclasses.replace(
-        plan, public_seed_fingerprint=seed_fingerprint(public_seed), reach=reach
-    )
-    return calibrate_plan(plan, worst_case_factors(plan, public_seed, reach))
-
-
-def choose_private_sizes(plan: LrfPlan, *, clipped_range: bool = False) -> LrfPlan:
-    """``plan`` with its private sizes, budget split and range basis rank.
-
-    User-given ``sketch_size``, ``core_size`` and ``range_weight`` are kept; the
-    others come from the public error model (:mod:`pipeline.algorithms.lrf_model`),
-    which reads only the shape, the rank, the budget and the operators' kinds --
-    never the data. The paper's padded construction keeps its own basis and
-    even split. ``clipped_range`` (:func:`clips_range`) sets ``range_clip`` to
-    ``rho(t)`` (:func:`~pipeline.algorithms.lrf_model.range_clip_factor`).
-    """
-    from pipeline.algorithms import lrf_model
-
-    M, N = plan.oriented_shape
-    p = plan.params
-    _resolve_sizes(p, M, N)  # the rank checks and messages of any plan of this shape
-    t0, v0 = lrf_model.default_sizes(plan, clipped_range=clipped_range)
-    if p.sketch_size is not None and p.core_size is None and 2 * p.sketch_size > v0:
-        # the model's v = 2t for a user's t above the model's: t < v must hold
-        v0 = (
-            min(2 * p.sketch_size, M)
-            if p.algorithm is Algorithm.SPECTRAL
-            else 2 * p.sketch_size
-        )
-    t, v = _resolve_sizes(
-        dataclasses.replace(p, sketch_size=p.sketch_size or t0, core_size=p.core_size or v0),
-        M, N,
-    )  # fmt: skip
-    plan = dataclasses.replace(
-        plan, t=t, v=v, basis_rank=None if p.padded else p.rank,
-        range_clip=lrf_model.range_clip_factor(t) if clipped_range else None,
-    )  # fmt: skip
-    weight = p.range_weight
-    if weight is None:
-        weight = 2.0 / 3.0 if p.padded else lrf_model.weight_of(plan)
-    plan = dataclasses.replace(plan, range_weight=weight)
-    return dataclasses.replace(plan, predicted_error=lrf_model.predict(plan).error)
-
-
-def _operator_of(
+def operator_of(
     params: LrfParams, transpose: bool, public_seed: bool, reach: Reach | None
 ) -> OperatorKind:
     """The co-range operator of a plan; a sparse one only where it is exact.
@@ -688,6 +559,7 @@ def worst_case_factors(plan: LrfPlan, seed: int, reach: Reach) -> dict[str, floa
 
     Examples
     --------
+    >>> from pipeline.algorithms.lrf import plan_lrf
     >>> plan = plan_lrf(LrfParams(algorithm=Algorithm.SPECTRAL, rank=2, epsilon=1.0,
     ...                           delta=1e-6, range_clip=False), (500, 300))
     >>> f = worst_case_factors(plan, 7, Reach.ROW)

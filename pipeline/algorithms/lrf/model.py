@@ -47,7 +47,7 @@ epsilon = 16) and the two-pass algorithm is the better choice.
 Range clipping. Where one individual is one row of the sketched matrix (the
 row unit of a matrix with m >= n) a private Spectral-LRF release clips the
 rows of ``Y = X Phi`` to ``rho(t) C`` before the noise
-(:func:`pipeline.algorithms.lrf.clips_range`). Its range factor is then
+(:func:`pipeline.algorithms.lrf.plan.clips_range`). Its range factor is then
 ``g_Y = rho(t)``, exact for every ``Phi``: ``rho`` is the ``1 - q`` quantile of
 ``||x Phi|| / ||x||`` (``q = RANGE_CLIP_QUANTILE = 0.01``; 1.37 at t = 20), so a
 row at the clip norm is shortened with probability ``q`` -- a small bias, not a
@@ -74,6 +74,7 @@ Sizes. The range side's factor ``Delta_JL(t, beta)`` falls slowly with ``t``
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -82,10 +83,15 @@ from pipeline.accounting.gaussian import (
     gaussian_noise_multiplier,
     jl_sensitivity_factor,
 )
+from pipeline.algorithms.lrf.plan import (
+    Algorithm,
+    LrfPlan,
+    default_sketch_sizes,
+    resolve_sizes,
+)
 
-if TYPE_CHECKING:
-    from pipeline.algorithms.lrf_plan import LrfPlan
-    from pipeline.algorithms.two_pass import TwoPassPlan
+if TYPE_CHECKING:  # annotations only: two_pass does not import this module
+    from pipeline.algorithms.lrf.two_pass import TwoPassPlan
 
 __all__ = [
     "C_CORANGE",
@@ -94,6 +100,7 @@ __all__ = [
     "RANGE_CLIP_QUANTILE",
     "Prediction",
     "best_weight",
+    "choose_private_sizes",
     "default_sizes",
     "full_gm_error",
     "predict",
@@ -235,8 +242,6 @@ def clipped_range_sizes(rank: int) -> tuple[int, int]:
     >>> clipped_range_sizes(10), clipped_range_sizes(5)
     ((20, 181), (15, 151))
     """
-    from pipeline.algorithms.lrf_plan import default_sketch_sizes
-
     return max(2 * rank, rank + 10), default_sketch_sizes(rank, private=False)[1]
 
 
@@ -303,3 +308,39 @@ def predict(plan: LrfPlan | TwoPassPlan) -> Prediction:
         g_range, g_co = _factors(plan)  # type: ignore[arg-type]
         ratio = sketch_ratio(M, N, weight=w, g_range=g_range, g_corange=g_co)
     return Prediction(error=ratio * gm, full_gm_error=gm, ratio=ratio)
+
+
+def choose_private_sizes(plan: LrfPlan, *, clipped_range: bool = False) -> LrfPlan:
+    """``plan`` with its private sizes, budget split and range basis rank.
+
+    User-given ``sketch_size``, ``core_size`` and ``range_weight`` are kept; the
+    others come from the public error model (this module),
+    which reads only the shape, the rank, the budget and the operators' kinds --
+    never the data. The paper's padded construction keeps its own basis and
+    even split. ``clipped_range`` (:func:`clips_range`) sets ``range_clip`` to
+    ``rho(t)`` (:func:`~pipeline.algorithms.range_clip_factor`).
+    """
+    M, N = plan.oriented_shape
+    p = plan.params
+    resolve_sizes(p, M, N)  # the rank checks and messages of any plan of this shape
+    t0, v0 = default_sizes(plan, clipped_range=clipped_range)
+    if p.sketch_size is not None and p.core_size is None and 2 * p.sketch_size > v0:
+        # the model's v = 2t for a user's t above the model's: t < v must hold
+        v0 = (
+            min(2 * p.sketch_size, M)
+            if p.algorithm is Algorithm.SPECTRAL
+            else 2 * p.sketch_size
+        )
+    t, v = resolve_sizes(
+        dataclasses.replace(p, sketch_size=p.sketch_size or t0, core_size=p.core_size or v0),
+        M, N,
+    )  # fmt: skip
+    plan = dataclasses.replace(
+        plan, t=t, v=v, basis_rank=None if p.padded else p.rank,
+        range_clip=range_clip_factor(t) if clipped_range else None,
+    )  # fmt: skip
+    weight = p.range_weight
+    if weight is None:
+        weight = 2.0 / 3.0 if p.padded else weight_of(plan)
+    plan = dataclasses.replace(plan, range_weight=weight)
+    return dataclasses.replace(plan, predicted_error=predict(plan).error)
