@@ -15,7 +15,7 @@ Parts (results in benchmarks/results/stream[_quick].json|md):
   concatenation) and as 10 files of 10^5; all of them go into epoch 1 of a fresh state.
   ``stream_ingest`` (validate, clip per entity, record the clipped cells) always runs in
   this process; ``stream_release(epoch=1)`` closes the epoch, i.e. sketches all its cells
-  once (:func:`pipeline.stream.epoch_sketch`), then adds the nodes' noise, factorizes and
+  once (:func:`pipeline.jobs.stream.epoch_sketch`), then adds the nodes' noise, factorizes and
   writes. Four configurations: {1 x 10^6, 10 x 10^5} x release {in-process, 2-worker
   LocalCluster (processes, 1 thread each) via ``client=``}. For each: ingest end to end,
   then the release end to end; and, on a second fresh state, the ingest through the
@@ -177,7 +177,7 @@ def write_batches(
 
 
 def new_state(root: str, m: int, n: int, tag: str) -> tuple[str, str]:
-    from pipeline.stream import stream_init
+    from pipeline.jobs.stream import stream_init
 
     state = os.path.join(root, f"state-{tag}")
     ledger = os.path.join(root, f"ledger-{tag}.json")
@@ -205,14 +205,14 @@ def dir_bytes(path: str) -> int:
 
 def ingest_pieces(state: str, path: str, epoch: int) -> dict[str, float]:
     """One batch through the public pieces, each timed; the same commit as stream_ingest."""
-    from pipeline.mechanisms.entities import StreamUnit, clip_updates
-    from pipeline.stream import (
+    from pipeline.jobs.stream import (
         _entity_id_arrays,
         _load_entities,
         _plan_of,
         _read_stream_batch,
         open_stream,
     )
+    from pipeline.mechanisms.entities import StreamUnit, clip_updates
 
     out: dict[str, float] = {}
     st = open_stream(state)
@@ -287,7 +287,7 @@ def epoch_sketch_pieces(state: str, epoch: int, client: Any) -> dict[str, Any]:
     """What epoch_sketch does, through the public pieces, each timed (the state is unchanged)."""
     from pipeline.algorithms.continual import partition_cells, sum_deltas
     from pipeline.execution.stream import sketch_partitions
-    from pipeline.stream import _plan_of, epoch_cells, open_stream
+    from pipeline.jobs.stream import _plan_of, epoch_cells, open_stream
 
     st = open_stream(state)
     out: dict[str, Any] = {}
@@ -332,8 +332,8 @@ def sketch_detail(state: str, path: str) -> dict[str, float]:
     import scipy.sparse as sp
 
     from pipeline.algorithms.continual import _compact, operators
+    from pipeline.jobs.stream import _plan_of, _read_stream_batch, open_stream
     from pipeline.mechanisms.entities import EntityTable, StreamUnit, clip_updates
-    from pipeline.stream import _plan_of, _read_stream_batch, open_stream
 
     st = open_stream(state)
     m = st.manifest
@@ -432,7 +432,7 @@ RELEASE_STEPS = {
 
 def profiled_release(state: str, out: str, client: Any) -> dict[str, float]:
     """stream_release under cProfile (this process only): cumulative seconds of its steps."""
-    from pipeline.stream import stream_release
+    from pipeline.jobs.stream import stream_release
 
     prof = cProfile.Profile()
     t0 = T()
@@ -457,7 +457,7 @@ def run_config(
     tag: str,
 ) -> dict[str, Any]:
     """Ingest (always in this process) then release epoch 1 (here or on ``client``)."""
-    from pipeline.stream import stream_ingest, stream_release
+    from pipeline.jobs.stream import stream_ingest, stream_release
 
     res: dict[str, Any] = {"load_before": load_info()}
     state, _ = new_state(root, m, n, tag + "-e2e")
@@ -528,11 +528,11 @@ def part_throughput(args: argparse.Namespace) -> dict[str, Any]:
             cluster, client = C.start_cluster(2)
         root = tempfile.mkdtemp(prefix="bench-stream-", dir=args.workdir)
         # warm-up: imports and first-call costs in this process and on the workers
-        from pipeline.stream import epoch_sketch, open_stream, stream_ingest
+        from pipeline.jobs.stream import epoch_sketch, open_stream, stream_ingest
 
         st, _ = new_state(root, m, n, "warm")
         stream_ingest(st, files["ten"][0], epoch=1)
-        from pipeline.stream import _plan_of
+        from pipeline.jobs.stream import _plan_of
 
         store = open_stream(st)
         for mode in modes:
@@ -747,13 +747,13 @@ def ledger_check(args: argparse.Namespace) -> dict[str, Any]:
     """A real stream: init, then ingest + release at every epoch; count the ledger's charges."""
     from pipeline.accounting.ledger import Ledger
     from pipeline.io.batches import write_batch
-    from pipeline.linalg.stream_synthetic import turnstile_updates
-    from pipeline.stream import (
+    from pipeline.jobs.stream import (
         stream_ingest,
         stream_init,
         stream_release,
         stream_status,
     )
+    from pipeline.linalg.stream_synthetic import turnstile_updates
 
     horizon = 16 if args.quick else 64
     m, n = 200, 100

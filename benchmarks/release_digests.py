@@ -29,8 +29,8 @@ import numpy as np
 import pipeline
 from pipeline.io import generate_store
 from pipeline.io.batches import write_batch
+from pipeline.jobs.stream import stream_ingest, stream_init, stream_release
 from pipeline.linalg.synthetic import coherent_matrix
-from pipeline.stream import stream_ingest, stream_init, stream_release
 
 SEED = 20261206
 BUDGET = (1000.0, 1e-3)

@@ -1,9 +1,9 @@
 """``pipeline.factorize`` and ``pipeline.pca``: thin functions over the one release job.
 
-Each validates its parameters into value objects; :mod:`pipeline.lrf_job` and
-:mod:`pipeline.pca_job` open the input from metadata only, plan the release
-(public inputs only) and give a :class:`~pipeline.release.ReleaseSpec` and the
-algorithm's hooks to :func:`~pipeline.release.run_release`, which runs
+Each validates its parameters into value objects; :mod:`pipeline.jobs.factorize` and
+:mod:`pipeline.jobs.pca` open the input from metadata only, plan the release
+(public inputs only) and give a :class:`~pipeline.jobs.engine.ReleaseSpec` and the
+algorithm's hooks to :func:`~pipeline.jobs.engine.run_release`, which runs
 the fixed, durable steps of every release [design 2, "The release job"]:
 refuse (output, budget, contract) before any read; the passes (clipping first,
 an individual holding NaN/Inf counted as zero); the journal; the ledger charge,
@@ -34,20 +34,20 @@ from pipeline.errors import (
     InvalidParameterError,
     PrivacyConfigError,
 )
-from pipeline.lrf_job import build_report, lrf_release_spec
-from pipeline.mechanisms.clipping import Neighboring, PrivacyUnit
-from pipeline.pca_job import (
-    PCA_BAND_BYTES,
-    Selection,
-    build_pca_report,
-    pca_release_spec,
-)
-from pipeline.release import (
+from pipeline.jobs.engine import (
     ReleaseOptions,
     Runtime,
     package_versions,
     run_release,
 )
+from pipeline.jobs.factorize import build_report, lrf_release_spec
+from pipeline.jobs.pca import (
+    PCA_BAND_BYTES,
+    Selection,
+    build_pca_report,
+    pca_release_spec,
+)
+from pipeline.mechanisms.clipping import Neighboring, PrivacyUnit
 from pipeline.sketches.operators import OperatorKind
 
 __all__ = [

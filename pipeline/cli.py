@@ -226,7 +226,7 @@ def _factorize_plan(args: argparse.Namespace) -> int:
 
 def _budget(args: argparse.Namespace) -> int:
     from pipeline.accounting.ledger import Ledger
-    from pipeline.release import default_ledger_of
+    from pipeline.jobs.engine import default_ledger_of
 
     # beside a local store; an object-store dataset must name its ledger
     path = (

@@ -197,7 +197,7 @@ def factorize_summary(report: dict[str, Any], out: str) -> str:
 
 def options_of(args: argparse.Namespace) -> Any:
     """Where a release of ``dplr factorize`` or ``dplr pca`` goes and is charged."""
-    from pipeline.release import ReleaseOptions
+    from pipeline.jobs.engine import ReleaseOptions
 
     return ReleaseOptions(
         out=args.out, overwrite=args.overwrite, ledger=args.ledger,
@@ -210,7 +210,7 @@ def options_of(args: argparse.Namespace) -> Any:
 def runtime_of(args: argparse.Namespace) -> Any:
     """Where a release runs: the scheduler or cluster file; progress on stderr
     unless ``--quiet``."""
-    from pipeline.release import Runtime
+    from pipeline.jobs.engine import Runtime
 
     return Runtime(
         scheduler=args.scheduler, cluster_config=cluster_of(args),

@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _init(a: argparse.Namespace) -> int:
-    from pipeline.stream import stream_init
+    from pipeline.jobs.stream import stream_init
 
     private = not a.non_private
     info = stream_init(
@@ -207,7 +207,7 @@ def _init(a: argparse.Namespace) -> int:
 
 
 def _ingest(a: argparse.Namespace) -> int:
-    from pipeline.stream import stream_ingest
+    from pipeline.jobs.stream import stream_ingest
 
     out = stream_ingest(a.state, a.batch, epoch=a.epoch)
     # the batch's content fingerprint stays in the state: it is derived from private data
@@ -218,7 +218,7 @@ def _ingest(a: argparse.Namespace) -> int:
 def _release(a: argparse.Namespace) -> int:
     import os
 
-    from pipeline.stream import stream_release
+    from pipeline.jobs.stream import stream_release
 
     if (
         a.scheduler is None
@@ -251,14 +251,14 @@ def _release(a: argparse.Namespace) -> int:
 
 
 def _status(a: argparse.Namespace) -> int:
-    from pipeline.stream import stream_status
+    from pipeline.jobs.stream import stream_status
 
     print(json.dumps(stream_status(a.state).to_dict(), indent=2))
     return 0
 
 
 def _nightly(a: argparse.Namespace) -> int:
-    from pipeline.nightly import parse_date, run_nightly
+    from pipeline.jobs.nightly import parse_date, run_nightly
 
     run_nightly(
         a.config,

@@ -20,7 +20,7 @@ Centring (spec power-pca section 7, D8). The PCA is uncentred by default.
 mechanism, centres the rows with that *released* mean, re-clips them and runs
 the PCA on them; the two releases are composed exactly as Gaussian mechanisms
 (mu-GDP) so that together they satisfy the requested ``(epsilon, delta)``
-(:mod:`pipeline.pca_centred`; the estimators only hand off to functions).
+(:mod:`pipeline.jobs.centred_pca`; the estimators only hand off to functions).
 
 References
 ----------
@@ -55,16 +55,16 @@ from pipeline._validation import (
 from pipeline.algorithms.lrf import LrfParams
 from pipeline.api import pca, release_factorization
 from pipeline.errors import InvalidParameterError
-from pipeline.pca_centred import (  # noqa: F401 - re-exported for existing callers
+from pipeline.jobs.centred_pca import (  # noqa: F401 - re-exported for existing callers
     MEAN_SENSITIVITY,
     centred_pca,
     split_mean_budget,
 )
-from pipeline.pca_job import PCA_BAND_BYTES
-from pipeline.release import (
+from pipeline.jobs.engine import (
     ReleaseOptions,
     Runtime,
 )
+from pipeline.jobs.pca import PCA_BAND_BYTES
 
 __all__ = ["DPPCA", "DPLowRank"]
 
@@ -550,7 +550,7 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         """
         kw = self._pca_kwargs()
         X = _validate_fit_input(self, X, min_samples=1)
-        if self.centre:  # the DP mean, then the PCA: pipeline.pca_centred
+        if self.centre:  # the DP mean, then the PCA: pipeline.jobs.centred_pca
             rel, mean, report = centred_pca(
                 X, self.n_components, kw, mean_fraction=float(self.mean_fraction),
                 row_norm_bound=float(self.row_norm_bound),

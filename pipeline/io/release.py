@@ -14,11 +14,11 @@ import numpy as np
 import zarr
 
 from pipeline._durable import fsync_path, fsync_tree
-from pipeline._scratch import TMP_INFIX, Publication, remove_dead
 from pipeline.algorithms.base import Factorization
 from pipeline.errors import StoreLayoutError
 from pipeline.io import objectstore
 from pipeline.io._store import store_array
+from pipeline.io.scratch import TMP_INFIX, Publication, remove_dead
 
 #: Rows per chunk of the released U and V.
 OUTPUT_ROW_CHUNK = 65536
@@ -121,7 +121,7 @@ def write_group(
     Everything goes to a hidden temporary group beside ``out``, which is renamed
     into place last (atomic on POSIX); a crash leaves at most a hidden directory,
     never a group at ``out`` that looks complete. The writer holds that
-    directory's liveness lock (:class:`pipeline._scratch.Publication`), so the
+    directory's liveness lock (:class:`pipeline.io.scratch.Publication`), so the
     next publication of ``out`` (a rerun) first removes what a killed one left,
     and never a live one's. ``before_publish`` is called when the temporary
     group is complete, just before the rename.

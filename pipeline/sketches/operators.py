@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import hashlib
 
 from pipeline._sealed import Sealed
 from pipeline.sketches.gaussian import DEFAULT_TILE_SIZE, GaussianOperator, OperatorCode
@@ -65,4 +66,9 @@ def make_operator(
     )
 
 
-__all__ = ["OperatorKind", "SketchOperator", "make_operator"]
+__all__ = ["OperatorKind", "SketchOperator", "make_operator", "seed_fingerprint"]
+
+
+def seed_fingerprint(seed: int) -> str:
+    """One-way tag of a sketch seed, for reports and ledgers (spec 4.4)."""
+    return hashlib.sha256(f"dplr-sketch-seed:{seed}".encode()).hexdigest()[:16]

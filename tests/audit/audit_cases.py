@@ -1048,7 +1048,7 @@ def resumed_factorize(
     that the crash landed after the charge and before any noise, and that the
     rerun resumed (no pass, no second charge).
     """
-    import pipeline.release as release_module
+    import pipeline.jobs.engine as release_module
     from pipeline import api
     from pipeline.accounting.ledger import Ledger
 

@@ -187,7 +187,7 @@ def test_a_resumed_release_is_the_uninterrupted_release(tmp_path: Any) -> None:
     Negative control: a resume that drew a new key instead of the journal's
     (one more draw of noise for one charge) is caught by the same comparison.
     """
-    import pipeline.release as release_module
+    import pipeline.jobs.engine as release_module
 
     plan = lrf_plan(Algorithm.SPECTRAL, 1.0, **E2E_LRF)
     data = lrf_neighbours(E2E_LRF["shape"])

@@ -59,8 +59,8 @@ from dist_util import start_cluster, write_matrix
 from pipeline.api import factorize, pca
 from pipeline.errors import BudgetExceededError, PipelineError
 from pipeline.io import default_journal_path
+from pipeline.jobs.engine import ReleaseJob
 from pipeline.mechanisms.noise import NoiseCode, NoiseKey
-from pipeline.release import ReleaseJob
 
 pytestmark = [pytest.mark.audit, pytest.mark.distributed]
 

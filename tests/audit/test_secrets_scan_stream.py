@@ -41,9 +41,9 @@ from test_secrets_scan import (
 from pipeline.algorithms.continual import tree_nodes
 from pipeline.errors import PipelineError
 from pipeline.io.batches import write_batch
+from pipeline.jobs.nightly import run_nightly
+from pipeline.jobs.stream import stream_ingest, stream_init, stream_release
 from pipeline.mechanisms.noise import NoiseCode, NoiseKey
-from pipeline.nightly import run_nightly
-from pipeline.stream import stream_ingest, stream_init, stream_release
 
 pytestmark = [pytest.mark.audit, pytest.mark.distributed]
 

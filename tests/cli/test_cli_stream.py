@@ -16,7 +16,7 @@ from pipeline.io.release import read_release
 
 # runs without --scheduler go to the session's cluster (tests/conftest.py)
 pytestmark = pytest.mark.usefixtures("cli_cluster")
-from pipeline.stream import open_stream, stream_init
+from pipeline.jobs.stream import open_stream, stream_init
 
 SHAPE = (240, 160)
 SEED = 4242

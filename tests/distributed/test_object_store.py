@@ -245,7 +245,7 @@ def test_s3_stream_state_and_stream_release_are_refused(tmp_path: Path) -> None:
     release (recorded by a rename) need a filesystem: refused before any request."""
     from pipeline.errors import InvalidParameterError
     from pipeline.io.stream_state import StreamStore
-    from pipeline.stream import stream_release
+    from pipeline.jobs.stream import stream_release
 
     with pytest.raises(InvalidParameterError, match="the stream state must be on a local"):
         StreamStore.open("s3://data/state")

@@ -32,7 +32,7 @@ from dist_util import rel_diff, seeded_matrix, start_cluster, write_matrix
 from distributed import Client, LocalCluster
 
 import pipeline.api
-import pipeline.pca_job
+import pipeline.jobs.pca
 from pipeline.algorithms.pca import (
     ArrayRowSource,
     MemoryJournal,
@@ -109,7 +109,7 @@ def data(tmp_path: Path, global_seed: int) -> tuple[np.ndarray, str]:
 @pytest.fixture
 def small_bands(monkeypatch: pytest.MonkeyPatch) -> None:
     """Bands of one store row chunk (50 rows) instead of 64 MiB: 8 bands, not 1."""
-    monkeypatch.setattr(pipeline.pca_job, "PCA_BAND_BYTES", STORE_CHUNKS[0] * N * 8)
+    monkeypatch.setattr(pipeline.jobs.pca, "PCA_BAND_BYTES", STORE_CHUNKS[0] * N * 8)
 
 
 def _power(route: str) -> dict[str, Any]:
@@ -323,7 +323,7 @@ def test_cli_progress_on_stderr_against_a_running_scheduler(
     # bytes, not text mode: universal newlines would turn the bars' \r into \n
     stdout, stderr = proc.stdout.decode(), proc.stderr.decode()
     assert proc.returncode == 0, stderr
-    # the store is small: one band of 64 MiB covers it (pipeline.pca_job.PCA_BAND_BYTES)
+    # the store is small: one band of 64 MiB covers it (pipeline.jobs.pca.PCA_BAND_BYTES)
     for label, count in (("Gram pass", 1), ("power pass", T)):
         bars = _bar_lines(stderr, label)
         assert len(bars) == count, (label, stderr)

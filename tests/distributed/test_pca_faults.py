@@ -34,7 +34,7 @@ from distributed import Client, LocalCluster
 from test_fault_tolerance import SlowStore
 
 import pipeline.api
-import pipeline.pca_job
+import pipeline.jobs.pca
 from pipeline.api import pca
 from pipeline.execution.pca import DaskRowSource
 from pipeline.io import FileJournal, default_journal_path, read_group
@@ -279,7 +279,7 @@ def test_rerun_after_a_client_crash_resumes_from_the_journal(
     route, point, n_journaled, resume_passes = CRASHES[case]
     journaled = _labels(T_RESUME)[:n_journaled]
     # bands of one store chunk: 8 bands per pass instead of one 64 MiB band
-    monkeypatch.setattr(pipeline.pca_job, "PCA_BAND_BYTES", STORE_CHUNKS[0] * N * 8)
+    monkeypatch.setattr(pipeline.jobs.pca, "PCA_BAND_BYTES", STORE_CHUNKS[0] * N * 8)
     path = write_matrix(
         tmp_path / "A.zarr", seeded_matrix(global_seed, M, N), STORE_CHUNKS
     )

@@ -26,7 +26,7 @@ from pipeline.algorithms.continual import (
 from pipeline.algorithms.lrf import Algorithm, LrfParams
 from pipeline.execution.stream import sketch_partitions
 from pipeline.io.batches import write_batch
-from pipeline.stream import (
+from pipeline.jobs.stream import (
     _plan_of,
     epoch_sketch,
     open_stream,

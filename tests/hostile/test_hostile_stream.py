@@ -24,7 +24,7 @@ from hostile_util import assert_one_line_error, file_state, run_dplr, run_in_pro
 
 from pipeline.io.batches import write_batch
 from pipeline.io.release import read_release
-from pipeline.stream import (
+from pipeline.jobs.stream import (
     DuplicateBatchError,
     stream_ingest,
     stream_init,

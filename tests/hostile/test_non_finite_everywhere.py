@@ -44,7 +44,7 @@ from pipeline.api import factorize, pca
 from pipeline.estimators import DPPCA, DPLowRank
 from pipeline.io.batches import write_batch
 from pipeline.io.release import read_release
-from pipeline.stream import stream_ingest, stream_init, stream_release
+from pipeline.jobs.stream import stream_ingest, stream_init, stream_release
 
 M, N, RANK = 40, 12, 2
 C = 1.0

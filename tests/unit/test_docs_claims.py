@@ -155,7 +155,7 @@ def test_checker_finds_what_is_missing() -> None:
     audit = "tests/audit/test_audit_mechanisms.py"
     good = (
         f"`{here}::test_checker_finds_what_is_missing`, `{here}`, `tests/unit/`, "
-        f"`{audit}::test_audit[42-continual-correct-eps1]`, `pipeline/release.py`"
+        f"`{audit}::test_audit[42-continual-correct-eps1]`, `pipeline/jobs/engine.py`"
     )
     assert problems(good) == []
     bad = (

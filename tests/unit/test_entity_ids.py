@@ -30,7 +30,7 @@ import pytest
 
 from pipeline.errors import InvalidParameterError, StoreLayoutError
 from pipeline.io.batches import read_batch, write_batch
-from pipeline.stream import (
+from pipeline.jobs.stream import (
     DuplicateBatchError,
     epoch_cells,
     open_stream,
@@ -243,7 +243,7 @@ _KILL_IN_COMMIT = textwrap.dedent("""
             os.kill(os.getpid(), signal.SIGKILL)
         real(path, data)
     ss.write_private = kill_before_manifest
-    from pipeline.stream import stream_ingest
+    from pipeline.jobs.stream import stream_ingest
     stream_ingest(sys.argv[1], sys.argv[2], epoch=1)
 """)
 

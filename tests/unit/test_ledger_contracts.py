@@ -556,7 +556,7 @@ def test_a_ledger_created_by_a_release_declares_the_release_contract(
     """A ledger written at the first charge (``budget=``) declares that release's unit
     and relation; a stream's population ledger, created by it, declares its entities."""
     from pipeline.api import factorize, pca
-    from pipeline.stream import stream_init
+    from pipeline.jobs.stream import stream_init
 
     A = np.random.default_rng(8).normal(size=(60, 20)) / 10
     budget = (50.0, 1e-3)
@@ -581,7 +581,7 @@ def test_a_ledger_created_by_a_release_declares_the_release_contract(
 def test_a_stream_is_refused_on_a_row_ledger(
     tmp_path: pathlib.Path, path: pathlib.Path
 ) -> None:
-    from pipeline.stream import stream_init
+    from pipeline.jobs.stream import stream_init
 
     Ledger.create(path, dataset="d", epsilon=100.0, delta=1e-3)
     before = path.read_bytes()

@@ -105,7 +105,7 @@ def test_a_v1_stream_record_is_read_as_an_entity_release(path: pathlib.Path) -> 
 def test_a_new_stream_composes_with_the_v1_stream_of_its_population(
     path: pathlib.Path, tmp_path: pathlib.Path
 ) -> None:
-    from pipeline.stream import stream_init
+    from pipeline.jobs.stream import stream_init
 
     _v1(path, [V1_STREAM])
     stream_init(

@@ -12,12 +12,13 @@ import os
 import numpy as np
 import pytest
 
-from pipeline import api, pca_job
+from pipeline import api
 from pipeline.accounting.ledger import Ledger
 from pipeline.algorithms import pca as power_pca
 from pipeline.algorithms.pca import power
 from pipeline.errors import BudgetExceededError, InvalidParameterError
 from pipeline.io import default_journal_path, read_group
+from pipeline.jobs import pca as pca_job
 from pipeline.linalg.synthetic import coherent_matrix
 
 N, D, K = 4096, 16, 2

@@ -315,7 +315,7 @@ def test_low_space_and_streams_use_the_worst_case() -> None:
 
 
 def test_stream_init_with_a_seed_records_the_worst_case(tmp_path: Path) -> None:
-    from pipeline.stream import _plan_of, open_stream, stream_init
+    from pipeline.jobs.stream import open_stream, plan_of, stream_init
 
     stream_init(tmp_path / "s.stream", n_rows=300, n_cols=200, rank=3, horizon=4,
                 epsilon=EPSILON, delta=DELTA, unit="row", seed=11,
@@ -325,7 +325,7 @@ def test_stream_init_with_a_seed_records_the_worst_case(tmp_path: Path) -> None:
     assert m["plan"]["calibration"]["public_sketch_seed"] is True
     assert m["plan"]["calibration"]["sensitivity"] == "worst-case"
     # every later step rebuilds the same noise levels from the state
-    again = _plan_of(m).lrf.calibration
+    again = plan_of(m).lrf.calibration
     assert again is not None
     assert again.to_dict() == m["plan"]["calibration"]
 

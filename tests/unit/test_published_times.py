@@ -27,11 +27,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipeline import api, stream
+from pipeline import api
 from pipeline.accounting.ledger import Ledger
 from pipeline.algorithms.pca import selection as pca_select_run
 from pipeline.io import FileJournal, read_group
 from pipeline.io.batches import write_batch
+from pipeline.jobs import stream
 from pipeline.linalg.synthetic import coherent_matrix
 
 N, D, K = 4096, 12, 2

@@ -23,8 +23,8 @@ from pipeline.algorithms.pca import power as power_pca
 from pipeline.errors import StoreLayoutError
 from pipeline.estimators import DPPCA
 from pipeline.io import FileJournal, default_journal_path, read_group
+from pipeline.jobs.engine import ReleaseSpec
 from pipeline.linalg.synthetic import coherent_matrix
-from pipeline.release import ReleaseSpec
 
 N, D, K = 4096, 12, 2
 PCA = {"epsilon": 1.0, "delta": 1e-6, "iterations": 2, "clip_radius": 0.1}
@@ -85,7 +85,7 @@ def test_a_public_seed_journal_is_never_resumed_as_a_private_release(
 def test_the_header_holds_the_whole_contract() -> None:
     """Every field of the contract and the noise kind change the header."""
     from pipeline.accounting.contract import PrivacyContract
-    from pipeline.release import InputRef
+    from pipeline.jobs.engine import InputRef
 
     contract = PrivacyContract(unit="row", neighboring="replace", clip_norm=1.0,
                                epsilon=1.0, delta=1e-6, accountant="gdp", shape=(9, 3))  # fmt: skip
@@ -282,7 +282,7 @@ def test_a_stream_init_killed_after_its_charge_is_finished_without_a_second(
     rerun = _stream_init(state, ledger, None)
     assert rerun.returncode == 0, rerun.stderr
     assert len(json.loads(ledger.read_text())["releases"]) == 1
-    from pipeline.stream import open_stream
+    from pipeline.jobs.stream import open_stream
 
     assert open_stream(state).manifest["stream_id"] == record["release_id"]
     assert not list(tmp_path.glob(".*dplr-journal"))

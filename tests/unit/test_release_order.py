@@ -30,12 +30,13 @@ import numpy as np
 import pytest
 
 import pipeline.mechanisms.noise as noise_module
-from pipeline import api, lrf_job
+from pipeline import api
 from pipeline.accounting.ledger import Ledger
 from pipeline.algorithms.base import ArraySource
 from pipeline.algorithms.pca import power as power_pca
 from pipeline.errors import BudgetExceededError
 from pipeline.estimators import DPPCA
+from pipeline.jobs import factorize as lrf_job
 
 M, N, RANK = 300, 12, 2
 

@@ -1,4 +1,4 @@
-"""Scratch subdirectories and their liveness locks (``pipeline._scratch``).
+"""Scratch subdirectories and their liveness locks (``pipeline.io.scratch``).
 
 A job's scratch subdirectory holds exact intermediates (trusted zone). It is
 marked alive by an ``flock`` its client process holds; :func:`remove_dead`
@@ -23,16 +23,16 @@ import numpy as np
 import pytest
 
 import pipeline.io.release as release_mod
-from pipeline import _scratch
-from pipeline._scratch import LOCK_NAME, PREFIX, JobScratch, remove_dead
 from pipeline.errors import StoreLayoutError
+from pipeline.io import scratch as _scratch
 from pipeline.io.release import read_group, write_group
+from pipeline.io.scratch import LOCK_NAME, PREFIX, JobScratch, remove_dead
 
 # A job's client, reduced to its scratch subdirectory: creates and locks it,
 # spills one block, prints the path, then waits (alive) until stdin closes.
 _HOLDER = """
 import sys
-from pipeline._scratch import JobScratch
+from pipeline.io.scratch import JobScratch
 job = JobScratch.create(sys.argv[1], sys.argv[2])
 with open(job.path + "/dplr-spill-Y-0.npy", "wb") as fh:
     fh.write(b"exact block")
@@ -261,7 +261,7 @@ def test_make_and_remove_by_path(tmp_path: Path) -> None:
 # until stdin closes.
 _PUBLISHER = """
 import sys
-from pipeline._scratch import Publication, publication_location
+from pipeline.io.scratch import Publication, publication_location
 pub = Publication.create(*publication_location(sys.argv[1]))
 with open(pub.path + "/zarr.json", "w") as fh:
     fh.write("{}")

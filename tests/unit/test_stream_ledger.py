@@ -32,8 +32,13 @@ from pipeline.errors import (
     PrivacyConfigError,
 )
 from pipeline.io.batches import write_batch
-from pipeline.nightly import run_nightly
-from pipeline.stream import stream_ingest, stream_init, stream_release, stream_status
+from pipeline.jobs.nightly import run_nightly
+from pipeline.jobs.stream import (
+    stream_ingest,
+    stream_init,
+    stream_release,
+    stream_status,
+)
 
 SHAPE = (60, 40)
 BUDGET = (1.0, 1e-6)

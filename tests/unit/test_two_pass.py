@@ -153,7 +153,7 @@ def test_bad_parameters_are_refused_with_one_sentence(kw: dict[str, Any], match:
 
 
 def test_a_stream_refuses_two_pass_before_anything_is_written(tmp_path: Any) -> None:
-    from pipeline.stream import StreamParams
+    from pipeline.jobs.stream import StreamParams
 
     with pytest.raises(InvalidParameterError, match="a stream is read once") as info:
         StreamParams(n_rows=50, n_cols=20, rank=2, horizon=4, epsilon=1.0, delta=1e-6,

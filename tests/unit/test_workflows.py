@@ -31,7 +31,7 @@ import yaml
 
 from pipeline.errors import InvalidParameterError
 from pipeline.io.batches import write_batch
-from pipeline.nightly import NightlyConfig, load_nightly_config
+from pipeline.jobs.nightly import NightlyConfig, load_nightly_config
 
 WORKFLOWS = Path(__file__).resolve().parents[2] / "workflows"
 JOB = WORKFLOWS / "nightly.toml"

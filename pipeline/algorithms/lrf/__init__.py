@@ -60,11 +60,11 @@ from pipeline.algorithms.lrf.plan import (
     default_sketch_sizes,
     plan_operators,
     reach_of,
-    seed_fingerprint,
     sparse_is_exact,
     worst_case_factors,
 )
 from pipeline.algorithms.lrf.run import pass_request, plan_lrf, run_lrf
+from pipeline.sketches.operators import seed_fingerprint
 
 # callers plan and run through this package
 __all__ = [

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import hashlib
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,7 +38,11 @@ from pipeline.errors import InvalidParameterError, PrivacyConfigError
 from pipeline.mechanisms.clipping import ClipSpec, Neighboring, PrivacyUnit
 from pipeline.sketches.gaussian import DEFAULT_TILE_SIZE, OperatorCode
 from pipeline.sketches.norms import operator_norms
-from pipeline.sketches.operators import OperatorKind, SketchOperator, make_operator
+from pipeline.sketches.operators import (
+    OperatorKind,
+    SketchOperator,
+    make_operator,
+)
 
 #: The algorithm name that :class:`LrfParams` resolves by its other parameters.
 AUTO = "auto"
@@ -657,8 +660,3 @@ def plan_operators(plan: LrfPlan, root: int) -> dict[str, SketchOperator]:
     if plan.params.padded:
         ops["Tpad"] = op(OperatorCode.T_PAD, M, v)
     return ops
-
-
-def seed_fingerprint(seed: int) -> str:
-    """One-way tag of a sketch seed, for reports and ledgers (spec 4.4)."""
-    return hashlib.sha256(f"dplr-sketch-seed:{seed}".encode()).hexdigest()[:16]

@@ -31,7 +31,6 @@ from pipeline.algorithms.lrf.plan import (
     plan_operators,
     reach_of,
     resolve_sizes,
-    seed_fingerprint,
     worst_case_factors,
 )
 from pipeline.algorithms.lrf.two_pass import plan_two_pass, run_two_pass
@@ -39,6 +38,7 @@ from pipeline.errors import InvalidParameterError
 from pipeline.linalg.core import one_blas_thread
 from pipeline.mechanisms.noise import NoiseKey
 from pipeline.sketches.apply import PassRequest
+from pipeline.sketches.operators import seed_fingerprint
 
 __all__ = ["pass_request", "plan_lrf", "run_lrf"]
 

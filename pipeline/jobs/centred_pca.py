@@ -5,7 +5,7 @@ Problem. Centring with the exact mean would not be private (spec power-pca 1.5).
 mechanism, centres the rows with that *released* mean, re-clips them and runs
 the PCA on them; the two releases are composed exactly as Gaussian mechanisms
 (mu-GDP) so that together they satisfy the requested ``(epsilon, delta)``, and
-they are one release of :mod:`pipeline.release` (one id, one charge, one
+they are one release of :mod:`pipeline.jobs.engine` (one id, one charge, one
 journal). This module holds that job; the estimator only hands off to
 :func:`centred_pca` (spec power-pca 7, D8).
 
@@ -39,15 +39,15 @@ from pipeline.accounting.gaussian import (
 from pipeline.algorithms.pca import PcaParams, Secret, plan_pca, prep_rows
 from pipeline.errors import PrivacyConfigError
 from pipeline.io.objectstore import redact
-from pipeline.mechanisms.noise import GaussianNoise, NoiseKey
-from pipeline.pca_job import PCA_BAND_BYTES, JobJournal, PcaJob, relation_text
-from pipeline.release import (
+from pipeline.jobs.engine import (
     InputRef,
     ReleaseJob,
     ReleaseSpec,
     Runtime,
     run_release,
 )
+from pipeline.jobs.pca import PCA_BAND_BYTES, JobJournal, PcaJob, relation_text
+from pipeline.mechanisms.noise import GaussianNoise, NoiseKey
 
 __all__ = ["MEAN_SENSITIVITY", "centred_pca", "release_mean", "split_mean_budget"]
 

@@ -85,6 +85,8 @@ from pipeline.errors import (
     StoreLayoutError,
 )
 from pipeline.io.objectstore import local_path
+from pipeline.jobs.engine import InputRef, ReleaseJob, ReleaseSpec
+from pipeline.jobs.engine import crash_point as _crash_point
 from pipeline.mechanisms.clipping import ClipSpec, Neighboring, PrivacyUnit
 from pipeline.mechanisms.entities import (
     EntityTable,
@@ -93,8 +95,6 @@ from pipeline.mechanisms.entities import (
     coalesce,
     zero_non_finite_entities,
 )
-from pipeline.release import InputRef, ReleaseJob, ReleaseSpec
-from pipeline.release import crash_point as _crash_point
 from pipeline.sketches.operators import OperatorKind
 
 if TYPE_CHECKING:
@@ -145,7 +145,8 @@ def _lrf_params(p: dict[str, Any]) -> LrfParams:
     )
 
 
-def _plan_of(manifest: dict[str, Any]) -> StreamPlan:
+def plan_of(manifest: dict[str, Any]) -> StreamPlan:
+    """The stream's plan, rebuilt from its manifest and checked against it."""
     p = manifest["params"]
     if manifest.get("public_sketch_seed") and p["private"] and "public_seed" not in p:
         raise StoreLayoutError(
@@ -772,7 +773,7 @@ def stream_ingest(
     t0 = time.perf_counter()
     with _locked(state, store) as st:
         m = st.manifest
-        plan = _plan_of(m)
+        plan = plan_of(m)
         p = m["params"]
         epoch = _check_epoch(plan, m, epoch)
         if epoch <= m["last_closed"]:
@@ -1087,7 +1088,7 @@ def stream_release(
     out = local_path(out, "stream release")  # its publication record needs a rename
     with _locked(state, store) as st:
         m = st.manifest
-        plan = _plan_of(m)
+        plan = plan_of(m)
         epoch = _check_epoch(plan, m, epoch)
         done = m["releases"].get(str(epoch))
         if done is not None:

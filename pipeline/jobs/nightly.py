@@ -246,7 +246,7 @@ def run_nightly(
         A batch is invalid: nothing of it was applied, earlier dates stay
         released; fix or remove the batch and rerun.
     """
-    from pipeline.stream import open_stream
+    from pipeline.jobs.stream import open_stream
 
     cfg = config if isinstance(config, NightlyConfig) else load_nightly_config(config)
     store = open_stream(cfg.state)
@@ -282,9 +282,9 @@ def run_nightly(
 
 def _epoch_of_day(cfg: NightlyConfig, m: dict[str, Any], day: _dt.date) -> int:
     """``day``'s epoch, refused before the stream's start or beyond its horizon."""
-    from pipeline.stream import _plan_of, continue_advice
+    from pipeline.jobs.stream import continue_advice, plan_of
 
-    plan = _plan_of(m)
+    plan = plan_of(m)
     epoch = cfg.epoch_of(day)
     if epoch < 1:
         raise InvalidParameterError(
@@ -311,9 +311,9 @@ def _dry_run(
     say: Callable[[str], None],
 ) -> dict[str, Any]:
     """What a run for ``day`` would do, checked (ledger, output, inbox) but nothing read or written."""
-    from pipeline.stream import _plan_of
+    from pipeline.jobs.stream import plan_of
 
-    horizon = _plan_of(m).horizon
+    horizon = plan_of(m).horizon
     summary: dict[str, Any] = {"dry_run": True, "dates": []}
     if m["ledger"] is not None:
         _check_ledger(m["ledger"])
@@ -352,7 +352,8 @@ def _release_date(
     cfg: NightlyConfig, store: Any, e: int, client: Any, say: Callable[[str], None]
 ) -> dict[str, Any]:
     """Ingest epoch ``e``'s batches (unless a crashed run closed it) and release it."""
-    from pipeline.stream import _crash_point, _plan_of, stream_ingest, stream_release
+    from pipeline.jobs.engine import crash_point
+    from pipeline.jobs.stream import plan_of, stream_ingest, stream_release
 
     d = cfg.date_of(e)
     out = cfg.release_for(d)
@@ -369,9 +370,9 @@ def _release_date(
                 done.append(os.path.basename(f))
     _, new = stream_release(cfg.state, epoch=e, out=out, client=client, store=store)
     _point_latest(cfg.releases, out)
-    _crash_point("after-latest")
+    crash_point("after-latest")
     action = "released" if new else "already released"
-    horizon = _plan_of(store.manifest).horizon
+    horizon = plan_of(store.manifest).horizon
     say(
         f"{d.isoformat()} epoch {e}/{horizon}: {len(done)} batch file(s) ingested, {action} -> {out}"
     )

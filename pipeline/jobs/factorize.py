@@ -1,8 +1,8 @@
 """What a factorization supplies to the one release job [design 2, "The release job"].
 
 :func:`lrf_release_spec` opens the input from metadata, plans the release (public
-inputs only) and returns the :class:`~pipeline.release.ReleaseSpec` and the hooks
-(:class:`LrfJob`) that :func:`~pipeline.release.run_release` calls: the source of
+inputs only) and returns the :class:`~pipeline.jobs.engine.ReleaseSpec` and the hooks
+(:class:`LrfJob`) that :func:`~pipeline.jobs.engine.run_release` calls: the source of
 the passes, the computation between them (journal, charge, noise through
 :func:`~pipeline.algorithms.lrf.run_lrf`), the publication. :func:`build_report`
 is the release's privacy report (public values only).
@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import _scratch
 from pipeline.accounting.contract import Accountant, PrivacyContract
 from pipeline.algorithms.base import ArraySource, Factorization
 from pipeline.algorithms.lrf import (
@@ -30,8 +29,9 @@ from pipeline.algorithms.lrf import (
     seed_fingerprint,
 )
 from pipeline.algorithms.lrf import model as lrf_model
+from pipeline.io import scratch as scratch_dirs
 from pipeline.io.objectstore import redact
-from pipeline.release import (
+from pipeline.jobs.engine import (
     NON_PRIVATE_REPORT,
     InputRef,
     ReleaseJob,
@@ -140,7 +140,9 @@ def lrf_release_spec(
     """The release spec and the algorithm hooks of one factorization."""
     from pipeline.io import open_input
 
-    _scratch.remove_dead(options.scratch, options.out)  # what a killed job left here
+    scratch_dirs.remove_dead(
+        options.scratch, options.out
+    )  # what a killed job left here
     array, info = open_input(
         source, unit=params.clip.unit.value if params.private else None
     )
@@ -161,7 +163,7 @@ def lrf_release_spec(
     )  # fmt: skip
     scratch = options.scratch
     if scratch is not None:
-        scratch = _scratch.check_scratch(scratch)
+        scratch = scratch_dirs.check_scratch(scratch)
     return spec, LrfJob(plan=plan, array=array, info=info, scratch=scratch)
 
 
@@ -201,7 +203,7 @@ def _split_fields(plan: LrfPlan) -> dict[str, Any]:
 
 @dataclasses.dataclass(eq=False)
 class LrfJob:
-    """The hooks of a factorization for :func:`pipeline.release.run_release`."""
+    """The hooks of a factorization for :func:`pipeline.jobs.engine.run_release`."""
 
     plan: LrfPlan
     array: Any
@@ -224,7 +226,7 @@ class LrfJob:
             return
         from pipeline.execution import DaskSource
 
-        tmp = _scratch.make_scratch(self.scratch, job.spec.out)
+        tmp = scratch_dirs.make_scratch(self.scratch, job.spec.out)
         self.cluster = {**(cluster or {}), "n_graph_tasks_pass": 0}
         self.source = DaskSource(
             self.array, client, progress=job.runtime.progress,
@@ -235,7 +237,7 @@ class LrfJob:
         finally:
             self.source.close()  # the job's sealed secrets leave the cluster
             if tmp is not None:
-                _scratch.remove_scratch(tmp)
+                scratch_dirs.remove_scratch(tmp)
 
     def compute(self, job: ReleaseJob, src: Any) -> Factorization:
         plan, p = self.plan, self.plan.params

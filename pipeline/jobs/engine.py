@@ -57,6 +57,7 @@ from pipeline.errors import (
 )
 from pipeline.io.objectstore import is_url, local_path, location, redact
 from pipeline.mechanisms.noise import NoiseKey
+from pipeline.sketches.operators import seed_fingerprint
 
 __all__ = [
     "CRASH_ENV",
@@ -305,8 +306,6 @@ class ReleaseSpec:
 
     def header(self) -> dict[str, Any]:
         """The public description of the job that a resumed run must match."""
-        from pipeline.algorithms.lrf import seed_fingerprint
-
         seed = self.sketch_seed
         header = {
             "kind": self.kind,

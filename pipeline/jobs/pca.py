@@ -2,8 +2,8 @@
 
 :func:`pca_release_spec` opens the input from metadata, plans the release (and a
 private selection's candidates; public inputs only) and returns the
-:class:`~pipeline.release.ReleaseSpec` and the hooks (:class:`PcaJob`) that
-:func:`~pipeline.release.run_release` calls. :func:`build_pca_report` is the
+:class:`~pipeline.jobs.engine.ReleaseSpec` and the hooks (:class:`PcaJob`) that
+:func:`~pipeline.jobs.engine.run_release` calls. :func:`build_pca_report` is the
 release's privacy report (public values only; a selection's report names the
 winner only).
 """
@@ -23,8 +23,7 @@ from pipeline.accounting.contract import Accountant, PrivacyContract
 from pipeline.algorithms.pca import PcaRelease
 from pipeline.errors import InvalidParameterError
 from pipeline.io.objectstore import redact
-from pipeline.mechanisms.clipping import Neighboring, PrivacyUnit
-from pipeline.release import (
+from pipeline.jobs.engine import (
     NON_PRIVATE_REPORT,
     InputRef,
     ReleaseJob,
@@ -33,6 +32,7 @@ from pipeline.release import (
     crash_point,
     package_versions,
 )
+from pipeline.mechanisms.clipping import Neighboring, PrivacyUnit
 
 __all__ = [
     "PCA_BAND_BYTES",
@@ -183,7 +183,7 @@ def pca_release_spec(
 
 @dataclasses.dataclass(eq=False)
 class PcaJob:
-    """The hooks of a PCA release for :func:`pipeline.release.run_release`."""
+    """The hooks of a PCA release for :func:`pipeline.jobs.engine.run_release`."""
 
     plan: Any
     array: Any
