@@ -8,9 +8,10 @@ import importlib.metadata
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 from distributed import Client, LocalCluster
+from distributed.core import PooledRPCCall, rpc
 
 from pipeline.errors import (
     ClusterMismatchError,
@@ -48,7 +49,8 @@ def _active_client() -> Client | None:
     try:
         from distributed import default_client
 
-        return default_client()
+        client: Client = default_client()
+        return client
     except ValueError:
         return None
 
@@ -155,7 +157,8 @@ def _info(client: Client, kind: str) -> ClusterInfo:
         dashboard = None
     return ClusterInfo(
         kind=kind,
-        address=str(client.scheduler.address),
+        # typed Optional (None before a client starts); this client is connected
+        address=str(cast("rpc | PooledRPCCall", client.scheduler).address),
         n_workers=len(sched.get("workers", {})),
         dashboard=dashboard,
     )

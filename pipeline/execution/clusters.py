@@ -29,7 +29,7 @@ import os
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -38,6 +38,9 @@ from pipeline.errors import (
     PipelineError,
     SchedulerUnavailableError,
 )
+
+if TYPE_CHECKING:  # an optional extra: imported where a batch cluster starts
+    from dask_jobqueue.core import JobQueueCluster
 
 __all__ = [
     "FIELDS",
@@ -382,13 +385,14 @@ def _check_manifest(data: Mapping[str, Any], where: str) -> None:
         isinstance(name, str) and bool(_DNS_LABEL.match(name)),
         f"metadata.name must be a lower-case DNS label, got {name!r}",
     )
-    spec = data.get("spec")
+    # parsed YAML, typed Any: need() raises unless each part has the shape it names
+    spec: Any = data.get("spec")
     need(isinstance(spec, dict), "missing key 'spec' (a mapping)")
     for role in ("scheduler", "worker"):
         part = spec.get(role)
         need(isinstance(part, dict), f"missing key 'spec.{role}' (a mapping)")
         pod = part.get("spec")
-        containers = pod.get("containers") if isinstance(pod, dict) else None
+        containers: Any = pod.get("containers") if isinstance(pod, dict) else None
         need(
             isinstance(containers, list) and len(containers) > 0,
             f"spec.{role}.spec.containers must be a non-empty list",
@@ -569,13 +573,10 @@ def _start_errors(kind: str) -> tuple[type[BaseException], ...]:
 
 
 def _jobqueue_cluster(config: ClusterConfig) -> Any:
-    import dask_jobqueue
+    from dask_jobqueue.pbs import PBSCluster
+    from dask_jobqueue.slurm import SLURMCluster
 
-    cls = (
-        dask_jobqueue.SLURMCluster
-        if config.kind == "slurm"
-        else dask_jobqueue.PBSCluster
-    )
+    cls: type[JobQueueCluster] = SLURMCluster if config.kind == "slurm" else PBSCluster
     cluster = cls(**cluster_kwargs(config.options))
     if "adapt" in config.options:
         cluster.adapt(**config.options["adapt"])

@@ -21,12 +21,11 @@ from typing import Any, TextIO
 
 import dask.array as da
 import numpy as np
-from dask.highlevelgraph import HighLevelGraph
 
 from pipeline._types import FloatArray, Shape2D
 from pipeline.algorithms.pca import Secret, band_pass
 from pipeline.execution.progress import show_progress
-from pipeline.execution.source import _bands, _concat_rows, _name, _tree
+from pipeline.execution.source import _bands, _concat_rows, _name, _tree, layer_graph
 
 __all__ = ["DaskRowSource"]
 
@@ -144,7 +143,7 @@ class DaskRowSource:
             )
             leaves.append((pname, c))
         _tree(layer, oname, (oname, 0, 0), leaves, None)
-        graph = HighLevelGraph.from_collections(oname, layer, dependencies=[A])
+        graph = layer_graph(oname, layer, dependencies=[A])
         total = da.Array(
             graph, oname, chunks=((out_shape[0],), (out_shape[1],)), dtype=np.float64
         )

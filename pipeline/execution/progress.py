@@ -24,7 +24,8 @@ class PassProgressBar(TextProgressBar):
         self._label = label
         self._stream = stream or sys.stderr
         self._frac = 0.0
-        super().__init__(keys, **kw)
+        # distributed's TextProgressBar.__init__ is unannotated
+        super().__init__(keys, **kw)  # type: ignore[no-untyped-call]
 
     def _draw_bar(self, remaining: int, all: int, **kwargs: Any) -> None:
         frac = (1 - remaining / all) if all else 1.0

@@ -27,13 +27,14 @@ import itertools
 import operator
 import os
 import uuid
-from collections.abc import Callable, Sequence
-from typing import Any, TextIO
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TextIO, cast
 
 import dask.array as da
 import numpy as np
 import scipy.linalg
 from dask.highlevelgraph import HighLevelGraph
+from dask.typing import DaskCollection
 
 from pipeline._types import FloatArray, Shape2D
 from pipeline.algorithms.base import RowBlockFn
@@ -66,6 +67,19 @@ TSQR_GATHER_BLOCKS = 64
 def _name(label: str) -> str:
     # random names: never derived from arguments (which may hold key material)
     return f"dplr-{label}-{uuid.uuid4().hex}"
+
+
+def layer_graph(
+    name: str, layer: Mapping[Any, Any], dependencies: Sequence[da.Array] = ()
+) -> HighLevelGraph:
+    """``HighLevelGraph.from_collections(name, layer, dependencies)``, typed.
+
+    dask annotates the dependencies as ``DaskCollection``, a protocol its own
+    ``Array`` does not meet for mypy (``__dask_scheduler__`` is a staticmethod in
+    the protocol and a method on ``Array``): the cast states that they are arrays.
+    """
+    deps = cast("Sequence[DaskCollection]", dependencies)
+    return HighLevelGraph.from_collections(name, layer, dependencies=deps)
 
 
 def _offsets(chunks: Sequence[int]) -> list[int]:
@@ -234,7 +248,8 @@ def _spill(block: Any, path: str) -> FloatArray:
 
 
 def _load(path: str) -> FloatArray:
-    return np.load(path, allow_pickle=False)  # type: ignore[no-any-return]
+    block: FloatArray = np.load(path, allow_pickle=False)  # a .npy spilled by _spill
+    return block
 
 
 def _load_array(paths: list[str], chunks: Any, name: str | None = None) -> da.Array:
@@ -242,7 +257,7 @@ def _load_array(paths: list[str], chunks: Any, name: str | None = None) -> da.Ar
     lname = name or _name("load")
     loads = {(lname, b, 0): (_load, path) for b, path in enumerate(paths)}
     return da.Array(
-        HighLevelGraph.from_collections(lname, loads, dependencies=[]),
+        layer_graph(lname, loads, dependencies=[]),
         lname,
         chunks=chunks,
         dtype=np.float64,
@@ -454,7 +469,7 @@ class DaskSource:
                     (sname, b, 0): (_spill, (x.name, b, 0), path)
                     for b, path in enumerate(paths)
                 }
-                graph = HighLevelGraph.from_collections(sname, layer, dependencies=[x])
+                graph = layer_graph(sname, layer, dependencies=[x])
                 tokens.append(
                     da.Array(
                         graph, sname, chunks=((1,) * len(paths), (1,)), dtype=np.float64
@@ -636,7 +651,7 @@ class DaskSource:
         self.n_tasks += len(layer)
         arrays = {}
         for name, (oname, chunks) in out_names.items():
-            graph = HighLevelGraph.from_collections(oname, layer, dependencies=[A])
+            graph = layer_graph(oname, layer, dependencies=[A])
             arrays[name] = da.Array(graph, oname, chunks=chunks, dtype=np.float64)
         self.n_passes += 1
         loaded = {
@@ -696,7 +711,7 @@ class DaskSource:
         _tree(layer, gname, (gname, 0, 0), leaves, 1)
         if op is not None:
             _tree(layer, lname, (lname, 0, 0), leaves, 2)
-        graph = HighLevelGraph.from_collections(yname, layer, dependencies=[Y])
+        graph = layer_graph(yname, layer, dependencies=[Y])
         small = {"G": da.Array(graph, gname, chunks=((t,), (t,)), dtype=np.float64)}
         if op is not None:
             small["L"] = da.Array(
@@ -725,11 +740,11 @@ class DaskSource:
             layer[(qrname, b)] = (_block_qr, (Y.name, b, 0))
             layer[(qname, b, 0)] = (operator.getitem, (qrname, b), 0)
             layer[(rname, b, 0)] = (operator.getitem, (qrname, b), 1)
-        graph = HighLevelGraph.from_collections(qname, layer, dependencies=[Y])
+        graph = layer_graph(qname, layer, dependencies=[Y])
         Q = da.Array(graph, qname, chunks=Y.chunks, dtype=np.float64)
         heights = tuple(min(h, t) for h in Y.chunks[0])
         R = da.Array(
-            HighLevelGraph.from_collections(rname, layer, dependencies=[Y]),
+            layer_graph(rname, layer, dependencies=[Y]),
             rname, chunks=(heights, (t,)), dtype=np.float64,
         )  # fmt: skip
         tree = Y.numblocks[0] > TSQR_GATHER_BLOCKS
@@ -759,7 +774,7 @@ class DaskSource:
             leaves.append((lname, r))
         _tree(layer, oname, (oname, 0, 0), leaves, None)
         deps = [blocks, *_q2_deps(Q.blocks)] if local else [blocks]
-        graph = HighLevelGraph.from_collections(oname, layer, dependencies=deps)
+        graph = layer_graph(oname, layer, dependencies=deps)
         total = da.Array(
             graph, oname, chunks=((op.dim,), (blocks.shape[1],)), dtype=np.float64
         )
@@ -811,9 +826,7 @@ class DaskSource:
                 _q2_ref(blocks, b),
             )
         _tree(layer, oname, (oname, 0, 0), [(lname, b) for b in range(nb)], None)
-        graph = HighLevelGraph.from_collections(
-            oname, layer, dependencies=[left, *_q2_deps(blocks)]
-        )
+        graph = layer_graph(oname, layer, dependencies=[left, *_q2_deps(blocks)])
         d = left.chunks[0][0]
         total = da.Array(graph, oname, chunks=((d,), (t,)), dtype=np.float64)
         GQ = np.asarray(self.client.compute(total, sync=True))
@@ -833,13 +846,13 @@ class DaskSource:
             R = R.rechunk({0: heights, 1: -1})
         Q2, R_final = _q2_tree(R)
         Q2, R_final = self.client.persist([Q2, R_final])  # one graph, one submission
-        (R_final,) = gather_blocks(self.client, [R_final], persisted=True)
-        return Q2, R_final
+        (R_host,) = gather_blocks(self.client, [R_final], persisted=True)
+        return Q2, R_host
 
     def tall_matmul(self, Q: Any, M: FloatArray) -> da.Array:
         if isinstance(Q, _LocalQ) and not isinstance(Q.blocks, list):
             qname = _name("local-q-matmul")
-            layer = {
+            layer: dict[Any, Any] = {
                 (qname, b, 0): (
                     _block_local_q2,
                     (Q.Q.name, b, 0),
@@ -848,9 +861,7 @@ class DaskSource:
                 )
                 for b in range(Q.Q.numblocks[0])
             }
-            graph = HighLevelGraph.from_collections(
-                qname, layer, dependencies=[Q.Q, Q.blocks]
-            )
+            graph = layer_graph(qname, layer, dependencies=[Q.Q, Q.blocks])
             return da.Array(
                 graph, qname, chunks=(Q.Q.chunks[0], (M.shape[1],)), dtype=np.float64
             )
@@ -860,17 +871,18 @@ class DaskSource:
                 (qname, b, 0): (_block_local_q, (Q.Q.name, b, 0), q2 @ M)
                 for b, q2 in enumerate(Q.blocks)
             }
-            graph = HighLevelGraph.from_collections(qname, layer, dependencies=[Q.Q])
+            graph = layer_graph(qname, layer, dependencies=[Q.Q])
             return da.Array(
                 graph, qname, chunks=(Q.Q.chunks[0], (M.shape[1],)), dtype=np.float64
             )
-        return Q.map_blocks(
+        product: da.Array = Q.map_blocks(
             _block_matmul,
             np.ascontiguousarray(M),
             chunks=(Q.chunks[0], (M.shape[1],)),
             dtype=np.float64,
             name=_name("matmul"),
         )
+        return product
 
 
 def _output_trees(
@@ -936,7 +948,7 @@ def _block_left_local(
     """``G_b^T (Q_b Q2_b)`` of one block of a factored basis (:class:`_LocalQ`)."""
     if q.shape[0] < q.shape[1]:  # Q_b is the identity
         return op.left(q2, start, stop)
-    return op.left(q, start, stop) @ q2  # type: ignore[no-any-return]
+    return op.left(q, start, stop) @ q2
 
 
 def _q2_blocks(Q: da.Array, R: FloatArray) -> tuple[list[FloatArray], FloatArray]:
@@ -1007,7 +1019,7 @@ def _q2_tree(R: da.Array) -> tuple[da.Array, da.Array]:
             break
     parents: list[Any] = [None]
     for d in range(len(levels) - 1, -1, -1):
-        children = []
+        children: list[Any] = []
         for (key, heights), parent in zip(levels[d], parents, strict=True):
             offs = _offsets(heights)
             for i in range(len(heights)):
@@ -1022,7 +1034,7 @@ def _q2_tree(R: da.Array) -> tuple[da.Array, da.Array]:
     root = (rname, len(levels) - 1, 0)
     fname = _name("tsqr-r-final")
     layer[(fname, 0, 0)] = (np.asarray, root)
-    graph = HighLevelGraph.from_collections(out, layer, dependencies=[R])
+    graph = layer_graph(out, layer, dependencies=[R])
     Q2 = da.Array(graph, out, chunks=(R.chunks[0], (cols,)), dtype=np.float64)
     R_final = da.Array(graph, fname, chunks=((cols,), (t,)), dtype=np.float64)
     return Q2, R_final
@@ -1031,8 +1043,8 @@ def _q2_tree(R: da.Array) -> tuple[da.Array, da.Array]:
 def _block_local_q2(q: FloatArray, q2: FloatArray, M: FloatArray) -> FloatArray:
     """Block b of ``Q M`` from ``Q_b`` and ``Q2_b`` (both on the worker)."""
     if q.shape[0] < q.shape[1]:
-        return q2 @ M  # type: ignore[no-any-return]
-    return q @ (q2 @ M)  # type: ignore[no-any-return]
+        return q2 @ M
+    return q @ (q2 @ M)
 
 
 def _block_matmul(q: FloatArray, M: FloatArray) -> FloatArray:
@@ -1041,7 +1053,7 @@ def _block_matmul(q: FloatArray, M: FloatArray) -> FloatArray:
 
 def _block_left_combine(g_q: FloatArray, q2: FloatArray) -> FloatArray:
     # a block shorter than t has a Q2 block of its own height (zero-padded G^T)
-    return g_q[:, : q2.shape[0]] @ q2  # type: ignore[no-any-return]
+    return g_q[:, : q2.shape[0]] @ q2
 
 
 def _block_local_q(q: FloatArray, q2m: FloatArray) -> FloatArray:
@@ -1051,7 +1063,7 @@ def _block_local_q(q: FloatArray, q2m: FloatArray) -> FloatArray:
     """
     if q.shape[0] < q.shape[1]:
         return q2m.copy()
-    return q @ q2m  # type: ignore[no-any-return]
+    return q @ q2m
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
