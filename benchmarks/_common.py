@@ -289,7 +289,7 @@ def kernel_breakdown(
     import inspect
 
     from pipeline.algorithms.lrf import Algorithm, LrfParams, pass_request, plan_lrf
-    from pipeline.mechanisms.clipping import PrivacyUnit
+    from pipeline.params import PrivacyUnit
     from pipeline.sketches.apply import block_partials, check_finite_block, clip_block
     from pipeline.sketches.operators import OperatorKind
     from pipeline.sketches.sparse import SparseSignOperator

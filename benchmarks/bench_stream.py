@@ -607,9 +607,10 @@ def part_continual(args: argparse.Namespace) -> dict[str, Any]:
     )
     from pipeline.algorithms.lrf import Algorithm, LrfParams
     from pipeline.linalg.stream_synthetic import entity_budget_spent, turnstile_updates
-    from pipeline.mechanisms.clipping import ClipSpec, PrivacyUnit
+    from pipeline.mechanisms.clipping import ClipSpec
     from pipeline.mechanisms.entities import EntityTable, StreamUnit, clip_updates
     from pipeline.mechanisms.noise import NoiseKey
+    from pipeline.params import PrivacyUnit
 
     m, n, k, horizon, upe = (
         (400, 100, 3, 16, 200) if args.quick else (2000, 500, 5, 64, 1000)

@@ -47,7 +47,7 @@ from pipeline.jobs.pca import (
     build_pca_report,
     pca_release_spec,
 )
-from pipeline.mechanisms.clipping import Neighboring, PrivacyUnit
+from pipeline.params import Neighboring, PrivacyUnit
 from pipeline.sketches.operators import OperatorKind
 
 __all__ = [

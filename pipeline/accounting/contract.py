@@ -56,7 +56,7 @@ from typing import Any
 
 from pipeline._validation import check_enum, check_float_in_interval, check_privacy_pair
 from pipeline.errors import InvalidParameterError
-from pipeline.mechanisms.clipping import Neighboring, PrivacyUnit
+from pipeline.params import Neighboring, PrivacyUnit
 
 __all__ = [
     "Accountant",

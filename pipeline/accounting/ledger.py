@@ -134,7 +134,7 @@ from pipeline.errors import (
     PrivacyConfigError,
     StoreLayoutError,
 )
-from pipeline.mechanisms.clipping import Neighboring, PrivacyUnit
+from pipeline.params import Neighboring, PrivacyUnit
 
 __all__ = [
     "IN_MEMORY_DATASET",

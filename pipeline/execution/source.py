@@ -41,7 +41,8 @@ from pipeline.algorithms.base import RowBlockFn
 from pipeline.execution.progress import show_progress
 from pipeline.execution.secrets import install_secret, remove_secret
 from pipeline.io.inputs import release_read_buffers
-from pipeline.mechanisms.clipping import PrivacyUnit, scale_factors_from_sumsq
+from pipeline.mechanisms.clipping import scale_factors_from_sumsq
+from pipeline.params import PrivacyUnit
 from pipeline.sketches.apply import PassRequest, block_partials
 from pipeline.sketches.operators import SketchOperator
 

@@ -32,7 +32,7 @@ from pipeline.jobs.engine import (
     crash_point,
     package_versions,
 )
-from pipeline.mechanisms.clipping import Neighboring, PrivacyUnit
+from pipeline.params import Neighboring, PrivacyUnit
 
 __all__ = [
     "PCA_BAND_BYTES",

@@ -87,7 +87,7 @@ from pipeline.errors import (
 from pipeline.io.objectstore import local_path
 from pipeline.jobs.engine import InputRef, ReleaseJob, ReleaseSpec
 from pipeline.jobs.engine import crash_point as _crash_point
-from pipeline.mechanisms.clipping import ClipSpec, Neighboring, PrivacyUnit
+from pipeline.mechanisms.clipping import ClipSpec
 from pipeline.mechanisms.entities import (
     EntityTable,
     StreamUnit,
@@ -95,6 +95,7 @@ from pipeline.mechanisms.entities import (
     coalesce,
     zero_non_finite_entities,
 )
+from pipeline.params import Neighboring, PrivacyUnit
 from pipeline.sketches.operators import OperatorKind
 
 if TYPE_CHECKING:

@@ -15,12 +15,11 @@ References
 
 from pipeline.mechanisms.clipping import (
     ClipSpec,
-    Neighboring,
-    PrivacyUnit,
     clip_entries,
     scale_factors_from_sumsq,
 )
 from pipeline.mechanisms.noise import GaussianNoise, NoiseCode, NoiseKey
+from pipeline.params import Neighboring, PrivacyUnit
 
 __all__ = [
     "ClipSpec",

@@ -15,12 +15,12 @@ first (:func:`scale_factors_from_sumsq`).
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
 import numpy as np
 
 from pipeline._types import FloatArray
+from pipeline.params import PrivacyUnit
 
 
 def scale_factors_from_sumsq(sumsq: FloatArray, clip_norm: float) -> FloatArray:
@@ -213,29 +213,6 @@ def clip_entries(block: FloatArray, clip_norm: float) -> FloatArray:
     (1, 2)
     """
     return np.clip(block, -clip_norm, clip_norm)
-
-
-class PrivacyUnit(enum.Enum):
-    """Who one individual is in a full matrix [spec 1.3]."""
-
-    ROW = "row"
-    COLUMN = "column"
-    ENTRY = "entry"
-
-
-class Neighboring(enum.Enum):
-    """Neighbouring relation; fixes ``Delta_F`` from the clip norm ``C``.
-
-    Mirrors dp_accounting's ``NeighboringRelation`` (ADD_OR_REMOVE_ONE,
-    REPLACE_ONE) without importing it at start-up (its import costs seconds).
-    """
-
-    ADD_REMOVE = "add-remove"
-    REPLACE = "replace"
-
-    def frobenius_bound(self, clip_norm: float) -> float:
-        """``Delta_F``: ``C`` for add/remove, ``2C`` for replace-one [spec 1.3, rule 5]."""
-        return clip_norm if self is Neighboring.ADD_REMOVE else 2.0 * clip_norm
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

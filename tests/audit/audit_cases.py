@@ -72,9 +72,10 @@ from pipeline.algorithms.pca import (
     sym,
     topk_eig,
 )
-from pipeline.mechanisms.clipping import ClipSpec, Neighboring, PrivacyUnit, clip_rows
+from pipeline.mechanisms.clipping import ClipSpec, clip_rows
 from pipeline.mechanisms.entities import EntityTable, StreamUnit, clip_updates
 from pipeline.mechanisms.noise import NoiseKey
+from pipeline.params import Neighboring, PrivacyUnit
 from pipeline.sketches.operators import OperatorKind
 from pipeline.sketches.sparse import DEFAULT_NNZ
 from pipeline.testing.audit import (

@@ -18,7 +18,8 @@ from pipeline.algorithms.base import ArraySource
 from pipeline.algorithms.lrf import Algorithm, pass_request, plan_lrf
 from pipeline.api import make_params
 from pipeline.errors import InvalidParameterError
-from pipeline.mechanisms.clipping import ClipSpec, PrivacyUnit
+from pipeline.mechanisms.clipping import ClipSpec
+from pipeline.params import PrivacyUnit
 from pipeline.sketches.apply import clip_block
 
 pytestmark = pytest.mark.property

@@ -24,7 +24,7 @@ from pipeline.accounting.gaussian import gaussian_noise_multiplier
 from pipeline.algorithms.base import ArraySource
 from pipeline.algorithms.lrf import LrfParams, pass_request, plan_lrf
 from pipeline.errors import InvalidParameterError
-from pipeline.mechanisms.clipping import Neighboring, PrivacyUnit
+from pipeline.params import Neighboring, PrivacyUnit
 from pipeline.sketches.gaussian import OperatorCode
 from pipeline.sketches.operators import OperatorKind, make_operator
 

@@ -23,8 +23,9 @@ from pipeline.algorithms.lrf import Algorithm, LrfParams, LrfPlan, plan_lrf, run
 from pipeline.algorithms.lrf import kernels as lrf
 from pipeline.linalg.metrics import spectral_error
 from pipeline.linalg.synthetic import low_rank_matrix
-from pipeline.mechanisms.clipping import ClipSpec, PrivacyUnit
+from pipeline.mechanisms.clipping import ClipSpec
 from pipeline.mechanisms.noise import GaussianNoise, NoiseCode, NoiseKey
+from pipeline.params import PrivacyUnit
 
 pytestmark = pytest.mark.statistical
 

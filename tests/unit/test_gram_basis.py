@@ -25,8 +25,9 @@ from pipeline.algorithms.lrf import (
 )
 from pipeline.algorithms.lrf import kernels as lrf
 from pipeline.algorithms.lrf.kernels import GRAM_MIN_RATIO
-from pipeline.mechanisms.clipping import ClipSpec, PrivacyUnit
+from pipeline.mechanisms.clipping import ClipSpec
 from pipeline.mechanisms.noise import NoiseKey
+from pipeline.params import PrivacyUnit
 
 #: Orthonormality of ``Y B`` from the Gram matrix: about eps * s_1^2 / s_r^2
 #: (gram_svd's docstring); the test matrices have s_1 / s_r <= 1e2, so 1e-11.

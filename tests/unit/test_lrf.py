@@ -25,8 +25,9 @@ from pipeline.algorithms.lrf import (
 )
 from pipeline.linalg.metrics import hmt_bound, spectral_error
 from pipeline.linalg.synthetic import low_rank_matrix, orthonormal_columns
-from pipeline.mechanisms.clipping import ClipSpec, PrivacyUnit, scale_factors_from_sumsq
+from pipeline.mechanisms.clipping import ClipSpec, scale_factors_from_sumsq
 from pipeline.mechanisms.noise import NoiseKey
+from pipeline.params import PrivacyUnit
 from pipeline.sketches.apply import PassRequest, block_partials
 from pipeline.sketches.gaussian import GaussianOperator, OperatorCode
 

@@ -15,8 +15,9 @@ from randomgen import ChaCha
 from pipeline.algorithms.base import ArraySource
 from pipeline.algorithms.lrf import Algorithm, LrfParams, plan_lrf, run_lrf
 from pipeline.errors import InvalidParameterError
-from pipeline.mechanisms.clipping import ClipSpec, PrivacyUnit
+from pipeline.mechanisms.clipping import ClipSpec
 from pipeline.mechanisms.noise import GaussianNoise, NoiseCode, NoiseKey
+from pipeline.params import PrivacyUnit
 
 
 def _spellings(secret: bytes) -> list[str]:

@@ -16,7 +16,8 @@ from pipeline.algorithms.lrf import (
 )
 from pipeline.algorithms.lrf import model as lrf_model
 from pipeline.errors import InvalidParameterError, PrivacyConfigError
-from pipeline.mechanisms.clipping import ClipSpec, Neighboring, PrivacyUnit
+from pipeline.mechanisms.clipping import ClipSpec
+from pipeline.params import Neighboring, PrivacyUnit
 
 SPECTRAL, LOW_SPACE = Algorithm.SPECTRAL, Algorithm.LOW_SPACE
 

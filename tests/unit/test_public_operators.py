@@ -43,8 +43,9 @@ from pipeline.algorithms.lrf import (
 from pipeline.algorithms.lrf import model as lrf_model
 from pipeline.api import factorize
 from pipeline.errors import InvalidParameterError, PrivacyConfigError
-from pipeline.mechanisms.clipping import ClipSpec, Neighboring, PrivacyUnit
+from pipeline.mechanisms.clipping import ClipSpec
 from pipeline.mechanisms.noise import GaussianNoise, NoiseKey
+from pipeline.params import Neighboring, PrivacyUnit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))
 from cli_util import leading_json, run_dplr

@@ -249,7 +249,8 @@ def test_local_qr_partials(rng: np.random.Generator, rows: int) -> None:
 
 def test_local_qr_is_refused_for_a_clipped_pass() -> None:
     """A private range sketch is noised after the global sum, before any QR."""
-    from pipeline.mechanisms.clipping import ClipSpec, PrivacyUnit
+    from pipeline.mechanisms.clipping import ClipSpec
+    from pipeline.params import PrivacyUnit
 
     Phi = GaussianOperator(root=ROOT, code=1, length=30, dim=4)
     S = GaussianOperator(root=ROOT, code=2, length=30, dim=9)

@@ -101,8 +101,8 @@ from pipeline.algorithms.lrf.kernels import gram_svd, row_noise
 from pipeline.algorithms.lrf.plan import Algorithm, LrfParams
 from pipeline.errors import InvalidParameterError
 from pipeline.linalg.core import one_blas_thread, sign_convention
-from pipeline.mechanisms.clipping import PrivacyUnit
 from pipeline.mechanisms.noise import GaussianNoise, NoiseCode, NoiseKey
+from pipeline.params import PrivacyUnit
 from pipeline.sketches.apply import PassRequest
 from pipeline.sketches.dense import DenseOperator
 from pipeline.sketches.gaussian import OperatorCode
