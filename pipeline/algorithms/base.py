@@ -158,7 +158,13 @@ class ArraySource:
         return op.left(Q, 0, op.length)
 
     def tall_matmul(self, Q: FloatArray, M: FloatArray) -> FloatArray:
-        return Q @ M  # type: ignore[no-any-return]
+        return Q @ M
+
+    def finish_local_qr(
+        self, Q: Any, R: FloatArray, left: Any
+    ) -> tuple[Any, FloatArray]:
+        """Never called: :meth:`sketch` drops ``local_qr`` (one block)."""
+        raise NotImplementedError("ArraySource runs no local QR pass.")
 
     def seal(self, value: Any) -> Any:
         """In memory nothing leaves the process: the value itself."""

@@ -509,7 +509,9 @@ def noisy_sketches(
     nodes = tree_nodes(epoch)
     if set(levels) - {j for j, _ in nodes}:
         raise EpochError(f"the tree does not hold the state of epoch {epoch}.")
-    out = {name: np.zeros(shape) for name, shape in plan.shapes().items()}
+    out: dict[str, FloatArray] = {
+        name: np.zeros(shape) for name, shape in plan.shapes().items()
+    }
     for j, q in nodes:
         for name in out:
             part = levels.get(j)

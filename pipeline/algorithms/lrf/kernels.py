@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -184,7 +184,8 @@ def _range_basis(
         Y, gram, SY = source.tall_noise_gram(Y, noise_map, S)
         B = gram_basis(gram, plan.basis_rank)
         if B is not None:
-            return Y, SY @ B, B
+            # S is given, so tall_noise_gram returns S^T Y (None only without op)
+            return Y, cast(FloatArray, SY) @ B, B
     if plan.basis_rank is None:
         Q = source.tall_qr(Y)  # [spec 3.2, F1]
         return Q, source.tall_left_sketch(Q, S), None  # v x t, summed over row blocks

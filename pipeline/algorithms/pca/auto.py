@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, cast
 
 from pipeline.accounting.pca import calibrate_pca
 
@@ -136,7 +136,8 @@ def choose_method(params: Any, shape: tuple[int, int]) -> AutoChoice:
         init_fraction=params.init_fraction, h_fraction=params.h_fraction,
         beta=params.beta, gamma_scale=params.gamma_scale,
     )  # fmt: skip
-    gamma = float(cal.gamma)
+    # gamma is None only without iterations; T >= 1 (PcaParams checks it)
+    gamma = float(cast(float, cal.gamma))
     score = n / (d * gamma)
     given = params.iterations is not None or params.clip_radius is not None
     if given or score >= AUTO_MARGIN:

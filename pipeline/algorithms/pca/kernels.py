@@ -108,7 +108,7 @@ def prep_factors(
         path, which prepares them in ``a`` directly).
     """
     if out is None:
-        a = np.array(block, dtype=np.float64, copy=True)
+        a: FloatArray = np.array(block, dtype=np.float64, copy=True)
     else:
         a = out[: len(block)]
         np.copyto(a, block, casting="unsafe")
@@ -188,7 +188,7 @@ def clip_rows(Y: FloatArray, radius: float) -> FloatArray:
     if math.isinf(radius):
         return Y
     r = radius * RADIUS_SLACK
-    norms = np.sqrt(np.einsum("ij,ij->i", Y, Y))
+    norms: FloatArray = np.sqrt(np.einsum("ij,ij->i", Y, Y))
     return Y * (r / np.maximum(norms, r))[:, None]
 
 

@@ -81,7 +81,7 @@ def topk_eig(M: Any, k: int) -> tuple[FloatArray, FloatArray]:
 def _sign_fix(X: FloatArray) -> FloatArray:
     """Flip columns so the largest-magnitude entry is positive (determinism only)."""
     idx = np.argmax(np.abs(X), axis=0)
-    signs = np.sign(X[idx, np.arange(X.shape[1])])
+    signs: FloatArray = np.sign(X[idx, np.arange(X.shape[1])])
     signs[signs == 0] = 1.0
     return X * signs
 
@@ -91,7 +91,8 @@ def eig_floor_inv_sqrt(H: Any, gamma: float) -> FloatArray:
     H = released(H, "H")
     lam, Q = np.linalg.eigh(H)
     lam = np.maximum(lam, gamma)
-    return (Q / np.sqrt(lam)) @ Q.T
+    B: FloatArray = (Q / np.sqrt(lam)) @ Q.T
+    return B
 
 
 def qr_pos(Z: Any) -> FloatArray:
