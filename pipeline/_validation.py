@@ -5,11 +5,14 @@ Messages follow one template: the parameter, the constraint, the value received.
 
 from __future__ import annotations
 
+import enum
 import math
 import numbers
-from typing import Any
+from typing import Any, TypeVar
 
 from pipeline.errors import InvalidParameterError, PrivacyConfigError
+
+EnumT = TypeVar("EnumT", bound=enum.Enum)
 
 
 def check_int_in_range(
@@ -66,7 +69,7 @@ def check_privacy_pair(epsilon: Any, delta: Any) -> tuple[float, float]:
     return eps, dlt
 
 
-def check_enum(cls: Any, value: Any, name: str) -> Any:
+def check_enum(cls: type[EnumT], value: Any, name: str) -> EnumT:
     """Return ``value`` as a member of the enum ``cls`` (by member or by value), else raise.
 
     The message lists the allowed values, e.g. ``algorithm must be one of

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
+from pipeline._sealed import Sealed
 from pipeline._types import FloatArray, IntArray
 from pipeline._validation import check_int_in_range
 from pipeline.algorithms.base import ArraySource, Factorization
@@ -289,8 +290,11 @@ def _stream_sizes(params: LrfParams, shape: tuple[int, int]) -> LrfParams:
     )  # fmt: skip
 
 
-def operators(plan: StreamPlan, sketch_seed: int) -> dict[str, SketchOperator]:
-    """The stream's sketch operators (the same as a one-shot release's)."""
+def operators(plan: StreamPlan, sketch_seed: int | Sealed) -> dict[str, SketchOperator]:
+    """The stream's sketch operators (the same as a one-shot release's).
+
+    On a cluster ``sketch_seed`` is a :class:`~pipeline._sealed.Sealed` reference.
+    """
     return plan_operators(plan.lrf, sketch_seed)
 
 

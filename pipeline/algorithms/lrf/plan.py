@@ -22,6 +22,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline._sealed import Sealed
 from pipeline._types import Shape2D
 from pipeline._validation import (
     check_enum,
@@ -633,7 +634,7 @@ def _requests(plan: LrfPlan) -> list[SketchRequest]:
 _CO_RANGE = frozenset({OperatorCode.S, OperatorCode.T, OperatorCode.T_PAD})
 
 
-def plan_operators(plan: LrfPlan, root: int) -> dict[str, SketchOperator]:
+def plan_operators(plan: LrfPlan, root: int | Sealed) -> dict[str, SketchOperator]:
     """The sketch operators of ``plan`` under the root ``root``, by name:
     ``Phi`` and ``S`` (Spectral-LRF); ``PhiC``, ``Psi``, ``S``, ``T`` and, padded,
     ``Tpad`` (Low-Space-LRF). Descriptions only: nothing is generated here."""
