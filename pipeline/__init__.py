@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from pipeline.estimators import DPPCA, DPLowRank
     from pipeline.io import generate_store, read_release
 
-__version__ = "0.1.0"
+from pipeline._version import __version__
 
 __all__ = [
     "DPPCA",

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pipeline import cli_data, cli_pca, cli_stream
+from pipeline._version import __version__
 from pipeline.cli_common import (
     EXIT_BUDGET,
     EXIT_FAILURE,
@@ -160,8 +161,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    from pipeline import __version__
-
     return __version__
 
 

@@ -57,6 +57,7 @@ from pipeline._validation import (
     check_int_in_range,
     check_privacy_pair,
 )
+from pipeline._version import __version__
 from pipeline.accounting.contract import PrivacyContract
 from pipeline.algorithms.base import Factorization
 from pipeline.algorithms.continual import (
@@ -620,8 +621,6 @@ def _check_epoch(plan: StreamPlan, manifest: dict[str, Any], epoch: Any) -> int:
 
 
 def _version() -> str:
-    from pipeline import __version__
-
     return __version__
 
 
