@@ -425,7 +425,8 @@ def test_clipped_range_covers_the_worst_neighbour_of_a_public_seed(seed: int) ->
     public = plan_lrf(_params(4, range_clip=True), shape, public_seed=seed)
     secret = plan_lrf(_params(4, range_clip=True), shape)
     cal = public.calibration
-    assert cal is not None and secret.calibration is not None
+    assert cal is not None
+    assert secret.calibration is not None
     rho = lrf_model.range_clip_factor(public.t)
     assert public.range_clip == secret.range_clip == rho
     assert (cal.delta_jl, cal.n_sketch_matrices, cal.sensitivity) == (0.0, 0, "worst-case")
