@@ -419,8 +419,9 @@ class Runtime:
 class ReleaseAlgorithm(Protocol):
     """What an algorithm supplies to :func:`run_release`."""
 
-    #: True when the input is in client memory (no cluster).
-    local: bool
+    @property
+    def local(self) -> bool:
+        """True when the input is in client memory (no cluster)."""
 
     def open_source(
         self, job: ReleaseJob, client: Any, cluster: dict[str, Any] | None
@@ -574,7 +575,7 @@ class ReleaseJob:
         crash_point("after-charge")
 
     # -- publish, clean up ----------------------------------------------------
-    def publish(self, write: Callable[[], None] | None) -> None:
+    def publish(self, write: Callable[[], object] | None) -> None:
         """Write the release atomically (``write``), then remove the journal."""
         if write is not None and self.spec.out is not None:
             crash_point("before-publish")
@@ -698,7 +699,8 @@ def _published_by(out: str | None, jr: Any) -> bool:
         _, report = read_group(out, ())
     except (PipelineError, OSError):
         return False
-    return report.get("release_id") == jr.release_id
+    published: bool = report.get("release_id") == jr.release_id
+    return published
 
 
 # ---------------------------------------------------------------------------

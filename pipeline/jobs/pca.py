@@ -155,7 +155,7 @@ def pca_release_spec(
     array, info = open_input(source, unit=None, band_bytes=PCA_BAND_BYTES)
     plan = pca_plan(params, info.shape, selection)
     cal, select = plan.calibration, selection is not None
-    random_stopping = select and selection.expected_trials is not None
+    random_stopping = selection is not None and selection.expected_trials is not None
     contract = None
     if cal is not None:
         contract = PrivacyContract(
