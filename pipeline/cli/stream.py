@@ -1,4 +1,4 @@
-"""The ``dplr stream`` and ``dplr nightly`` commands (registered by :mod:`pipeline.cli`).
+"""The ``dplr stream`` and ``dplr nightly`` commands (registered by :mod:`pipeline.cli.main`).
 
 Exit codes, as for every dplr command: 0 success, 2 bad input (nothing lost or
 changed), 3 exhausted budget or horizon, 75 another run holds the stream's lock
@@ -12,7 +12,7 @@ import json
 import sys
 from typing import Any
 
-from pipeline.cli_common import budget_of, cluster_of
+from pipeline.cli.common import budget_of, cluster_of
 from pipeline.io.objectstore import redact
 
 EXIT_LOCKED = 75  # EX_TEMPFAIL: a concurrent run holds the lock; try again later

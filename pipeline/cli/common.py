@@ -1,9 +1,9 @@
 """What the ``dplr`` subcommands share: exit codes, option groups, argument types,
 the release options and runtime built from parsed arguments, and report lines.
 
-Used by :mod:`pipeline.cli` (factorize, budget, the parser and ``main``),
-:mod:`pipeline.cli_pca`, :mod:`pipeline.cli_data` and :mod:`pipeline.cli_stream`;
-nothing here imports :mod:`pipeline.cli`.
+Used by :mod:`pipeline.cli.main` (factorize, budget, the parser and ``main``),
+:mod:`pipeline.cli.pca`, :mod:`pipeline.cli.data` and :mod:`pipeline.cli.stream`;
+nothing here imports another module of :mod:`pipeline.cli`.
 """
 
 from __future__ import annotations

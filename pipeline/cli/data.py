@@ -1,4 +1,4 @@
-"""The ``dplr generate`` and ``dplr demo`` commands (registered by :mod:`pipeline.cli`)."""
+"""The ``dplr generate`` and ``dplr demo`` commands (registered by :mod:`pipeline.cli.main`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 import tempfile
 from typing import Any
 
-from pipeline.cli_common import EXIT_OK, factorize_summary, pair
+from pipeline.cli.common import EXIT_OK, factorize_summary, pair
 from pipeline.errors import InvalidParameterError
 
 

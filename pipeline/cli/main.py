@@ -1,4 +1,4 @@
-"""The ``dplr`` command line.
+"""The ``dplr`` command line: the parser and :func:`main`.
 
 Exit codes (workflows rely on them): 0 success; 2 bad input or configuration
 (one line on stderr, nothing written or charged); 3 privacy budget exceeded
@@ -15,9 +15,11 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
-from pipeline import cli_data, cli_pca, cli_stream
 from pipeline._version import __version__
-from pipeline.cli_common import (
+from pipeline.cli import data as cli_data
+from pipeline.cli import pca as cli_pca
+from pipeline.cli import stream as cli_stream
+from pipeline.cli.common import (
     EXIT_BUDGET,
     EXIT_FAILURE,
     EXIT_OK,
@@ -290,7 +292,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception:  # noqa: BLE001 - any other failure: its traceback, URLs redacted
         print(redact(traceback.format_exc()), end="", file=sys.stderr)
         return EXIT_FAILURE
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

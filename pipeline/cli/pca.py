@@ -1,4 +1,4 @@
-"""The ``dplr pca`` command (registered by :mod:`pipeline.cli`)."""
+"""The ``dplr pca`` command (registered by :mod:`pipeline.cli.main`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from pipeline.cli_common import (
+from pipeline.cli.common import (
     EXIT_OK,
     add_cluster,
     add_privacy,
