@@ -26,6 +26,7 @@ from pipeline.algorithms.base import Factorization
 from pipeline.algorithms.lrf import (
     Algorithm,
     LrfParams,
+    TwoPassPlan,
     plan_lrf,
 )
 from pipeline.algorithms.lrf import model as lrf_model
@@ -267,8 +268,9 @@ def factorize(
         neighboring=neighboring, padded=padded, operator=operator,
     )  # fmt: skip
     options = ReleaseOptions(
-        out=out, overwrite=overwrite, ledger=ledger, budget=budget, journal=journal,
-        scratch=scratch, insecure_noise_seed=insecure_noise_seed, dataset=dataset,
+        out=_path(out), overwrite=overwrite, ledger=ledger, budget=budget,
+        journal=_path(journal), scratch=_path(scratch),
+        insecure_noise_seed=insecure_noise_seed, dataset=dataset,
     )  # fmt: skip
     runtime = Runtime(
         scheduler=scheduler, cluster_config=cluster_config, progress=progress
@@ -315,7 +317,7 @@ def plan_factorization(source: Any, params: LrfParams) -> list[dict[str, Any]]:
             "--plan predicts the error of a private release's noise; drop --non-private."
         )
     _, info = open_input(source, unit=params.clip.unit.value)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for alg in Algorithm:
         padded = params.padded and alg is Algorithm.LOW_SPACE
         try:
@@ -328,7 +330,9 @@ def plan_factorization(source: Any, params: LrfParams) -> list[dict[str, Any]]:
         two = alg is Algorithm.TWO_PASS
         rows.append({
             "algorithm": alg.value, "sketch_size": plan.t, "core_size": plan.v,
-            "range_weight": plan.weight_y if two else plan.range_weight,  # type: ignore[union-attr]
+            "range_weight": (
+                plan.weight_y if isinstance(plan, TwoPassPlan) else plan.range_weight
+            ),
             "operator": plan.operator.value, "passes": 2 if two else 1,
             **lrf_model.predict(plan).to_dict(),
         })  # fmt: skip
@@ -522,8 +526,8 @@ def pca(
         params, select, radius_grid, iterations_grid, expected_trials
     )
     options = ReleaseOptions(
-        out=out, overwrite=overwrite, ledger=ledger, budget=budget, journal=journal,
-        insecure_noise_seed=insecure_noise_seed, dataset=dataset,
+        out=_path(out), overwrite=overwrite, ledger=ledger, budget=budget,
+        journal=_path(journal), insecure_noise_seed=insecure_noise_seed, dataset=dataset,
     )  # fmt: skip
     runtime = Runtime(
         scheduler=scheduler, cluster_config=cluster_config, progress=progress
@@ -558,3 +562,8 @@ def release_pca(
                      selection.expected_trials)  # fmt: skip
     spec, job = pca_release_spec(params, source, selection, options or ReleaseOptions())
     return run_release(spec, job, runtime or Runtime())  # type: ignore[no-any-return]
+
+
+def _path(value: str | os.PathLike[str] | None) -> str | None:
+    """``value`` as the ``str`` path :class:`ReleaseOptions` holds (None stays None)."""
+    return None if value is None else os.fspath(value)

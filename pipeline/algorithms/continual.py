@@ -230,7 +230,8 @@ def plan_stream(
     Raises
     ------
     InvalidParameterError
-        For a padded Low-Space stream [spec 3.4, P7] or inconsistent sizes.
+        For a padded Low-Space stream [spec 3.4, P7], a two-pass one or
+        inconsistent sizes.
 
     Notes
     -----
@@ -254,6 +255,11 @@ def plan_stream(
     levels = tree_levels(horizon)
     params = _stream_sizes(params, shape)
     one = plan_lrf(params, shape, public_seed=public_seed, reach=Reach.ANY)
+    if not isinstance(one, LrfPlan):  # a two-pass plan: its tree could not be built
+        raise InvalidParameterError(
+            "a stream is read once, so algorithm='two-pass' (stored matrices only) "
+            "does not apply; use 'spectral' or 'low-space'."
+        )
     if one.calibration is None:
         return StreamPlan(lrf=one, horizon=int(horizon), levels=levels)
     # the operators' worst-case factors do not depend on the tree: reuse them

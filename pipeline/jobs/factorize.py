@@ -24,6 +24,7 @@ from pipeline.algorithms.lrf import (
     Algorithm,
     LrfParams,
     LrfPlan,
+    TwoPassPlan,
     plan_lrf,
     run_lrf,
     seed_fingerprint,
@@ -44,7 +45,7 @@ __all__ = ["LrfJob", "build_report", "lrf_release_spec"]
 
 
 def build_report(
-    plan: LrfPlan,
+    plan: LrfPlan | TwoPassPlan,
     job: ReleaseJob,
     *,
     info: Any,
@@ -54,6 +55,8 @@ def build_report(
     """The privacy report and run metadata of a release (public values only)."""
     p, cal = plan.params, plan.calibration
     m, n = plan.shape
+    # job.prepare() drew or resumed the seed: a factorization always has one
+    assert job.sketch_seed is not None
     report: dict[str, Any] = {
         "format": "dplr-release/1",
         **job.report_core(),
@@ -167,7 +170,7 @@ def lrf_release_spec(
     return spec, LrfJob(plan=plan, array=array, info=info, scratch=scratch)
 
 
-def _lrf_parameters(plan: LrfPlan) -> dict[str, Any]:
+def _lrf_parameters(plan: LrfPlan | TwoPassPlan) -> dict[str, Any]:
     """The public parameters of a factorization (journal header)."""
     p = plan.params
     return {
@@ -188,12 +191,12 @@ def _lrf_parameters(plan: LrfPlan) -> dict[str, Any]:
     }
 
 
-def _split_fields(plan: LrfPlan) -> dict[str, Any]:
+def _split_fields(plan: LrfPlan | TwoPassPlan) -> dict[str, Any]:
     """The budget split (and one pass's range basis rank) of a private plan."""
     if plan.calibration is None:
         return {}
-    if plan.params.algorithm is Algorithm.TWO_PASS:
-        return {"weight_z": plan.weight_z, "weight_y": plan.weight_y}  # type: ignore[attr-defined]
+    if isinstance(plan, TwoPassPlan):  # what plan_lrf returns for algorithm='two-pass'
+        return {"weight_z": plan.weight_z, "weight_y": plan.weight_y}
     # range_clip: rho of the sketch-space clipping of Y (rows to rho C), or None
     return {
         "range_weight": plan.range_weight, "basis_rank": plan.basis_rank,
@@ -205,7 +208,7 @@ def _split_fields(plan: LrfPlan) -> dict[str, Any]:
 class LrfJob:
     """The hooks of a factorization for :func:`pipeline.jobs.engine.run_release`."""
 
-    plan: LrfPlan
+    plan: LrfPlan | TwoPassPlan
     array: Any
     info: Any
     scratch: str | None
@@ -257,6 +260,7 @@ class LrfJob:
             crash_point("after-pass")  # the N-th time: after pass N was journaled
 
         details = {"rank": p.rank, "sketch_size": plan.t, "core_size": plan.v}
+        assert job.sketch_seed is not None  # drawn or resumed by job.prepare()
         result = run_lrf(
             src, plan, sketch_seed=job.sketch_seed, noise_key=job.noise_key,
             before_noise=lambda: job.charge(algorithm=p.algorithm.value, details=details),

@@ -64,6 +64,7 @@ from pipeline.algorithms.lrf.plan import (
     worst_case_factors,
 )
 from pipeline.algorithms.lrf.run import pass_request, plan_lrf, run_lrf
+from pipeline.algorithms.lrf.two_pass import TwoPassPlan
 from pipeline.sketches.operators import seed_fingerprint
 
 # callers plan and run through this package
@@ -74,6 +75,7 @@ __all__ = [
     "LrfParams",
     "LrfPlan",
     "Reach",
+    "TwoPassPlan",
     "calibrate_plan",
     "choose_private_sizes",
     "clips_range",

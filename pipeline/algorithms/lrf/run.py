@@ -33,7 +33,7 @@ from pipeline.algorithms.lrf.plan import (
     resolve_sizes,
     worst_case_factors,
 )
-from pipeline.algorithms.lrf.two_pass import plan_two_pass, run_two_pass
+from pipeline.algorithms.lrf.two_pass import TwoPassPlan, plan_two_pass, run_two_pass
 from pipeline.errors import InvalidParameterError
 from pipeline.linalg.core import one_blas_thread
 from pipeline.mechanisms.noise import NoiseKey
@@ -80,7 +80,7 @@ def pass_request(
 
 def run_lrf(
     source: MatrixSource,
-    plan: LrfPlan,
+    plan: LrfPlan | TwoPassPlan,
     *,
     sketch_seed: int,
     noise_key: NoiseKey | None,
@@ -95,8 +95,9 @@ def run_lrf(
     Parameters
     ----------
     source : MatrixSource of shape (n_rows, n_cols)
-    plan : LrfPlan
-        From :func:`plan_lrf` for this shape.
+    plan : LrfPlan or TwoPassPlan
+        From :func:`plan_lrf` for this shape (a two-pass plan runs
+        :func:`~pipeline.algorithms.lrf.two_pass.run_two_pass`).
     sketch_seed : int
         Root of the sketch operators (data-independent, confidential unless
         the plan was made with this ``public_seed``).
@@ -137,9 +138,9 @@ def run_lrf(
 
     Passes over A: 1, or 0 when ``exact`` holds every sketch.
     """
-    if plan.params.algorithm is Algorithm.TWO_PASS:
+    if isinstance(plan, TwoPassPlan):  # what plan_lrf returns for algorithm='two-pass'
         return run_two_pass(
-            source, plan, sketch_seed=sketch_seed, noise_key=noise_key,  # type: ignore[arg-type]
+            source, plan, sketch_seed=sketch_seed, noise_key=noise_key,
             before_noise=before_noise, input_dtype=input_dtype, exact=exact, after_pass=after_pass,
         )  # fmt: skip
     _check_keys(plan, sketch_seed, noise_key)
@@ -184,7 +185,7 @@ def plan_lrf(
     *,
     public_seed: int | None = None,
     reach: Reach | None = None,
-) -> LrfPlan:
+) -> LrfPlan | TwoPassPlan:
     """Validate ``params`` for a matrix of ``shape`` and calibrate the noise.
 
     Reads no data: everything here is public (plan-then-execute, style B.3.1).
@@ -203,7 +204,9 @@ def plan_lrf(
 
     Returns
     -------
-    LrfPlan
+    LrfPlan or TwoPassPlan
+        A :class:`~pipeline.algorithms.lrf.two_pass.TwoPassPlan` for
+        ``algorithm='two-pass'``, else an :class:`LrfPlan`.
 
     Raises
     ------
@@ -227,7 +230,7 @@ def plan_lrf(
     (12, 133, False, 1.478)
     """
     if params.algorithm is Algorithm.TWO_PASS:
-        return plan_two_pass(params, shape, public_seed=public_seed)  # type: ignore[return-value]
+        return plan_two_pass(params, shape, public_seed=public_seed)
     m, n = (
         check_int_in_range(x, nm, 1)
         for x, nm in zip(shape, ("n_rows", "n_cols"), strict=True)
