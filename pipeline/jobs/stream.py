@@ -58,7 +58,7 @@ from pipeline._validation import (
     check_privacy_pair,
 )
 from pipeline._version import __version__
-from pipeline.accounting.contract import PrivacyContract
+from pipeline.accounting.contract import Accountant, EntityUnit, PrivacyContract
 from pipeline.algorithms.base import Factorization
 from pipeline.algorithms.continual import (
     StreamPlan,
@@ -198,7 +198,7 @@ class StreamInfo:
     ledger: str | None
 
     def to_dict(self) -> dict[str, Any]:
-        return {f: getattr(self, f) for f in self.__slots__}  # type: ignore[attr-defined]
+        return {f: getattr(self, f) for f in self.__slots__}
 
 
 def _info(store: Any) -> StreamInfo:
@@ -334,11 +334,11 @@ def stream_init(
         horizon=horizon,
         epsilon=epsilon,
         delta=delta,
-        algorithm=algorithm,
+        algorithm=check_enum(Algorithm, algorithm, "algorithm"),
         private=private,
         clip_norm=clip_norm,
-        unit=unit,
-        neighboring=neighboring,
+        unit=check_enum(StreamUnit, unit, "unit"),
+        neighboring=check_enum(Neighboring, neighboring, "neighboring"),
         sketch_size=sketch_size,
         core_size=core_size,
     ).to_manifest()
@@ -364,6 +364,7 @@ def stream_init(
         )
     job = ReleaseJob(spec())
     job.prepare()  # refused here (contract vs ledger, budget): nothing exists yet
+    assert job.sketch_seed is not None  # drawn (or the given one) by job.prepare()
     manifest = _new_manifest(params, plan, job, public_seed=seed is not None)
     p = params
     # the key and the seed go to a journal beside the ledger, then the one charge:
@@ -503,8 +504,9 @@ def _init_spec(
         )
     contract = None if cal is None else PrivacyContract(
         # the individual is an entity id, whatever row, column or entry it is bound to
-        unit="entity", neighboring=params["neighboring"], clip_norm=params["clip_norm"],
-        epsilon=cal.epsilon, delta=cal.delta, accountant="analytic-gaussian",
+        unit=EntityUnit.ENTITY, neighboring=params["neighboring"],
+        clip_norm=params["clip_norm"], epsilon=cal.epsilon, delta=cal.delta,
+        accountant=Accountant.ANALYTIC_GAUSSIAN,
         shape=(params["n_rows"], params["n_cols"]), secret_noise=insecure is None,
         public_operators=seed is not None,
     )  # fmt: skip
@@ -523,6 +525,7 @@ def _new_manifest(
 ) -> dict[str, Any]:
     cal, book = plan.lrf.calibration, job.book
     stream_id = job.release_id
+    assert job.sketch_seed is not None  # drawn (or the given one) by job.prepare()
     return {
         "dplr_version": _version(),
         "stream_id": stream_id,
@@ -648,7 +651,9 @@ def _hashes_string_ids(manifest: dict[str, Any]) -> bool:
     """Whether the state's string ids were hashed (format 1), so that two ids may share a key."""
     from pipeline.io.stream_state import LEGACY_FORMAT
 
-    return manifest["format"] == LEGACY_FORMAT and manifest["entity_kind"] == "str"
+    return bool(
+        manifest["format"] == LEGACY_FORMAT and manifest["entity_kind"] == "str"
+    )
 
 
 def _load_entities(store: Any) -> EntityTable:
