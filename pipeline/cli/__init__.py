@@ -1,9 +1,12 @@
 """The ``dplr`` command line, one module per verb.
 
 :mod:`~pipeline.cli.main` builds the parser and runs :func:`main`;
-:mod:`~pipeline.cli.common` holds what the verbs share (exit codes, option groups);
-:mod:`~pipeline.cli.pca`, :mod:`~pipeline.cli.data` (``generate``, ``demo``) and
-:mod:`~pipeline.cli.stream` (``stream``, ``nightly``) each register their verbs.
+:mod:`~pipeline.cli.common` holds what the verbs share (exit codes, option groups).
+Each verb module has ``add_parser(subparsers)``, which registers its verb(s) and
+sets the handler ``main`` dispatches to (``set_defaults(handler=...)``):
+:mod:`~pipeline.cli.factorize`, :mod:`~pipeline.cli.pca`, :mod:`~pipeline.cli.data`
+(``generate``, ``demo``), :mod:`~pipeline.cli.budget` and :mod:`~pipeline.cli.stream`
+(``stream``, ``nightly``).
 Nothing in :mod:`pipeline` imports this package but ``python -m pipeline``.
 """
 

@@ -1,8 +1,9 @@
 """What the ``dplr`` subcommands share: exit codes, option groups, argument types,
 the release options and runtime built from parsed arguments, and report lines.
 
-Used by :mod:`pipeline.cli.main` (factorize, budget, the parser and ``main``),
-:mod:`pipeline.cli.pca`, :mod:`pipeline.cli.data` and :mod:`pipeline.cli.stream`;
+Used by :mod:`pipeline.cli.main` (the parser and ``main``) and by the verbs'
+modules (:mod:`pipeline.cli.factorize`, :mod:`pipeline.cli.budget`,
+:mod:`pipeline.cli.pca`, :mod:`pipeline.cli.data`, :mod:`pipeline.cli.stream`);
 nothing here imports another module of :mod:`pipeline.cli`.
 """
 

@@ -14,8 +14,9 @@ from pipeline.cli.common import EXIT_OK, factorize_summary, pair
 from pipeline.errors import InvalidParameterError
 
 
-def add_parsers(sub: Any) -> None:
-    """Add ``generate`` and ``demo`` to ``sub``."""
+def add_parser(sub: Any) -> None:
+    """Add ``generate`` and ``demo`` to ``sub``; they dispatch to :func:`run_generate`
+    and :func:`run_demo`."""
     _add_generate_parser(sub)
     _add_demo_parser(sub)
 
@@ -115,6 +116,7 @@ def _add_generate_parser(sub: Any) -> None:
     g.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--overwrite", action="store_true")
+    g.set_defaults(handler=run_generate)
 
 
 def _add_demo_parser(sub: Any) -> None:
@@ -137,6 +139,7 @@ def _add_demo_parser(sub: Any) -> None:
     d.add_argument(
         "--scheduler", help="Dask scheduler address (default: an embedded LocalCluster)"
     )
+    d.set_defaults(handler=run_demo)
 
 
 def run_generate(args: argparse.Namespace) -> int:

@@ -131,6 +131,7 @@ def add_parser(sub: Any) -> None:
     pc.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
     pc.add_argument("--json", action="store_true", help="print the full report as JSON")
     add_privacy(pc, lrf=False)
+    pc.set_defaults(handler=run)
 
 
 def _summary(report: dict[str, Any], out: str) -> str:

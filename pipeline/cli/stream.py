@@ -18,8 +18,9 @@ from pipeline.io.objectstore import redact
 EXIT_LOCKED = 75  # EX_TEMPFAIL: a concurrent run holds the lock; try again later
 
 
-def add_parsers(sub: Any) -> None:
-    """Add ``stream`` (init, ingest, release, status) and ``nightly`` to ``sub``."""
+def add_parser(sub: Any) -> None:
+    """Add ``stream`` (init, ingest, release, status) and ``nightly`` to ``sub``;
+    both dispatch to :func:`run`."""
     s = sub.add_parser(
         "stream",
         help="turnstile update streams with continual (nightly) DP releases",
@@ -31,6 +32,7 @@ def add_parsers(sub: Any) -> None:
             "streams and releases."
         ),
     )
+    s.set_defaults(handler=run)
     ss = s.add_subparsers(dest="stream_command", required=True, metavar="ACTION")
 
     i = ss.add_parser("init", help="create a stream state and charge its budget once")
@@ -140,6 +142,7 @@ def add_parsers(sub: Any) -> None:
         action="store_true",
         help="validate, plan and check the horizon and ledger; read and write nothing",
     )
+    n.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,7 +8,6 @@ and makes a local path absolute.
 
 from __future__ import annotations
 
-import importlib
 import os
 from pathlib import Path
 
@@ -99,12 +98,12 @@ def test_the_cli_prints_no_user_info_on_any_failure(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], error: type, code: int
 ) -> None:
     from pipeline import cli
+    from pipeline.cli import budget as cli_budget
 
     def fail(args: object) -> int:
         raise error("the object store at http://KEY:SECRET@127.0.0.1:9 cannot be reached")
 
-    # the module, not the function that pipeline.cli.main names
-    monkeypatch.setattr(importlib.import_module("pipeline.cli.main"), "_budget", fail)
+    monkeypatch.setattr(cli_budget, "run", fail)
     assert cli.main(["budget", "show", "a.zarr"]) == code
     err = capsys.readouterr().err
     assert "http://***@127.0.0.1:9" in err  # the message itself was printed
