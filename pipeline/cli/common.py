@@ -3,7 +3,8 @@ the release options and runtime built from parsed arguments, and report lines.
 
 Used by :mod:`pipeline.cli.main` (the parser and ``main``) and by the verbs'
 modules (:mod:`pipeline.cli.factorize`, :mod:`pipeline.cli.budget`,
-:mod:`pipeline.cli.pca`, :mod:`pipeline.cli.data`, :mod:`pipeline.cli.stream`);
+:mod:`pipeline.cli.pca`, :mod:`pipeline.cli.data`, :mod:`pipeline.cli.stream`,
+:mod:`pipeline.cli.nightly`);
 nothing here imports another module of :mod:`pipeline.cli`.
 """
 
@@ -11,12 +12,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from pipeline.errors import InvalidParameterError
 from pipeline.io.objectstore import redact
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_BUDGET = 0, 1, 2, 3
+EXIT_LOCKED = 75  # EX_TEMPFAIL: a concurrent run holds the lock; try again later
 
 
 def pair(text: str) -> tuple[int, int]:
@@ -132,6 +135,21 @@ def cluster_of(args: argparse.Namespace) -> Any:
     from pipeline.execution.clusters import load_cluster_config
 
     return load_cluster_config(args.cluster)
+
+
+def unless_locked(
+    handler: Callable[[argparse.Namespace], int], args: argparse.Namespace
+) -> int:
+    """``handler(args)``, or exit code 75 (retry later) when another run holds the
+    stream's lock; any other error propagates to main()."""
+    # zarr is behind pipeline.io: kept off the import path of ``dplr --help``
+    from pipeline.io.stream_state import StateLockedError
+
+    try:
+        return handler(args)
+    except StateLockedError as exc:
+        print(f"dplr: busy: {redact(str(exc))}", file=sys.stderr)
+        return EXIT_LOCKED
 
 
 def budget_of(args: argparse.Namespace) -> tuple[float, float] | None:

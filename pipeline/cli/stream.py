@@ -1,4 +1,4 @@
-"""The ``dplr stream`` and ``dplr nightly`` commands (registered by :mod:`pipeline.cli.main`).
+"""The ``dplr stream`` command (registered by :mod:`pipeline.cli.main`).
 
 Exit codes, as for every dplr command: 0 success, 2 bad input (nothing lost or
 changed), 3 exhausted budget or horizon, 75 another run holds the stream's lock
@@ -9,18 +9,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
-from pipeline.cli.common import budget_of, cluster_of
-from pipeline.io.objectstore import redact
-
-EXIT_LOCKED = 75  # EX_TEMPFAIL: a concurrent run holds the lock; try again later
+from pipeline.cli.common import budget_of, cluster_of, unless_locked
 
 
 def add_parser(sub: Any) -> None:
-    """Add ``stream`` (init, ingest, release, status) and ``nightly`` to ``sub``;
-    both dispatch to :func:`run`."""
+    """Add ``stream`` (init, ingest, release, status) to ``sub``; it dispatches to
+    :func:`run`."""
     s = sub.add_parser(
         "stream",
         help="turnstile update streams with continual (nightly) DP releases",
@@ -122,45 +118,16 @@ def add_parser(sub: Any) -> None:
     st = ss.add_parser("status", help="public summary of a stream")
     st.add_argument("state", metavar="STATE")
 
-    n = sub.add_parser(
-        "nightly",
-        help="scheduled run of a stream job: ingest the date's batches, release, update latest",
-        description=(
-            "Ingest the batches that arrived for DATE (and any missed earlier dates), "
-            "release, and point <releases>/latest at the new release. Idempotent, "
-            "resumable after a crash, serialised by a lock."
-        ),
-    )
-    n.add_argument(
-        "--config",
-        required=True,
-        help="the job's TOML file (see workflows/nightly.toml)",
-    )
-    n.add_argument("--date", required=True, help="YYYY-MM-DD")
-    n.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="validate, plan and check the horizon and ledger; read and write nothing",
-    )
-    n.set_defaults(handler=run)
-
 
 def run(args: argparse.Namespace) -> int:
-    """Dispatch ``dplr stream ...`` / ``dplr nightly``; errors propagate to main()."""
-    from pipeline.io.stream_state import StateLockedError
-
-    try:
-        if args.command == "nightly":
-            return _nightly(args)
-        return {
-            "init": _init,
-            "ingest": _ingest,
-            "release": _release,
-            "status": _status,
-        }[args.stream_command](args)
-    except StateLockedError as exc:
-        print(f"dplr: busy: {redact(str(exc))}", file=sys.stderr)
-        return EXIT_LOCKED
+    """Dispatch ``dplr stream ACTION``; errors propagate to main()."""
+    action = {
+        "init": _init,
+        "ingest": _ingest,
+        "release": _release,
+        "status": _status,
+    }[args.stream_command]
+    return unless_locked(action, args)
 
 
 def _init(a: argparse.Namespace) -> int:
@@ -257,16 +224,4 @@ def _status(a: argparse.Namespace) -> int:
     from pipeline.jobs.stream import stream_status
 
     print(json.dumps(stream_status(a.state).to_dict(), indent=2))
-    return 0
-
-
-def _nightly(a: argparse.Namespace) -> int:
-    from pipeline.jobs.nightly import parse_date, run_nightly
-
-    run_nightly(
-        a.config,
-        parse_date(a.date),
-        dry_run=a.dry_run,
-        say=lambda s: print(s, flush=True),
-    )
     return 0
