@@ -48,6 +48,7 @@ from pipeline.jobs.engine import (
 )
 from pipeline.jobs.pca import PCA_BAND_BYTES, JobJournal, PcaJob, relation_text
 from pipeline.mechanisms.noise import GaussianNoise, NoiseKey
+from pipeline.params import PrivacyUnit
 
 __all__ = ["MEAN_SENSITIVITY", "centred_pca", "release_mean", "split_mean_budget"]
 
@@ -264,7 +265,7 @@ def centred_pca(
     # public values only: refused by the job (bad split, over budget) before any read
     plan = extra["plan"] = centred_plan(kw, shape, k, f)
     contract = PrivacyContract(
-        unit="row", neighboring=kw["neighboring"], clip_norm=C,
+        unit=PrivacyUnit.ROW, neighboring=kw["neighboring"], clip_norm=C,
         epsilon=plan["epsilon"], delta=plan["delta"], accountant=Accountant.GDP,
         shape=shape, secret_noise=kw["insecure_noise_seed"] is None,
     )  # fmt: skip
@@ -301,7 +302,7 @@ def _fit_centred_exactly(
         run_kw = dict(kw)
         if cinfo.kind == "local":
             # the embedded cluster is not the default client: point pca at it
-            run_kw["scheduler"] = client.scheduler.address
+            run_kw["scheduler"] = cinfo.address  # the client's scheduler address
         mean = _row_total(array, client, C, clip=False).value / n
         centred = _centred_rows(array, mean, C, clip=False)
         return pca(centred, k, **run_kw), mean, extra
@@ -414,7 +415,9 @@ class _CentredPca:
     def _released_mean(self, job: ReleaseJob, journal: JobJournal) -> FloatArray:
         old = journal.load("dp-mean")
         if old is not None:
-            return old[0]
+            # the one row of the (1, n_cols) record below
+            journaled: FloatArray = old[0]
+            return journaled
         C, n = self.C, int(self.info.shape[0])
         total = _row_total(self.array, self.client, C, clip=True)
         job.charge(
