@@ -178,7 +178,8 @@ def _pca_accepts(name: str) -> bool:
 # --------------------------------------------------------------------------
 # DPPCA
 # --------------------------------------------------------------------------
-class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
+# scikit-learn ships no type information: its base classes are Any to mypy
+class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):  # type: ignore[misc]
     """Differentially private PCA (top-k principal subspace) as a scikit-learn transformer.
 
     ``fit`` runs :func:`pipeline.api.pca`: the clipped, preconditioned power
@@ -628,7 +629,8 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
 # --------------------------------------------------------------------------
 # DPLowRank
 # --------------------------------------------------------------------------
-class DPLowRank(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
+# scikit-learn ships no type information: its base classes are Any to mypy
+class DPLowRank(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):  # type: ignore[misc]
     """Differentially private rank-k factorization ``A ~ U diag(S) V^T`` as a transformer.
 
     ``fit`` runs :func:`pipeline.api.factorize` (one pass over the data,
