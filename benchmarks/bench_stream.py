@@ -208,9 +208,9 @@ def ingest_pieces(state: str, path: str, epoch: int) -> dict[str, float]:
     from pipeline.jobs.stream import (
         _entity_id_arrays,
         _load_entities,
-        _plan_of,
         _read_stream_batch,
         open_stream,
+        plan_of,
     )
     from pipeline.mechanisms.entities import StreamUnit, clip_updates
 
@@ -218,7 +218,7 @@ def ingest_pieces(state: str, path: str, epoch: int) -> dict[str, float]:
     st = open_stream(state)
     with st.lock():
         m = st.manifest
-        plan = _plan_of(m)
+        plan = plan_of(m)
         p = m["params"]
         t0 = now()
         plan.check_epoch(epoch)
@@ -287,12 +287,12 @@ def epoch_sketch_pieces(state: str, epoch: int, client: Any) -> dict[str, Any]:
     """What epoch_sketch does, through the public pieces, each timed (the state is unchanged)."""
     from pipeline.algorithms.continual import partition_cells, sum_deltas
     from pipeline.execution.stream import sketch_partitions
-    from pipeline.jobs.stream import _plan_of, epoch_cells, open_stream
+    from pipeline.jobs.stream import epoch_cells, open_stream, plan_of
 
     st = open_stream(state)
     out: dict[str, Any] = {}
     with st.lock():
-        plan = _plan_of(st.manifest)
+        plan = plan_of(st.manifest)
         t0 = now()
         rows, cols, vals = epoch_cells(st, epoch)
         t1 = now()
@@ -332,12 +332,12 @@ def sketch_detail(state: str, path: str) -> dict[str, float]:
     import scipy.sparse as sp
 
     from pipeline.algorithms.continual import _compact, operators
-    from pipeline.jobs.stream import _plan_of, _read_stream_batch, open_stream
+    from pipeline.jobs.stream import _read_stream_batch, open_stream, plan_of
     from pipeline.mechanisms.entities import EntityTable, StreamUnit, clip_updates
 
     st = open_stream(state)
     m = st.manifest
-    plan = _plan_of(m)
+    plan = plan_of(m)
     p = m["params"]
     b, _ = _read_stream_batch(st, m, path)
     c = clip_updates(
@@ -532,13 +532,13 @@ def part_throughput(args: argparse.Namespace) -> dict[str, Any]:
 
         st, _ = new_state(root, m, n, "warm")
         stream_ingest(st, files["ten"][0], epoch=1)
-        from pipeline.jobs.stream import _plan_of
+        from pipeline.jobs.stream import plan_of
 
         store = open_stream(st)
         for mode in modes:
             epoch_sketch(
                 store,
-                _plan_of(store.manifest),
+                plan_of(store.manifest),
                 1,
                 client if mode == "cluster" else None,
             )

@@ -27,9 +27,9 @@ from pipeline.algorithms.lrf import Algorithm, LrfParams
 from pipeline.execution.stream import sketch_partitions
 from pipeline.io.batches import write_batch
 from pipeline.jobs.stream import (
-    _plan_of,
     epoch_sketch,
     open_stream,
+    plan_of,
     stream_ingest,
     stream_init,
     stream_release,
@@ -87,7 +87,7 @@ def test_closing_an_epoch_on_the_cluster_equals_closing_it_in_process(client: Cl
     for k in range(2):
         stream_ingest(state, tmp_path / f"b{k}.npz", epoch=1)
     store = open_stream(state)
-    plan = _plan_of(store.manifest)
+    plan = plan_of(store.manifest)
     local, remote = epoch_sketch(store, plan, 1), epoch_sketch(store, plan, 1, client)
     for name in local:
         scale = np.abs(local[name]).max()
