@@ -17,7 +17,7 @@ import pytest
 import zarr
 from dist_util import rel_diff, seeded_matrix, write_matrix
 
-import pipeline.algorithms.lrf as lrf_mod
+import pipeline.algorithms.lrf.kernels as lrf_kernels
 import pipeline.execution.source as source_mod
 from pipeline import cli
 from pipeline.api import factorize
@@ -158,7 +158,7 @@ def test_release_same_with_tree(client, store, tmp_path: Path, monkeypatch, priv
     monkeypatch.setattr(source_mod, "BAND_BYTES", 1)  # one chunk per band: 20 row blocks
     # a private release takes its basis from the noisy Y's Gram matrix: refused
     # here, so that the TSQR runs on the noisy Y
-    monkeypatch.setattr(lrf_mod, "GRAM_MIN_RATIO", np.inf)
+    monkeypatch.setattr(lrf_kernels, "GRAM_MIN_RATIO", np.inf)
     ref = run("gathered.zarr")
     monkeypatch.setattr(source_mod, "TSQR_GATHER_BLOCKS", 2)
     tree = run("tree.zarr")
