@@ -51,6 +51,7 @@ from pipeline._validation import (
     check_int_in_range,
     check_privacy_pair,
 )
+from pipeline.accounting.events import GaussianEvent
 from pipeline.accounting.gaussian import (
     gaussian_delta,
     gaussian_noise_multiplier,
@@ -244,6 +245,14 @@ class ReleaseCalibration:
                 f"LEDGER_CHECK failed: the recorded noise gives delta={used!r} at "
                 f"epsilon={self.epsilon!r}, above the release's delta={self.delta!r}."
             )
+
+    def privacy_event(self) -> GaussianEvent:
+        """The release as a ledger event: one unit-sensitivity Gaussian.
+
+        ``z = 1/Delta_eff`` and the sketch failure probability ``delta_JL``
+        (spec section 4.4); the ledger runs :meth:`check` before it charges.
+        """
+        return GaussianEvent(1.0 / self.effective_sensitivity, self.delta_jl)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable summary for release reports (no secrets in it)."""

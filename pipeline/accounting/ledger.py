@@ -2,8 +2,11 @@
 
 Problem. Releases computed from the same dataset compose. Given the dataset's
 lifetime budget ``(epsilon_B, delta_B)`` and the releases already charged,
-decide whether a new release still fits, and record it durably if so. A
-release is one of two kinds:
+decide whether a new release still fits, and record it durably if so. The
+ledger knows no calibration class: a calibration describes its release as a
+frozen event (``privacy_event()``, :mod:`pipeline.accounting.events`), the
+ledger records the event's fields and composes the events in one place
+(:func:`~pipeline.accounting.events.compose`). Two kinds exist today:
 
 * **Gaussian** (``ReleaseCalibration`` of a low-rank factorization, or
   ``PcaCalibration`` of a PCA run with public ``(R, T)``): a Gaussian mechanism
@@ -15,6 +18,8 @@ release is one of two kinds:
   Gaussians (random stopping, accounted in RDP), recorded with
   ``noise_multiplier_total = null`` and the fields ``kind = "approx"``,
   ``epsilon_approx``, ``delta_approx``.
+
+A new kind of release adds an event class there, not a branch here.
 
 Composition is exact among the Gaussians: k Gaussian mechanisms with
 multipliers ``z_i`` are together one Gaussian with
@@ -111,13 +116,12 @@ import json
 import math
 import os
 import pathlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from pipeline._durable import write_private
 from pipeline._validation import check_enum, check_privacy_pair
-from pipeline.accounting.calibration import ReleaseCalibration
 from pipeline.accounting.contract import (
     EntityUnit,
     PrivacyContract,
@@ -126,8 +130,13 @@ from pipeline.accounting.contract import (
     as_unit,
     gdp_scale,
 )
-from pipeline.accounting.gaussian import gaussian_delta, gaussian_epsilon
-from pipeline.accounting.pca import PcaCalibration, SelectionCalibration
+from pipeline.accounting.events import (
+    BUDGET_RTOL,
+    Calibration,
+    PrivacyEvent,
+    compose,
+    event_of_record,
+)
 from pipeline.errors import (
     BudgetExceededError,
     InvalidParameterError,
@@ -154,8 +163,6 @@ _LEGACY_NEIGHBORING = Neighboring.REPLACE
 _LEGACY_STREAM_ALGORITHM = "continual-"
 _LEDGER_SUFFIX = ".dplr-ledger.json"
 _FILE_MODE = 0o600
-# Same slack as LEDGER_CHECK (spec section 4.4): rounding in z_tot only.
-_BUDGET_RTOL = 1e-9
 _RECORD_KEYS = (
     "release_id",
     "time",
@@ -166,9 +173,6 @@ _RECORD_KEYS = (
     "noise_multiplier_total",
     "details",
 )
-# Extra keys of an approx record; a record without "kind" is Gaussian.
-_APPROX_KIND = "approx"
-_APPROX_KEYS = ("kind", "epsilon_approx", "delta_approx")
 # Key fragments refused in ``details`` (spec section 4.6, item 3: the noise key
 # and the sketch seed are never logged); "hash" marks an allowed digest.
 _SECRET_FRAGMENTS = ("seed", "key", "secret", "entropy")
@@ -200,45 +204,6 @@ def default_ledger_path(store_path: str | os.PathLike[str]) -> pathlib.Path:
             f"store_path must name a store directory, got store_path={raw!r}."
         )
     return store.with_name(store.name + _LEDGER_SUFFIX)
-
-
-def _compose_multipliers(multipliers: list[float]) -> float:
-    """``(sum z_i^-2)^(-1/2)``; ``inf`` (no mechanism) for an empty list."""
-    inv_sq = math.fsum(z**-2 for z in multipliers)
-    return math.inf if inv_sq == 0.0 else inv_sq**-0.5
-
-
-#: What a ledger charges: a Gaussian release or an approx (selection) release.
-Calibration = ReleaseCalibration | PcaCalibration | SelectionCalibration
-
-
-@dataclass(frozen=True, slots=True)
-class _Charge:
-    """What one release adds, read at the ledger's contract.
-
-    ``z`` (inf: no Gaussian part) and the basic-composition terms; ``factor``
-    is the conversion applied (``gdp_scale`` or the group size, 1: none).
-    """
-
-    z: float
-    delta_jl: float
-    epsilon_approx: float
-    delta_approx: float
-    factor: float = 1.0
-
-
-def _gaussian(z: float, delta_jl: float, scale: float) -> _Charge:
-    """A Gaussian release whose ``mu = 1/z`` grows by ``scale`` [gdp_scale]."""
-    return _Charge(z / scale, delta_jl, 0.0, 0.0, scale)
-
-
-def _approx(eps: float, dlt: float, delta_jl: float, k: int) -> _Charge:
-    """An approx release read by group privacy of size ``k`` [Vadhan, Lemma 2.2]."""
-    if k == 1:
-        return _Charge(math.inf, delta_jl, eps, dlt, 1.0)
-    return _Charge(
-        math.inf, delta_jl, k * eps, k * math.exp((k - 1) * eps) * dlt, float(k)
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,8 +297,7 @@ def _check_contract(calibration: Calibration, contract: object) -> PrivacyContra
             "contract must be a PrivacyContract (the release's unit, relation and "
             f"budget), got contract={type(contract).__name__}."
         )
-    approx = isinstance(calibration, SelectionCalibration)
-    if contract.accountant.gaussian == approx:
+    if contract.accountant.gaussian != _described(calibration).gaussian:
         raise PrivacyConfigError(
             f"contract.accountant={contract.accountant.value!r} does not match a "
             f"{type(calibration).__name__}: 'rdp' goes with a SelectionCalibration, "
@@ -352,14 +316,6 @@ def _check_contract(calibration: Calibration, contract: object) -> PrivacyContra
     return contract
 
 
-def _release_multiplier(calibration: ReleaseCalibration | PcaCalibration) -> float:
-    _check_finite_epsilon(calibration)
-    # Bug guard before anything is charged: the recorded sigmas must give the
-    # release's own (epsilon, delta) [spec section 4.4, LEDGER_CHECK].
-    calibration.check()
-    return 1.0 / calibration.effective_sensitivity
-
-
 def _check_finite_epsilon(calibration: Calibration) -> None:
     if math.isinf(calibration.epsilon):
         raise InvalidParameterError(
@@ -369,42 +325,46 @@ def _check_finite_epsilon(calibration: Calibration) -> None:
         )
 
 
-def _own_charge(calibration: Calibration) -> _Charge:
-    """Validate and self-check a calibration; what it adds at its own contract."""
-    if isinstance(calibration, SelectionCalibration):
-        _check_finite_epsilon(calibration)
-        # Re-accounts the recorded noise in RDP before anything is charged.
-        calibration.check()
-        return _Charge(math.inf, 0.0, calibration.epsilon, calibration.delta)
-    if not isinstance(calibration, ReleaseCalibration | PcaCalibration):
+def _describer(calibration: object) -> Callable[[], object]:
+    """A calibration's ``privacy_event`` (what makes it a calibration)."""
+    describe = getattr(calibration, "privacy_event", None)
+    if not callable(describe):
         raise InvalidParameterError(
             "calibration must be a ReleaseCalibration, PcaCalibration or "
             f"SelectionCalibration, got calibration={type(calibration).__name__}."
         )
-    z = _release_multiplier(calibration)
-    return _Charge(z, calibration.delta_jl, 0.0, 0.0)
+    return describe  # type: ignore[no-any-return]
 
 
-def _converted(own: _Charge, factor: float) -> _Charge:
-    if math.isinf(own.z):
-        return _approx(own.epsilon_approx, own.delta_approx, own.delta_jl, int(factor))
-    return _gaussian(own.z, own.delta_jl, factor)
+def _described(calibration: object) -> PrivacyEvent:
+    """The event a calibration describes its release by (``privacy_event()``)."""
+    event = _describer(calibration)()
+    if not isinstance(event, PrivacyEvent):
+        raise InvalidParameterError(
+            "calibration.privacy_event() must return a PrivacyEvent, got "
+            f"{type(event).__name__}."
+        )
+    return event
 
 
-def _at_ledger(own: _Charge, contract: PrivacyContract, led: _Declared) -> _Charge:
-    """A release's own charge read at the ledger's contract; refuses what cannot convert."""
+def _own_event(calibration: Calibration) -> PrivacyEvent:
+    """Validate and self-check a calibration; its event at its own contract."""
+    _describer(calibration)
+    _check_finite_epsilon(calibration)
+    # Bug guard before anything is charged: the recorded noise must give the
+    # release's own (epsilon, delta) [spec section 4.4, LEDGER_CHECK].
+    calibration.check()
+    return _described(calibration)
+
+
+def _at_ledger(
+    own: PrivacyEvent, contract: PrivacyContract, led: _Declared
+) -> PrivacyEvent:
+    """A release's own event read at the ledger's contract; refuses what cannot convert."""
     factor = _contract_factor(contract, led)
     if factor is None:
         raise _refusal(contract, led)
-    return _converted(own, factor)
-
-
-def _release_charge(
-    calibration: Calibration, contract: object, led: _Declared
-) -> _Charge:
-    """What a new release adds at the ledger's contract (validated first)."""
-    own = _own_charge(calibration)
-    return _at_ledger(own, _check_contract(calibration, contract), led)
+    return own.read_at(factor)
 
 
 def _record_contract(rec: Mapping[str, Any]) -> PrivacyContract | None:
@@ -413,18 +373,9 @@ def _record_contract(rec: Mapping[str, Any]) -> PrivacyContract | None:
     return None if raw is None else PrivacyContract.from_dict(raw)
 
 
-def _record_charge(rec: Mapping[str, Any], led: _Declared) -> _Charge:
-    approx = rec.get("kind") == _APPROX_KIND
-    own = (
-        _Charge(
-            math.inf,
-            float(rec["delta_jl"]),
-            float(rec["epsilon_approx"]),
-            float(rec["delta_approx"]),
-        )
-        if approx
-        else _Charge(float(rec["noise_multiplier_total"]), float(rec["delta_jl"]), 0, 0)
-    )
+def _record_event(rec: Mapping[str, Any], led: _Declared) -> PrivacyEvent:
+    """A (checked) record's event, read at the ledger's contract."""
+    own = event_of_record(rec, "a release record")
     contract = _record_contract(rec)
     # A pre-contract record: its own unit, relation taken as add-remove (the
     # worst case: group privacy of size 2 under replace; module docstring).
@@ -434,25 +385,7 @@ def _record_charge(rec: Mapping[str, Any], led: _Declared) -> _Charge:
         else _contract_factor(contract, led)
     )
     assert found is not None, "records are checked when the file is read"
-    return _converted(own, found)
-
-
-def _composed_delta(charges: Iterable[_Charge], epsilon_b: float) -> float:
-    """Delta of all ``charges`` together at ``epsilon_b`` (``inf``: no fit).
-
-    Basic composition [DR14, Thm 3.16] of the approx releases, the delta_JL
-    events and the exactly composed Gaussian, which gets the epsilon that the
-    approx releases leave.
-    """
-    items = list(charges)
-    z_tot = _compose_multipliers([c.z for c in items])
-    eps_left = epsilon_b - math.fsum(c.epsilon_approx for c in items)
-    if eps_left < -epsilon_b * _BUDGET_RTOL:
-        return math.inf
-    fixed = math.fsum([c.delta_jl for c in items] + [c.delta_approx for c in items])
-    # No Gaussian part (z_tot = inf) costs nothing at any epsilon.
-    gauss = 0.0 if math.isinf(z_tot) else gaussian_delta(z_tot, max(eps_left, 0.0))
-    return gauss + fixed
+    return own.read_at(found)
 
 
 def _check_details(details: object, where: str = "details") -> None:
@@ -567,14 +500,7 @@ def _check_declared(data: Mapping[str, Any], where: str) -> _Declared:
 def _check_record(rec: object, led: _Declared, where: str) -> None:
     if not isinstance(rec, dict) or any(k not in rec for k in _RECORD_KEYS):
         raise StoreLayoutError(f"{where} must have the keys {list(_RECORD_KEYS)}.")
-    z, djl = rec["noise_multiplier_total"], rec["delta_jl"]
-    if rec.get("kind") is not None:
-        _check_approx_record(rec, where)
-    elif not (_positive(z) and isinstance(djl, int | float) and djl >= 0):
-        raise StoreLayoutError(
-            f"{where} has an invalid noise_multiplier_total or delta_jl (got "
-            f"{z!r}, {djl!r})."
-        )
+    event = event_of_record(rec, where)
     try:
         contract = _record_contract(rec)
     except (InvalidParameterError, TypeError, KeyError) as exc:
@@ -582,7 +508,7 @@ def _check_record(rec: object, led: _Declared, where: str) -> None:
     if contract is None:
         _check_legacy_record(rec, led, where)
         return
-    if contract.accountant.gaussian == (rec.get("kind") == _APPROX_KIND):
+    if contract.accountant.gaussian != event.gaussian:
         raise StoreLayoutError(
             f"{where} has accountant {contract.accountant.value!r}, which does not "
             f"match its kind {rec.get('kind')!r}."
@@ -606,38 +532,6 @@ def _check_legacy_record(rec: Mapping[str, Any], led: _Declared, where: str) -> 
         "guarantee at either. Keep it as the record of what was "
         "spent and declare a ledger per population (dplr budget init --unit entity or "
         "--unit row) whose budget leaves room for it."
-    )
-
-
-def _check_approx_record(rec: Mapping[str, Any], where: str) -> None:
-    if rec.get("kind") != _APPROX_KIND or any(k not in rec for k in _APPROX_KEYS):
-        raise StoreLayoutError(
-            f"{where} must have kind {_APPROX_KIND!r} and the keys "
-            f"{list(_APPROX_KEYS)}, got kind={rec.get('kind')!r}."
-        )
-    eps, dlt, djl = rec["epsilon_approx"], rec["delta_approx"], rec["delta_jl"]
-    ok = (
-        _positive(eps)
-        and isinstance(dlt, int | float)
-        and not isinstance(dlt, bool)
-        and 0.0 <= dlt < 1.0
-        and isinstance(djl, int | float)
-        and djl >= 0
-        and rec["noise_multiplier_total"] is None
-    )
-    if not ok:
-        raise StoreLayoutError(
-            f"{where} has an invalid approx record (epsilon_approx={eps!r}, "
-            f"delta_approx={dlt!r}, delta_jl={djl!r}, noise_multiplier_total="
-            f"{rec['noise_multiplier_total']!r}; expected null)."
-        )
-
-
-def _positive(value: object) -> bool:
-    return (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and 0.0 < value < math.inf
     )
 
 
@@ -779,9 +673,10 @@ class Ledger:
         """Re-read the file (done by every accounting method)."""
         self._data = _read_ledger(self._path)
 
-    def _charges(self) -> list[_Charge]:
+    def _events(self) -> list[PrivacyEvent]:
+        """The releases' events, each read at the ledger's contract."""
         led = _declared(self._data)
-        return [_record_charge(r, led) for r in self._data["releases"]]
+        return [_record_event(r, led) for r in self._data["releases"]]
 
     def spent(self) -> tuple[float, float]:
         """Budget used so far, as ``(epsilon_used, delta_used)``, at the ledger's contract.
@@ -803,53 +698,55 @@ class Ledger:
             then works). ``(0.0, 0.0)`` for an empty ledger.
         """
         self.reload()
-        charges = self._charges()
-        if not charges:
+        events = self._events()
+        if not events:
             return 0.0, 0.0
         eps_b, delta_b = self.budget
-        z_tot = _compose_multipliers([c.z for c in charges])
-        eps_a = math.fsum(c.epsilon_approx for c in charges)
-        fixed = math.fsum(
-            [c.delta_jl for c in charges] + [c.delta_approx for c in charges]
-        )
-        delta_used = _composed_delta(charges, eps_b)
+        composed = compose(events)
+        delta_used = composed.delta_at(eps_b)
         if math.isinf(delta_used):
             delta_used = 1.0
-        room = delta_b - fixed
-        eps_used = eps_a + gaussian_epsilon(z_tot, room) if room > 0.0 else math.inf
-        return eps_used, delta_used
+        return composed.epsilon_at(delta_b), delta_used
 
-    def _check_loaded(self, calibration: Calibration, new: _Charge) -> None:
+    def _check_loaded(
+        self, calibration: Calibration, new: PrivacyEvent, own: PrivacyEvent
+    ) -> None:
+        """Refuse ``new`` (``own`` read at the ledger's contract) if it does not fit.
+
+        The refusal states, in epsilon at the budget's delta, what the release
+        needs (the composed epsilon with it minus without it) and what is left:
+        public budgets and charges only.
+        """
         eps_b, delta_b = self.budget
-        charges = [*self._charges(), new]
-        composed = _composed_delta(charges, eps_b)
-        if composed <= delta_b * (1 + _BUDGET_RTOL):
+        earlier = self._events()
+        after = compose([*earlier, new])
+        if after.delta_at(eps_b) <= delta_b * (1 + BUDGET_RTOL):
             return
-        eps_a = math.fsum(c.epsilon_approx for c in charges)
-        d_a = math.fsum(c.delta_approx for c in charges)
-        approx = (
-            f"; approximate-DP releases take epsilon={eps_a:.6g} and "
-            f"delta={d_a:.6g} of it by basic composition"
-            if eps_a > 0.0
-            else ""
-        )
-        led = _declared(self._data)
-        how = (
-            f"its mu counts {new.factor:g} times"
-            if math.isfinite(new.z)
-            else f"it counts as a group of {new.factor:g}"
-        )
+        spent = compose(earlier).epsilon_at(delta_b)
+        left = max(eps_b - spent, 0.0)
+        need = after.epsilon_at(delta_b) - spent
         read = (
-            f" (read at the ledger's {led.describe()}, {how})"
-            if new.factor != 1.0
+            f" (read at the ledger's {_declared(self._data).describe()})"
+            if new != own
             else ""
         )
+        n = len(self._data["releases"])
+        if math.isinf(need):
+            cost = (
+                f"its delta terms leave no room in delta = {delta_b:g} after {n} "
+                f"earlier release(s) ({_eps_text(left, left)} of epsilon = "
+                f"{_eps_text(eps_b, eps_b)} is left)"
+            )
+        else:
+            cost = (
+                f"it needs epsilon = {_eps_text(need, left)} at delta = {delta_b:g}; "
+                f"{_eps_text(left, need)} of epsilon = {_eps_text(eps_b, need, left)} "
+                f"is left after {n} earlier release(s), composed exactly"
+            )
         raise BudgetExceededError(
             f"Release (epsilon={calibration.epsilon!r}, "
             f"delta={calibration.delta!r}){read} would exceed the dataset's lifetime "
-            f"budget (epsilon={eps_b!r}, delta={delta_b!r}): composed delta at "
-            f"epsilon={eps_b!r} would be {composed:.6g} after "
-            f"{len(self._data['releases'])} earlier release(s){approx}."
+            f"budget (epsilon={eps_b!r}, delta={delta_b!r}): {cost}."
         )
 
     @staticmethod
@@ -888,14 +785,19 @@ class Ledger:
         )
         data = _new_data("-", eps, dlt, led)
         book = Ledger(pathlib.Path(os.devnull), data)
-        book._check_loaded(calibration, _release_charge(calibration, contract, led))
+        own = _own_event(calibration)
+        new = _at_ledger(own, _check_contract(calibration, contract), led)
+        book._check_loaded(calibration, new, own)
 
     def check(self, calibration: Calibration, *, contract: PrivacyContract) -> None:
         """Raise if charging ``calibration`` would exceed the lifetime budget.
 
         Parameters
         ----------
-        calibration : ReleaseCalibration, PcaCalibration or SelectionCalibration
+        calibration : Calibration
+            E.g. a ``ReleaseCalibration``, ``PcaCalibration`` or
+            ``SelectionCalibration``: anything with ``epsilon``, ``delta``,
+            ``check()`` and ``privacy_event()``.
         contract : PrivacyContract
             The release's own contract; the release is read at the ledger's.
 
@@ -914,8 +816,11 @@ class Ledger:
             If ``calibration.epsilon`` is infinite (non-private).
         """
         self.reload()
-        new = _release_charge(calibration, contract, _declared(self._data))
-        self._check_loaded(calibration, new)
+        own = _own_event(calibration)
+        checked = _check_contract(calibration, contract)
+        self._check_loaded(
+            calibration, _at_ledger(own, checked, _declared(self._data)), own
+        )
 
     def charge(
         self,
@@ -931,10 +836,11 @@ class Ledger:
 
         Parameters
         ----------
-        calibration : ReleaseCalibration, PcaCalibration or SelectionCalibration
-            The release's noise. A Gaussian release (the first two) is charged
-            its ``1/Delta_eff`` (``1/mu`` for PCA) and ``delta_jl``; a
-            selection is charged as an approx record, its ``(epsilon,
+        calibration : Calibration
+            The release's noise, charged as its ``privacy_event()``: a
+            Gaussian release (``ReleaseCalibration``, ``PcaCalibration``) its
+            ``1/Delta_eff`` (``1/mu`` for PCA) and ``delta_jl``; a selection
+            (``SelectionCalibration``) an approx record, its ``(epsilon,
             delta)`` composed with the rest by basic composition.
         contract : PrivacyContract
             The release's own contract, recorded with it; the release is
@@ -978,7 +884,7 @@ class Ledger:
             raise InvalidParameterError(
                 f"details must be JSON-serialisable with finite floats: {exc}."
             ) from None
-        own = _own_charge(calibration)
+        own = _own_event(calibration)
         checked = _check_contract(calibration, contract)
         _at_ledger(own, checked, _declared(self._data))  # refused before the lock
         with self._locked():
@@ -990,7 +896,7 @@ class Ledger:
                     f"release_id={release_id!r} (already charged)."
                 )
             led = _declared(self._data)
-            self._check_loaded(calibration, _at_ledger(own, checked, led))
+            self._check_loaded(calibration, _at_ledger(own, checked, led), own)
             record = _record(calibration, checked, own, release_id, algorithm)
             if stamp is not None:
                 record["time"] = str(stamp)
@@ -1033,7 +939,7 @@ class Ledger:
         eps_used, delta_used = self.spent()
         eps_b, delta_b = self.budget
         recs = self._data["releases"]
-        charges = self._charges()
+        composed = compose(self._events())
         led = _declared(self._data)
         return {
             "dataset": self.dataset,
@@ -1046,9 +952,9 @@ class Ledger:
             "epsilon_used": eps_used,
             "delta_used": delta_used,
             "delta_remaining_at_budget_epsilon": max(delta_b - delta_used, 0.0),
-            "noise_multiplier_total": _compose_multipliers([c.z for c in charges]),
-            "epsilon_approx_total": math.fsum(c.epsilon_approx for c in charges),
-            "delta_approx_total": math.fsum(c.delta_approx for c in charges),
+            "noise_multiplier_total": composed.noise_multiplier,
+            "epsilon_approx_total": composed.epsilon_approx,
+            "delta_approx_total": composed.delta_approx,
         }
 
     def __repr__(self) -> str:
@@ -1152,7 +1058,9 @@ class InProcessLedger(Ledger):
             algorithm=algorithm, details=details, stamp=stamp,
         )  # fmt: skip
 
-    def _check_loaded(self, calibration: Calibration, new: _Charge) -> None:
+    def _check_loaded(
+        self, calibration: Calibration, new: PrivacyEvent, own: PrivacyEvent
+    ) -> None:
         """No budget to exceed (the conversion to its contract is still checked)."""
 
     def _locked(self) -> contextlib.AbstractContextManager[None]:
@@ -1170,21 +1078,15 @@ class InProcessLedger(Ledger):
         privacy) are added: ``delta = delta_G + sum delta_JL + D_a``, the sum of
         the releases' own deltas when no release needed a conversion.
         """
-        charges = self._charges()
-        if not charges:
+        events = self._events()
+        if not events:
             return 0.0, 0.0
         delta_g = math.fsum(
             float(r["delta"]) - float(r["delta_jl"])
-            for r in self._data["releases"]
-            if r.get("kind") != _APPROX_KIND
+            for r, e in zip(self._data["releases"], events, strict=True)
+            if e.gaussian
         )
-        fixed = math.fsum(
-            [c.delta_jl for c in charges] + [c.delta_approx for c in charges]
-        )
-        z_tot = _compose_multipliers([c.z for c in charges])
-        eps_a = math.fsum(c.epsilon_approx for c in charges)
-        gauss = 0.0 if math.isinf(z_tot) else gaussian_epsilon(z_tot, delta_g)
-        return eps_a + gauss, delta_g + fixed
+        return compose(events).stated_at(delta_g)
 
     def remaining_summary(self) -> dict[str, Any]:
         """Kind, dataset, contract, release count and what they spent together."""
@@ -1251,28 +1153,30 @@ def _new_data(dataset: str, eps: float, dlt: float, led: _Declared) -> dict[str,
 def _record(
     calibration: Calibration,
     contract: PrivacyContract,
-    own: _Charge,
+    own: PrivacyEvent,
     release_id: str,
     algorithm: str,
 ) -> dict[str, Any]:
     """A release record at the release's own contract (converted when composed)."""
-    approx = math.isinf(own.z)
+    fields = own.record_fields()
     record: dict[str, Any] = {
         "release_id": release_id,
         "time": datetime.datetime.now(datetime.UTC).isoformat(),
         "algorithm": algorithm,
         "epsilon": calibration.epsilon,
         "delta": calibration.delta,
-        "delta_jl": own.delta_jl,
+        "delta_jl": fields.pop("delta_jl"),
         # JSON has no infinity: null marks "no Gaussian part".
-        "noise_multiplier_total": None if approx else own.z,
+        "noise_multiplier_total": fields.pop("noise_multiplier_total"),
         "details": {},
         "contract": contract.to_dict(),
     }
-    if approx:
-        record |= {
-            "kind": _APPROX_KIND,
-            "epsilon_approx": own.epsilon_approx,
-            "delta_approx": own.delta_approx,
-        }
-    return record
+    return record | fields  # the event's own keys (an approx record's "kind", ...)
+
+
+def _eps_text(value: float, *others: float) -> str:
+    """``value`` with 2 decimals, or more until it differs from each of ``others``."""
+    for places in range(2, 10):
+        if all(round(value, places) != round(o, places) for o in others if o != value):
+            break
+    return f"{value:.{places}f}"

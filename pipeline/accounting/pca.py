@@ -62,6 +62,7 @@ from pipeline._validation import (
     check_int_in_range,
     check_privacy_pair,
 )
+from pipeline.accounting.events import GaussianEvent
 from pipeline.accounting.gaussian import (
     gaussian_delta,
     gaussian_epsilon,
@@ -389,6 +390,14 @@ class PcaCalibration:
                 "delta_iter": c["delta_iter"],
             }
         return report
+
+    def privacy_event(self) -> GaussianEvent:
+        """The run as a ledger event: a unit-sensitivity Gaussian with ``z = 1/mu``.
+
+        No sketch, so no failure probability; the ledger runs :meth:`check`
+        before it charges.
+        """
+        return GaussianEvent(1.0 / self.effective_sensitivity, self.delta_jl)
 
     def to_dp_event(self) -> dp_accounting.ComposedDpEvent:
         """The run as a dp_accounting event.

@@ -32,6 +32,7 @@ from pipeline._validation import (
     check_int_in_range,
     check_privacy_pair,
 )
+from pipeline.accounting.events import ApproxDpEvent
 from pipeline.accounting.pca_sensitivity import (
     NEIGHBORINGS,
     SENSITIVITIES,
@@ -365,6 +366,14 @@ class SelectionCalibration:
                 f"epsilon={eps!r} at delta={self.delta_rdp!r}, above "
                 f"epsilon={self.epsilon!r}."
             )
+
+    def privacy_event(self) -> ApproxDpEvent:
+        """The selection as a ledger event: ``(epsilon, delta)``-DP, not a Gaussian.
+
+        Composed with the rest by basic composition; the ledger runs
+        :meth:`check` (the RDP re-accounting) before it charges.
+        """
+        return ApproxDpEvent(self.epsilon, self.delta)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable privacy report (spec 3.6; public values only)."""

@@ -168,7 +168,9 @@ def test_over_budget_leaves_file_identical(ledger_path: pathlib.Path) -> None:
     ):
         led.check(_calibration(), contract=_contract(_calibration()))
     with pytest.raises(
-        BudgetExceededError, match=r"composed delta at epsilon=1\.0 would be"
+        BudgetExceededError,
+        match=r"needs epsilon = [0-9.]+ at delta = 1\.5e-06; [0-9.]+ of epsilon = "
+        r"1\.00 is left",
     ):
         led.charge(
             _calibration(),

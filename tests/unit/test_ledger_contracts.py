@@ -161,7 +161,8 @@ def test_add_remove_plus_replace_is_refused_on_a_replace_ledger(
     )
     before = path.read_bytes()
     with pytest.raises(
-        BudgetExceededError, match=r"its mu counts 2 times.*would exceed"
+        BudgetExceededError,
+        match=r"read at the ledger's unit 'row' under 'replace' neighbours\) would exceed",
     ):
         led.charge(
             ar_cal, contract=ar_con, release_id="lrf", algorithm="spectral", details={}
