@@ -28,7 +28,21 @@ __all__ = [
 
 
 class PipelineError(Exception):
-    """Base class of every error that is the user's to fix (exit code 2)."""
+    """Base class of every error that is the user's to fix (exit code 2).
+
+    Parameters
+    ----------
+    *args
+        The message (as for any exception), phrased for the Python API.
+    cli : str or None, optional
+        The same message as the command line states it (its commands and flags
+        instead of Python calls); ``dplr`` prints it instead of the message.
+        None: the message speaks to both.
+    """
+
+    def __init__(self, *args: object, cli: str | None = None) -> None:
+        super().__init__(*args)
+        self.cli = cli
 
 
 class InvalidParameterError(PipelineError, ValueError):

@@ -433,9 +433,13 @@ def _read_ledger(path: pathlib.Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
+        where = f"Privacy ledger not found at {str(path)!r}."
         raise StoreLayoutError(
-            f"Privacy ledger not found at {str(path)!r}. Create it with "
-            "Ledger.create(path, dataset=..., epsilon=..., delta=...)."
+            f"{where} Create it with "
+            "Ledger.create(path, dataset=..., epsilon=..., delta=...).",
+            cli=f"{where} Declare the dataset's lifetime budget first: dplr budget "
+            "init DATASET --epsilon E --delta D (with --ledger PATH for a ledger "
+            "elsewhere than beside the store).",
         ) from None
     except OSError as exc:
         raise StoreLayoutError(
@@ -618,9 +622,13 @@ class Ledger:
         data = _new_data(dataset, eps, dlt, led)
         with _exclusive_lock(p):
             if p.exists():
+                where = f"Privacy ledger already exists at {str(p)!r}"
                 raise StoreLayoutError(
-                    f"Privacy ledger already exists at {str(p)!r}; open it with "
-                    "Ledger.open(path). Its budget cannot be reset."
+                    f"{where}; open it with Ledger.open(path). Its budget cannot be "
+                    "reset.",
+                    cli=f"{where}; its budget cannot be reset. See what it holds with "
+                    "dplr budget show DATASET (with --ledger PATH for a ledger "
+                    "elsewhere than beside the store).",
                 )
             _write_atomic(p, data)
         return cls(p, data)

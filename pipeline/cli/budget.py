@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pipeline.cli.common import EXIT_OK
@@ -34,9 +36,16 @@ def add_parser(sub: Any) -> None:
     bi.add_argument(
         "--ledger", help="ledger path (default: <DATASET>.dplr-ledger.json)"
     )
-    bs = bsub.add_parser("show", help="print the budget and what has been spent")
+    bs = bsub.add_parser(
+        "show",
+        help="print the budget, what has been spent and what is left, and each release",
+    )
     bs.add_argument("dataset", metavar="DATASET")
     bs.add_argument("--ledger")
+    bs.add_argument(
+        "--json", action="store_true",
+        help="print the ledger's summary as JSON (for scripts) instead of the table",
+    )  # fmt: skip
     b.set_defaults(handler=run)
 
 
@@ -69,14 +78,67 @@ def run(args: argparse.Namespace) -> int:
         )
         return EXIT_OK
     book = Ledger.open(path)
-    print(
-        json.dumps(
-            {
-                "path": str(path),
-                **book.remaining_summary(),
-                "releases": len(book.releases),
-            },
-            indent=2,
+    summary = book.remaining_summary()
+    if args.json:
+        print(
+            json.dumps(
+                {"path": str(path), **summary, "releases": len(book.releases)},
+                indent=2,
+            )
         )
-    )
+        return EXIT_OK
+    print(budget_table(str(path), summary, book.releases))
     return EXIT_OK
+
+
+def budget_table(
+    path: str, summary: Mapping[str, Any], releases: Sequence[Mapping[str, Any]]
+) -> str:
+    """``dplr budget show``: the budget, epsilon spent and left at its delta, each release.
+
+    Privacy. Only public quantities: the declared budget, the releases' own
+    ``(epsilon, delta)``, contracts and published times, and epsilon composed
+    from them (``Ledger.spent``).
+    """
+    eps_b, delta_b = summary["budget_epsilon"], summary["budget_delta"]
+    spent = summary["epsilon_used"]
+    left = max(eps_b - spent, 0.0)
+    assumed = " (assumed for a ledger written before contracts)" if summary[
+        "contract_assumed"
+    ] else ""  # fmt: skip
+    who = f"one {summary['unit']} under {summary['neighboring']} neighbours"
+    how = (
+        f"{len(releases)} release(s) composed exactly at the budget's delta, not "
+        "added up: docs/privacy.md section 7"
+    )
+    lines = [
+        f"ledger  {path} (dataset {summary['dataset']})",
+        f"budget  epsilon {eps_b:g}, delta {delta_b:g} for {who}{assumed}",
+        f"spent   epsilon {_eps(spent)} at delta {delta_b:g} ({how})",
+        f"left    epsilon {_eps(left)} at delta {delta_b:g}",
+    ]
+    if not releases:
+        return "\n".join(lines)
+    rows = [("date", "kind", "epsilon", "delta", "unit", "relation")]
+    for rec in releases:
+        contract = rec.get("contract") or {}
+        rows.append((
+            str(rec["time"])[:10], str(rec["algorithm"]), f"{rec['epsilon']:g}",
+            f"{rec['delta']:g}", str(contract.get("unit", "-")),
+            str(contract.get("neighboring", "-")),
+        ))  # fmt: skip
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines.append("")
+    lines += [
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+        for r in rows
+    ]
+    if any(r[4] == "-" for r in rows[1:]):
+        lines.append(
+            "-: recorded before contracts; read as add-remove at the ledger's unit"
+        )
+    return "\n".join(lines)
+
+
+def _eps(value: float) -> str:
+    return "inf" if math.isinf(value) else f"{value:.2f}"

@@ -42,6 +42,11 @@ def _version() -> str:
     return __version__
 
 
+def _said(exc: PipelineError) -> str:
+    """The error as the command line states it (flags, not Python calls)."""
+    return str(exc) if exc.cli is None else exc.cli
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``dplr``; returns the exit code."""
     args = _parser().parse_args(argv)
@@ -50,10 +55,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handler(args)
     except BudgetExceededError as exc:
-        print(f"dplr: refused: {redact(str(exc))}", file=sys.stderr)
+        print(f"dplr: refused: {redact(_said(exc))}", file=sys.stderr)
         return EXIT_BUDGET
     except PipelineError as exc:
-        print(f"dplr: error: {redact(str(exc))}", file=sys.stderr)
+        print(f"dplr: error: {redact(_said(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("dplr: interrupted; nothing was published.", file=sys.stderr)

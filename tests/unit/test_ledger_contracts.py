@@ -648,7 +648,7 @@ def test_cli_declares_shows_and_refuses(
         "unit": "column",
         "neighboring": "replace",
     }
-    assert main(["budget", "show", str(store)]) == 0
+    assert main(["budget", "show", str(store), "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert (shown["unit"], shown["neighboring"]) == ("column", "replace")
     before = ledger.read_bytes()
