@@ -149,7 +149,7 @@ def _figure(chart: Chart) -> Any:
     ax.set_ylim(bottom=0)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(True, alpha=0.3)
-    ax.legend(loc="upper right")
+    ax.legend(loc="best")
     return fig
 
 

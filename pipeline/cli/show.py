@@ -452,7 +452,7 @@ def stream_chart(shown: Shown) -> tuple[plot.Chart, list[str]]:
     x = tuple(epochs)
     k = min(s.size for s in spectra)
     series = [
-        plot.Series(f"sigma_{i + 1}", f"component-{i + 1}", x,
+        plot.Series(f"$\\sigma_{{{i + 1}}}$", f"component-{i + 1}", x,
                     tuple(float(s[i]) for s in spectra))
         for i in range(k)
     ]  # fmt: skip
