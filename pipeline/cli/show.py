@@ -178,7 +178,11 @@ def summary(shown: Shown, plot_line: str | None = None) -> str:
     lines.extend(_signal(rep))
     if rep.get("note"):
         lines.append(_row("note", rep["note"]))
-    lines.append(_row("passes", str(rep.get("n_passes", "not recorded"))))
+    sel = rep.get("selection")
+    if isinstance(sel, dict):
+        lines.append(_row("selection", _selection(sel)))
+    passes = rep.get("n_passes")
+    lines.append(_row("passes", "not recorded" if passes is None else str(passes)))
     lines.append(_row("timings", _timings(rep)))
     lines.append(_row("id", _identity(rep)))
     if plot_line is not None:
@@ -240,7 +244,8 @@ def _values(shown: Shown) -> str:
     v = shown.spectrum()
     text = ", ".join(f"{x:.4g}" for x in v[:SHOWN_VALUES])
     more = f", ... ({v.size} in all)" if v.size > SHOWN_VALUES else ""
-    return f"{shown.spectrum_name} = [{text}{more}] (released, noisy)"
+    noisy = "noisy" if shown.report.get("epsilon") is not None else "no noise"
+    return f"{shown.spectrum_name} = [{text}{more}] (released, {noisy})"
 
 
 def _input(shown: Shown) -> str:
@@ -338,6 +343,18 @@ def _signal(rep: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _selection(sel: dict[str, Any]) -> str:
+    """What a private selection chose (its number of trials is never recorded)."""
+    if not sel.get("warm_start_gap_test_passed", True):
+        return "the Analyze Gauss estimate (the power method's start was not separated enough)"
+    if sel.get("selected_iterations") == 0:
+        return "Analyze Gauss"
+    return (
+        f"the power method with R={_number(sel.get('selected_clip_radius'))}, "
+        f"T={sel.get('selected_iterations')}"
+    )
+
+
 def _number(x: Any) -> str:
     return f"{x:.4g}" if isinstance(x, (int, float)) else str(x)
 
@@ -389,7 +406,15 @@ def release_chart(shown: Shown) -> tuple[plot.Chart, list[str]]:
     notes = []
     truth = true_spectrum(shown)
     if truth is None:
-        notes.append("no true spectrum: the input was not written by dplr generate")
+        where = (rep.get("input") or {}).get("path")
+        notes.append(
+            "no true spectrum: "
+            + (
+                "the input was not a stored matrix"
+                if where is None
+                else f"{where} is not here, or dplr generate did not write it"
+            )
+        )
     else:
         n = min(truth.size, max(2 * v.size, v.size + 5))
         tx = tuple(float(i) for i in range(1, n + 1))
