@@ -9,6 +9,7 @@ subprocess; refusals that happen before anything is read run in process
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -23,6 +24,7 @@ import pytest
 import zarr
 from cli_util import assert_one_line_error, run_dplr, run_in_process
 
+from pipeline.cli import show
 from pipeline.io import read_group, read_release
 from pipeline.io.batches import write_batch
 from pipeline.jobs.stream import stream_ingest, stream_init, stream_release
@@ -380,3 +382,30 @@ def test_missing_matplotlib_names_the_extra(
     assert not (tmp_path / "x.png").exists()
     # the summary needs no matplotlib
     assert run_in_process(capsys, "show", releases["factorize"]).returncode == 0
+
+
+def test_stream_chart_draws_each_epochs_recorded_noise_level(
+    stream: tuple[Path, dict[int, Path]], tmp_path: Path
+) -> None:
+    """The noise level of the epochs whose report records one; a gap elsewhere."""
+    state, outs = stream
+    copies = {
+        1: _with_report(outs[1], tmp_path / "r1.zarr", {"signal": None}),
+        2: _with_report(outs[2], tmp_path / "r2.zarr", {"signal": SIGNAL}),
+    }
+    view = show.StreamView(state=str(state), stream_id="s", epoch=2,
+                           released={e: str(p) for e, p in copies.items()})  # fmt: skip
+    shown = show.load(str(copies[2]))
+    chart, notes = show.stream_chart(dataclasses.replace(shown, stream=view))
+    noise = [s for s in chart.series if s.gid == "noise-level"]
+    assert len(noise) == 1
+    assert noise[0].x == (1.0, 2.0)
+    assert np.isnan(noise[0].y[0])
+    assert noise[0].y[1] == SIGNAL["noise_level"]
+    assert notes == []
+    # negative control: no epoch records one, so none is drawn and the note says so
+    copies[2] = _with_report(outs[2], tmp_path / "n2.zarr", {"signal": None})
+    view = dataclasses.replace(view, released={e: str(p) for e, p in copies.items()})
+    chart, notes = show.stream_chart(dataclasses.replace(shown, stream=view))
+    assert "noise-level" not in {s.gid for s in chart.series}
+    assert notes == ["no noise level: not recorded in the reports"]
