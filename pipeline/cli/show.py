@@ -21,8 +21,6 @@ import json
 import math
 from typing import Any
 
-import numpy as np
-
 import pipeline.io
 from pipeline.cli import plot
 from pipeline.cli.common import EXIT_OK, ledger_lines
@@ -97,9 +95,14 @@ class Shown:
     def spectrum_name(self) -> str:
         return "eigenvalues" if self.pca else "S"
 
-    def spectrum(self) -> np.ndarray:
+    def spectrum(self) -> list[float]:
         """The released singular values (or a PCA's eigenvalues), read now."""
-        return np.asarray(self.arrays[self.spectrum_name], dtype=np.float64)
+        return _floats(self.arrays[self.spectrum_name])
+
+
+def _floats(stored: Any) -> list[float]:
+    """A released 1-D array's values (numpy stays off the import path of ``dplr``)."""
+    return [float(x) for x in stored[...].tolist()]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -243,7 +246,7 @@ def _bytes(n: int) -> str:
 def _values(shown: Shown) -> str:
     v = shown.spectrum()
     text = ", ".join(f"{x:.4g}" for x in v[:SHOWN_VALUES])
-    more = f", ... ({v.size} in all)" if v.size > SHOWN_VALUES else ""
+    more = f", ... ({len(v)} in all)" if len(v) > SHOWN_VALUES else ""
     noisy = "noisy" if shown.report.get("epsilon") is not None else "no noise"
     return f"{shown.spectrum_name} = [{text}{more}] (released, {noisy})"
 
@@ -401,7 +404,7 @@ def release_chart(shown: Shown) -> tuple[plot.Chart, list[str]]:
     ``dplr generate`` wrote, the true spectrum; and notes on what is missing."""
     rep, v = shown.report, shown.spectrum()
     name = "eigenvalues" if shown.pca else "singular values"
-    x = tuple(float(i) for i in range(1, v.size + 1))
+    x = tuple(float(i) for i in range(1, len(v) + 1))
     series = [plot.Series(f"released {name}", "released-spectrum", x, tuple(v))]
     notes = []
     truth = true_spectrum(shown)
@@ -416,7 +419,7 @@ def release_chart(shown: Shown) -> tuple[plot.Chart, list[str]]:
             )
         )
     else:
-        n = min(truth.size, max(2 * v.size, v.size + 5))
+        n = min(len(truth), max(2 * len(v), len(v) + 5))
         tx = tuple(float(i) for i in range(1, n + 1))
         series.append(plot.Series(f"true {name} (generated input)", "true-spectrum",
                                   tx, tuple(truth[:n]), "truth"))  # fmt: skip
@@ -434,7 +437,7 @@ def release_chart(shown: Shown) -> tuple[plot.Chart, list[str]]:
     return chart, notes
 
 
-def true_spectrum(shown: Shown) -> np.ndarray | None:
+def true_spectrum(shown: Shown) -> list[float] | None:
     """The true spectrum of the release's input, when ``dplr generate`` wrote it.
 
     Singular values for a factorization; for a PCA, the eigenvalues of ``A^T A``
@@ -448,11 +451,11 @@ def true_spectrum(shown: Shown) -> np.ndarray | None:
     truth = pipeline.io.synthetic_truth(path)
     if truth is None or list(truth["shape"]) != list(rep.get("shape", [])):
         return None
-    sigma = np.asarray(truth["singular_values"], dtype=np.float64)
+    sigma = [float(x) for x in truth["singular_values"]]
     if not shown.pca:
         return sigma
     c = float(rep.get("parameters", {}).get("row_norm_bound") or 1.0)
-    return (sigma / c) ** 2
+    return [(x / c) ** 2 for x in sigma]
 
 
 def stream_chart(shown: Shown) -> tuple[plot.Chart, list[str]]:
@@ -467,7 +470,7 @@ def stream_chart(shown: Shown) -> tuple[plot.Chart, list[str]]:
             notes.append(f"epoch {epoch}'s release {out} is missing")
             continue
         epochs.append(float(epoch))
-        spectra.append(np.asarray(arrays["S"], dtype=np.float64))
+        spectra.append(_floats(arrays["S"]))
         level = _noise_level(rep)
         levels.append(math.nan if level is None else level)
     if not spectra:
@@ -475,7 +478,7 @@ def stream_chart(shown: Shown) -> tuple[plot.Chart, list[str]]:
             f"none of the releases of the stream {shown.stream.state!r} exists any more."
         )
     x = tuple(epochs)
-    k = min(s.size for s in spectra)
+    k = min(len(s) for s in spectra)
     series = [
         plot.Series(f"$\\sigma_{{{i + 1}}}$", f"component-{i + 1}", x,
                     tuple(float(s[i]) for s in spectra))
