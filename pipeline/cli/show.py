@@ -41,7 +41,8 @@ def add_parser(sub: Any) -> None:
             "a PCA, a stream epoch's release, or a stream state's latest released "
             "epoch): what was released, the privacy contract, the cost, how many "
             "components stand above the noise, sizes and timings. Reads the "
-            "release only; nothing is charged."
+            "release (and, for --plot, the attributes of a dplr generate input), "
+            "never the data; nothing is charged."
         ),
     )
     s.add_argument(
