@@ -5,8 +5,9 @@
 Each verb module has ``add_parser(subparsers)``, which registers its verb(s) and
 sets the handler ``main`` dispatches to (``set_defaults(handler=...)``):
 :mod:`~pipeline.cli.factorize`, :mod:`~pipeline.cli.pca`, :mod:`~pipeline.cli.data`
-(``generate``, ``demo``), :mod:`~pipeline.cli.budget`, :mod:`~pipeline.cli.stream`
-and :mod:`~pipeline.cli.nightly`.
+(``generate``, ``demo``), :mod:`~pipeline.cli.budget`, :mod:`~pipeline.cli.stream`,
+:mod:`~pipeline.cli.nightly` and :mod:`~pipeline.cli.show` (with its pictures,
+:mod:`~pipeline.cli.plot`).
 Nothing in :mod:`pipeline` imports this package but ``python -m pipeline``.
 """
 

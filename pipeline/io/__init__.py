@@ -19,12 +19,18 @@ if TYPE_CHECKING:
     )
     from pipeline.io.release import (
         check_output_path,
+        open_published,
         read_group,
         read_release,
         write_group,
         write_release,
     )
-    from pipeline.io.synthetic import generate_pca_store, generate_store
+    from pipeline.io.stream_state import StreamStore, is_stream_state
+    from pipeline.io.synthetic import (
+        generate_pca_store,
+        generate_store,
+        synthetic_truth,
+    )
 
 #: Where each public name lives. The modules are imported on first use, so a
 #: command that needs one of them (``dplr stream``: the state store) does not
@@ -37,12 +43,16 @@ _HOME = {
     "default_journal_path": "journal",
     "input_fingerprint": "journal",
     "check_output_path": "release",
+    "open_published": "release",
     "read_group": "release",
     "read_release": "release",
     "write_group": "release",
     "write_release": "release",
     "generate_pca_store": "synthetic",
     "generate_store": "synthetic",
+    "synthetic_truth": "synthetic",
+    "StreamStore": "stream_state",
+    "is_stream_state": "stream_state",
 }
 
 
@@ -58,14 +68,18 @@ __all__ = [
     "FileJournal",
     "InputInfo",
     "PendingJournal",
+    "StreamStore",
     "check_output_path",
     "default_journal_path",
     "generate_pca_store",
     "generate_store",
     "input_fingerprint",
+    "is_stream_state",
     "open_input",
+    "open_published",
     "read_group",
     "read_release",
+    "synthetic_truth",
     "write_group",
     "write_release",
 ]

@@ -345,3 +345,34 @@ def read_release(path: str | os.PathLike[str], *, load: bool = True) -> Factoriz
         raise StoreLayoutError(
             f"{objectstore.redact(path)!r} is not a dplr release (missing {exc})."
         ) from None
+
+
+def open_published(
+    path: str | os.PathLike[str],
+) -> tuple[dict[str, Any], dict[str, StoredArray]]:
+    """The report and every array of a release group, nothing of them loaded.
+
+    Any group that :func:`write_group` wrote qualifies: a factorization (``U``,
+    ``S``, ``V``), a stream epoch's release (the same) or a PCA
+    (``components``, ``eigenvalues``). Each array is a :class:`StoredArray`,
+    so its shape and dtype come from the metadata and its values are read only
+    when asked.
+
+    Raises
+    ------
+    StoreLayoutError
+        If ``path`` does not exist, or is not a group with a release report (a
+        Zarr array, an empty directory, a group of another writer).
+    """
+    path = os.fspath(path)
+    shown = objectstore.redact(path)
+    try:
+        g = _open_release(path)
+        report = _report_of(g)
+        arrays = {name: StoredArray(z) for name, z in g.arrays()}
+    except (KeyError, TypeError, FileNotFoundError, zarr.errors.BaseZarrError):
+        raise StoreLayoutError(
+            f"{shown!r} is not a dplr release (a group with a release report, as "
+            "dplr factorize, dplr pca and dplr stream release write)."
+        ) from None
+    return report, dict(sorted(arrays.items()))

@@ -49,7 +49,13 @@ from pipeline.errors import StoreLayoutError
 from pipeline.io.objectstore import local_path
 from pipeline.mechanisms.noise import NoiseKey
 
-__all__ = ["LEGACY_FORMAT", "STATE_FORMAT", "StateLockedError", "StreamStore"]
+__all__ = [
+    "LEGACY_FORMAT",
+    "STATE_FORMAT",
+    "StateLockedError",
+    "StreamStore",
+    "is_stream_state",
+]
 
 #: The format of the states this version writes. Format 2 maps string entity ids
 #: through a table of the ids (``entities/ids_data``, ``entities/ids_offsets``).
@@ -69,6 +75,21 @@ _ROWS_PER_CHUNK_BYTES = 32 * 2**20  # chunk rows so that one chunk is ~32 MiB
 
 class StateLockedError(StoreLayoutError):
     """Another process holds the stream's lock (a concurrent ingest, release or nightly run)."""
+
+
+def is_stream_state(path: str | os.PathLike[str]) -> bool:
+    """True if ``path`` is a directory whose ``zarr.json`` carries a stream manifest.
+
+    A cheap test of what ``path`` claims to be (no format check, no lock):
+    :meth:`StreamStore.open` checks the rest. Never raises.
+    """
+    try:
+        with open(os.path.join(os.fspath(path), "zarr.json"), "rb") as f:
+            doc = json.loads(f.read())
+    except (OSError, ValueError, TypeError):
+        return False
+    attrs = doc.get("attributes") if isinstance(doc, dict) else None
+    return isinstance(attrs, dict) and isinstance(attrs.get(_MANIFEST_KEY), dict)
 
 
 def _stored_name(gen: int, logical: str) -> str:

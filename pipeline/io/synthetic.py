@@ -21,6 +21,7 @@ import zarr
 
 from pipeline._validation import check_int_in_range
 from pipeline.errors import InvalidParameterError, StoreLayoutError
+from pipeline.io import objectstore
 from pipeline.io.objectstore import local_path
 from pipeline.linalg.synthetic import (
     cholesky_factor,
@@ -231,6 +232,36 @@ def generate_pca_store(
         lambda b: stored[b * cr : (b + 1) * cr], meta, progress,
     )  # fmt: skip
     return meta
+
+
+def synthetic_truth(path: str | os.PathLike[str] | None) -> dict[str, Any] | None:
+    """The ground truth that :func:`generate_store` or :func:`generate_pca_store`
+    recorded in the array at ``path``, or None.
+
+    None when ``path`` is None or an object-store URL (only local stores are
+    looked at), does not exist, is not a Zarr array, or has no
+    ``attrs["dplr_synthetic"]`` (a store from any other writer). The attributes
+    are public facts of synthetic test data, not statistics of private data.
+
+    Returns
+    -------
+    dict or None
+        The recorded metadata (``singular_values`` among it) and ``shape``, the
+        array's (n_rows, n_cols).
+    """
+    if path is None or objectstore.is_url(os.fspath(path)):
+        return None
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        return None
+    try:
+        z = zarr.open_array(store=path, mode="r")
+        meta = z.attrs.get("dplr_synthetic")
+    except (OSError, ValueError, KeyError, TypeError):  # zarr's errors are ValueErrors
+        return None
+    if not isinstance(meta, dict) or "singular_values" not in meta:
+        return None
+    return {**meta, "shape": [int(s) for s in z.shape]}
 
 
 def _left_factor(m: int, r: int, cr: int, seed: int) -> Callable[[int], np.ndarray]:
