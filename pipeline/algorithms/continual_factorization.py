@@ -1,0 +1,368 @@
+"""Factorization mechanisms for continual release: the square root, and the tree as one.
+
+Problem. Epoch ``s = 1..T`` adds an exact statistic ``x_s`` (a sketch of the
+epoch's clipped updates, :mod:`pipeline.algorithms.continual`); after epoch
+``tau`` release the prefix sum ``sum_{s <= tau} x_s`` with Gaussian noise, the
+whole sequence of releases costing one (epsilon, delta). Stack the ``x_s`` as the
+rows of ``X`` (T x d): the releases are ``A X`` for the T x T lower-triangular
+all-ones matrix ``A``.
+
+Method. A factorization ``A = L R`` with ``L``, ``R`` lower triangular gives the
+mechanism ``L (R X + sigma Z)`` = ``A X + sigma L Z`` [HUU23, FHU23]: the
+Gaussian mechanism on ``R X`` followed by post-processing. Its release at
+``tau`` is the running exact sum plus ``sigma sum_s L[tau, s] z_s``, where
+``z_s`` -- one standard normal array of the statistic's shape per column of
+``L`` -- is regenerated from the stream's noise key and a label (keyed noise,
+:mod:`pipeline.mechanisms.noise`), so no noise is stored and a retried release
+draws the same noise. A :class:`ContinualMechanism` describes one factorization:
+
+* ``"sqrt-factorization"`` (default): ``L = R = A^{1/2}``, the lower-triangular
+  Toeplitz matrix of ``c_j = binom(2j, j) / 4^j`` (the coefficients of
+  ``(1 - x)^{-1/2}``; ``sum_{j=0}^{n} c_j c_{n-j} = 1`` for every n, so
+  ``R R = A``). The noise at ``tau`` is ``sigma sum_{s <= tau} c_{tau-s} z_s``,
+  of variance ``sigma^2 sum_{j < tau} c_j^2`` per entry.
+* ``"tree"`` (comparison): the binary tree [DNPR10, CSS11] as a factorization:
+  ``R`` has one row per tree node (level j, odd node q with ``q 2^j <= T``),
+  summing epochs ``(q-1) 2^j + 1 .. q 2^j``; ``L[tau, node] = 1`` for the
+  popcount(tau) nodes of :func:`~pipeline.algorithms.continual.tree_nodes`.
+  Its noise terms are the nodes' keyed noise of the current tree, bit for bit
+  (:func:`~pipeline.algorithms.continual.node_noise`).
+
+Privacy. Streams differ in one entity; the stream's clipping contract (per-entity
+net contributions clipped against a budget that spans every batch and epoch,
+:mod:`pipeline.mechanisms.entities`) gives the continual relation
+``sum_s ||D_s - D'_s||_F <= Delta_F`` for the per-epoch differences ``D_s``
+[spec sketch-lrf 1.4]. The released Gaussian mechanism is ``R X``; its
+sensitivity is :attr:`ContinualMechanism.sensitivity_factor` ``= max_s ||R e_s||``
+times the one-shot sensitivity:
+
+    ||R (X - X')||_F = ||sum_s (R e_s) (x_s - x'_s)^T||_F
+                    <= sum_s ||R e_s|| ||x_s - x'_s||           (triangle)
+                    <= max_s ||R e_s|| sum_s ||x_s - x'_s||,
+
+and, for every sketch ``F`` (linear), ``sum_s ||F(D_s - D'_s)||`` is bounded by
+the one-shot factor: the rows ``R[tau, s] F(D_s - D'_s)`` stacked over tau are
+``F`` applied to the one matrix ``sum_s (R e_s) (x) (D_s - D'_s)`` (for a
+left operator ``S``: ``S [D_1 .. D_T] (R^T (x) I)``), of Frobenius norm at most
+``max_s ||R e_s|| Delta_F``, fixed before the operators are drawn, and lying in
+the rows (cells) of the entity when it keeps to one row (cell). So each sketch's
+one-shot bound -- the JL factor for a fixed difference, the worst case of public
+operators, the exact norm of a sparse sign column -- applies once, to that
+matrix. The bound is attained: an entity that spends its whole budget in the
+epoch ``s*`` maximising ``||R e_s||`` moves ``R X`` by exactly
+``||R e_{s*}|| ||x_{s*} - x'_{s*}||``. Hence the mechanism's noise is
+``sigma_i = sensitivity_factor * sigma_i^(1)`` with ``sigma_i^(1)`` the one-shot
+joint calibration of the same (epsilon, delta) and sketches [spec 4.5]:
+exact, since every sigma of a joint Gaussian calibration scales with the
+sensitivity.
+
+* Square root: ``||R e_s||^2 = sum_{j <= T-s} c_j^2``, largest at s = 1:
+  ``sensitivity_factor = sqrt(sum_{j < T} c_j^2)`` (1.72 at T = 366; the sums
+  grow like ``ln(T) / pi``).
+* Tree: epoch s lies in at most one node per level, and in one node of each of
+  the L = floor(log2 T) + 1 levels when s = 1 (node 1 of level j covers epochs
+  1..2^j <= T): ``sensitivity_factor = sqrt(L)``, the tree's calibration.
+
+The per-entry noise at ``tau``, in units of the one-shot sigma, is
+:meth:`ContinualMechanism.noise_factor`:
+``sqrt(sum_{j < T} c_j^2 * sum_{j < tau} c_j^2)`` for the square root against
+``sqrt(L popcount(tau))`` for the tree. Both mechanisms release lower-triangular
+factorizations, so each release depends on the epochs up to it only; data that
+adapt to earlier releases are outside the analysis (as for the tree).
+
+References
+----------
+.. [HUU23] M. Henzinger, J. Upadhyay, S. Upadhyay. Almost tight error bounds on
+   differentially private continual counting. SODA 2023, arXiv:2211.05006.
+.. [FHU23] H. Fichtenberger, M. Henzinger, J. Upadhyay. Constant matters:
+   fine-grained error bound on differentially private continual observation.
+   ICML 2023, arXiv:2202.11205.
+.. [DNPR10] Dwork, Naor, Pitassi, Rothblum. Differential privacy under continual
+   observation. STOC 2010.
+.. [CSS11] Chan, Shi, Song. Private and continual release of statistics. ACM
+   TISSEC 14(3), 2011.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline._types import FloatArray
+from pipeline._validation import check_int_in_range
+from pipeline.algorithms.continual import (
+    StreamPlan,
+    noise_code,
+    tree_levels,
+    tree_nodes,
+)
+from pipeline.errors import InvalidParameterError
+from pipeline.mechanisms.noise import GaussianNoise, NoiseKey
+
+__all__ = [
+    "DEFAULT_MECHANISM",
+    "MECHANISMS",
+    "SQRT",
+    "TREE",
+    "ContinualMechanism",
+    "NoiseTerm",
+    "continual_mechanism",
+    "mechanism_noise",
+    "prefix_matrix",
+    "released_sketches",
+    "sqrt_coefficients",
+    "toeplitz_lower",
+]
+
+#: The square-root factorization of the prefix-sum matrix [HUU23, FHU23].
+SQRT = "sqrt-factorization"
+#: The binary tree [DNPR10, CSS11], kept for comparison.
+TREE = "tree"
+MECHANISMS = (SQRT, TREE)
+DEFAULT_MECHANISM = SQRT
+
+# first label of every noise sub-key: the tree keeps the labels of its nodes
+_KEY_PREFIX = {SQRT: "epoch", TREE: "tree"}
+
+
+@functools.lru_cache(maxsize=8)
+def _coefficients(n: int) -> FloatArray:
+    out = np.empty(n)
+    out[0] = 1.0
+    c = 1.0
+    for j in range(1, n):
+        c = c * (2 * j - 1) / (2 * j)  # two roundings per step
+        out[j] = c
+    out.flags.writeable = False
+    return out
+
+
+def sqrt_coefficients(n: int) -> FloatArray:
+    """``c_0 .. c_{n-1}``, ``c_j = binom(2j, j) / 4^j``, by ``c_j = c_{j-1} (2j-1) / (2j)``.
+
+    The recurrence never forms the binomial (which overflows float64 beyond
+    j ~ 500); each step rounds twice, so ``c_j`` carries a relative error of at
+    most ``gamma_{2j} = 2j u / (1 - 2j u)``, u = 2^-53.
+
+    Examples
+    --------
+    >>> sqrt_coefficients(4).tolist()
+    [1.0, 0.5, 0.375, 0.3125]
+    """
+    return _coefficients(int(check_int_in_range(n, "n", 1)))
+
+
+def toeplitz_lower(coefficients: FloatArray) -> FloatArray:
+    """The T x T lower-triangular Toeplitz matrix ``M[i, j] = coefficients[i - j]``."""
+    c = np.asarray(coefficients, dtype=np.float64)
+    T = c.size
+    idx = np.arange(T)
+    diff = idx[:, None] - idx[None, :]
+    return np.where(diff >= 0, c[np.clip(diff, 0, T - 1)], 0.0)
+
+
+def prefix_matrix(horizon: int) -> FloatArray:
+    """``A``: the T x T lower-triangular all-ones matrix (prefix sums)."""
+    return np.tril(np.ones((horizon, horizon)))
+
+
+@dataclass(frozen=True, slots=True)
+class NoiseTerm:
+    """One standard normal array of a release's noise, with its coefficient.
+
+    ``labels`` name the noise in the stream key: ``(s,)`` for the noise of epoch
+    s of a factorization, ``(level, node)`` for a tree node.
+    """
+
+    labels: tuple[int, ...]
+    coefficient: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ContinualMechanism:
+    """A factorization mechanism for continual release over ``horizon`` epochs.
+
+    Public and small (a name and a horizon): a stream records it when it is
+    created and keeps it for its life. Build it with :func:`continual_mechanism`.
+    """
+
+    name: str
+    horizon: int
+
+    def __post_init__(self) -> None:
+        if self.name not in MECHANISMS:
+            raise InvalidParameterError(
+                f"mechanism must be one of {', '.join(MECHANISMS)}; got {self.name!r}."
+            )
+        check_int_in_range(self.horizon, "horizon", 1)
+
+    @property
+    def sensitivity_factor(self) -> float:
+        """``max_s ||R e_s||``: the mechanism's sigma over the one-shot sigma.
+
+        ``sqrt(sum_{j < T} c_j^2)`` for the square root, ``sqrt(L)`` for the tree
+        (module docstring: derivation and attainment).
+        """
+        if self.name == TREE:
+            return math.sqrt(tree_levels(self.horizon))
+        c = sqrt_coefficients(self.horizon)
+        return math.sqrt(math.fsum(c * c))
+
+    def noise_terms(self, tau: int) -> tuple[NoiseTerm, ...]:
+        """Row ``tau`` of ``L``: the keyed noises and coefficients of release ``tau``.
+
+        ``((s,), c_{tau-s})`` for s = 1..tau (square root); ``((j, q), 1.0)`` for
+        the popcount(tau) tree nodes.
+        """
+        tau = int(check_int_in_range(tau, "tau", 1, self.horizon))
+        if self.name == TREE:
+            return tuple(NoiseTerm((j, q), 1.0) for j, q in tree_nodes(tau))
+        c = sqrt_coefficients(tau)
+        return tuple(NoiseTerm((s,), float(c[tau - s])) for s in range(1, tau + 1))
+
+    def variance_factor(self, tau: int) -> float:
+        """``||L[tau, :]||^2``: the noise variance at ``tau`` over the mechanism's sigma^2."""
+        tau = int(check_int_in_range(tau, "tau", 1, self.horizon))
+        if self.name == TREE:
+            return float(tau.bit_count())
+        c = sqrt_coefficients(tau)
+        return math.fsum(c * c)
+
+    def noise_factor(self, tau: int) -> float:
+        """Per-entry noise std at ``tau`` over the one-shot sigma of the same budget.
+
+        ``sensitivity_factor * ||L[tau, :]||``: ``sqrt(L popcount(tau))`` for the
+        tree, ``sqrt(sum_{j < T} c_j^2 sum_{j < tau} c_j^2)`` for the square root.
+        """
+        return self.sensitivity_factor * math.sqrt(self.variance_factor(tau))
+
+    def key(self, key: NoiseKey, code: int, term: NoiseTerm) -> NoiseKey:
+        """The sub-key of one noise term of statistic ``code``."""
+        return key.derive(_KEY_PREFIX[self.name], int(code), *term.labels)
+
+    def factors(self) -> tuple[FloatArray, FloatArray]:
+        """``(L, R)`` as dense matrices with ``L R = A`` (for tests and small T).
+
+        Square root: ``L = R = A^{1/2}`` (T x T). Tree: ``R`` (nodes x T) sums
+        each node's epochs, ``L`` (T x nodes) selects each release's nodes.
+        """
+        T = self.horizon
+        if self.name == SQRT:
+            R = toeplitz_lower(sqrt_coefficients(T))
+            return R, R.copy()
+        nodes = [
+            (j, q)
+            for j in range(tree_levels(T))
+            for q in range(1, (T >> j) + 1, 2)  # the odd nodes are the ones released
+        ]
+        col = {node: i for i, node in enumerate(nodes)}
+        R = np.zeros((len(nodes), T))
+        for (j, q), i in col.items():
+            R[i, (q - 1) << j : q << j] = 1.0
+        L = np.zeros((T, len(nodes)))
+        for tau in range(1, T + 1):
+            for node in tree_nodes(tau):
+                L[tau - 1, col[node]] = 1.0
+        return L, R
+
+
+def continual_mechanism(name: str, horizon: int) -> ContinualMechanism:
+    """The mechanism ``name`` (``"sqrt-factorization"`` or ``"tree"``) over T epochs.
+
+    Examples
+    --------
+    >>> m = continual_mechanism("sqrt-factorization", 366)
+    >>> round(m.sensitivity_factor, 4), round(m.noise_factor(255), 4)
+    (1.7161, 2.8868)
+    >>> round(continual_mechanism("tree", 366).noise_factor(255), 4)
+    8.4853
+    """
+    return ContinualMechanism(name=name, horizon=int(horizon))
+
+
+def mechanism_noise(
+    mechanism: ContinualMechanism,
+    key: NoiseKey,
+    code: int,
+    tau: int,
+    *,
+    sigma: float,
+    shape: tuple[int, int],
+    tile_size: int,
+) -> FloatArray:
+    """The noise of release ``tau`` of one statistic: ``sigma sum_terms coef z_term``.
+
+    Parameters
+    ----------
+    mechanism : ContinualMechanism
+    key : NoiseKey
+        The stream's noise key.
+    code : int
+        The statistic's noise code.
+    tau : int
+        The release's epoch, ``1 <= tau <= horizon``.
+    sigma : float
+        The mechanism's sigma of this statistic (``sensitivity_factor`` times the
+        one-shot sigma).
+    shape : (length, dim)
+        The statistic as stored (data axis first), tiled like its operators.
+    tile_size : int
+
+    Notes
+    -----
+    Privacy. Each ``z_term`` is regenerated from its own sub-key, so every
+    release of the stream uses the same ``z_s`` with the coefficients of its row
+    of ``L``: the releases are ``A X + sigma L Z``, a post-processing of the
+    Gaussian mechanism ``R X + sigma Z`` [HUU23]. Cost: one draw of the
+    statistic's size per term (tau terms for the square root, popcount(tau) for
+    the tree).
+    """
+    out = np.zeros(shape)
+    for term in mechanism.noise_terms(tau):
+        out += GaussianNoise(
+            key=mechanism.key(key, code, term),
+            sigma=sigma * term.coefficient,
+            length=shape[0],
+            dim=shape[1],
+            tile_size=tile_size,
+        ).dense()
+    return out
+
+
+def released_sketches(
+    mechanism: ContinualMechanism,
+    plan: StreamPlan,
+    running: Mapping[str, FloatArray],
+    epoch: int,
+    key: NoiseKey,
+    sigmas: Mapping[str, float],
+) -> dict[str, FloatArray]:
+    """The released sketches of ``A(epoch)``: the running exact sums plus their noise.
+
+    ``running`` holds ``sum_{s <= epoch} x_s`` per statistic (the only state a
+    keyed factorization mechanism needs); ``sigmas`` the mechanism's sigma per
+    statistic. Noise is added once to each entry, after the sum.
+    """
+    plan.check_epoch(epoch)
+    if epoch > mechanism.horizon:
+        raise InvalidParameterError(
+            "the mechanism's horizon is shorter than the epoch."
+        )
+    shapes = plan.shapes()
+    return {
+        name: np.asarray(running[name], dtype=np.float64)
+        + mechanism_noise(
+            mechanism,
+            key,
+            noise_code(plan, name),
+            epoch,
+            sigma=float(sigmas[name]),
+            shape=shapes[name],
+            tile_size=plan.lrf.params.tile_size,
+        )
+        for name in plan.names
+    }
