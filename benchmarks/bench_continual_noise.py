@@ -19,10 +19,15 @@ Per horizon T (results in benchmarks/results/continual_noise[_quick].json|md):
   of L; the sample std at each tau over the exact one (the ratio should be 1 within
   ``6 / sqrt(2 n)``), and the sampled sqrt/tree ratios as above. Two releases are also
   drawn by ``mechanism_noise`` itself and compared with the L-combination.
-* **cost** (T = 366): time of ``mechanism_noise`` at tau = 366 and 255 for both
-  mechanisms, for the sketches of a 10000 x 500 Spectral-LRF stream (Y: 10000 x 25,
-  Z: 500 x 100), and the state each needs: the running exact sketches (1 copy) for a
-  keyed factorization, up to popcount(tau) <= L p-sums for the tree as stored today.
+* **blt**: the 3-buffer buffered linear Toeplitz decoder fitted to T (``fit_blt``):
+  its noise std over the square root's (largest and mean over tau) and the tree's,
+  and the time of the fit.
+* **cost** (T = 366): time of ``mechanism_noise`` at tau = 366 and 255 for the square
+  root and the tree, and of one BLT release from its buffers (one draw, ``blt_noise``,
+  ``blt_advance``), for the sketches of a 10000 x 500 Spectral-LRF stream (Y: 10000 x
+  25, Z: 500 x 100); and the state each needs: the running exact sketches (1 copy) for
+  a keyed factorization, 1 + 3 copies for the BLT, up to L p-sums for the tree as
+  stored today.
 
 Nothing here is an assertion.
 """
@@ -44,10 +49,14 @@ import numpy as np
 
 from pipeline.algorithms.continual import tree_levels
 from pipeline.algorithms.continual_factorization import (
+    BLT,
     SQRT,
     TREE,
     NoiseTerm,
+    blt_advance,
+    blt_noise,
     continual_mechanism,
+    fit_blt,
     mechanism_noise,
     sqrt_coefficients,
 )
@@ -65,6 +74,24 @@ def exact_factors(T: int) -> tuple[np.ndarray, np.ndarray]:
     pop = np.array([t.bit_count() for t in range(1, T + 1)], dtype=np.float64)
     tree = np.sqrt(tree_levels(T) * pop)
     return sqrt, tree
+
+
+def blt_exact(T: int, sqrt: np.ndarray, tree: np.ndarray) -> dict[str, Any]:
+    """The 3-buffer BLT fitted to T: its noise std over the square root's and the tree's."""
+    t0 = time.perf_counter()
+    m = fit_blt(T)
+    fit_s = time.perf_counter() - t0
+    ell = m.decoder()
+    blt = m.sensitivity_factor * np.sqrt(np.cumsum(ell * ell))
+    return {
+        "theta": list(m.theta),
+        "omega": list(m.omega),
+        "fit_s": fit_s,
+        "max_over_sqrt_max": float(blt.max() / sqrt.max()),
+        "mean_over_sqrt_mean": float(blt.mean() / sqrt.mean()),
+        "largest_ratio_to_sqrt": float(np.max(blt / sqrt)),
+        "vs_tree": summary(blt, tree),
+    }
 
 
 def summary(sqrt: np.ndarray, tree: np.ndarray) -> dict[str, Any]:
@@ -111,19 +138,18 @@ def sampled(T: int, entries: int, seed: int) -> dict[str, Any]:
         "tolerance_6se": 6 / math.sqrt(2 * entries),
     }
     stds = {}
-    for name in (SQRT, TREE):
-        mech = continual_mechanism(name, T)
+    for name in (SQRT, BLT, TREE):
+        mech = fit_blt(T) if name == BLT else continual_mechanism(name, T)
         L, _ = mech.factors()
-        if name == SQRT:
+        if name != TREE:
             labels = [(s,) for s in range(1, T + 1)]
         else:
             labels = [
                 (j, q) for j in range(tree_levels(T)) for q in range(1, (T >> j) + 1, 2)
             ]
         Z = np.stack([_draw(mech, key, lab, entries) for lab in labels])
-        noise = (
-            L @ Z
-        )  # (T, entries): release tau's noise in units of the mechanism's sigma
+        # (T, entries): release tau's noise in units of the mechanism's sigma
+        noise = L @ Z
         std = noise.std(axis=1) * mech.sensitivity_factor  # in one-shot sigmas
         exact = np.array([mech.noise_factor(t) for t in range(1, T + 1)])
         out[name] = {
@@ -140,6 +166,7 @@ def sampled(T: int, entries: int, seed: int) -> dict[str, Any]:
         out[name]["max_gap_release_vs_L_combination"] = max(gaps)
         stds[name] = std
     out["summary"] = summary(stds[SQRT], stds[TREE])
+    out["summary_blt"] = summary(stds[BLT], stds[TREE])
     return out
 
 
@@ -160,12 +187,31 @@ def cost(T: int, repeat: int) -> dict[str, Any]:
                     )
                 best = min(best, time.perf_counter() - t0)
             out[f"{name}@{tau}_s"] = best
+    blt = fit_blt(T)
+    buffers = {k: [np.zeros(v) for _ in blt.theta] for k, v in shapes.items()}
+    best = math.inf
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for code, (k, shape) in enumerate(shapes.items(), start=CODE):
+            term = NoiseTerm((T,), 1.0)
+            z = GaussianNoise(
+                key=blt.key(key, code, term), sigma=1.0, length=shape[0],
+                dim=shape[1], tile_size=TILE,
+            ).dense()  # fmt: skip
+            blt_noise(blt, buffers[k], z)
+            buffers[k] = blt_advance(blt, buffers[k], z)
+        best = min(best, time.perf_counter() - t0)
+    out[f"{BLT}-buffered@any_s"] = best
     floats = sum(a * b for a, b in shapes.values())
     out["state_bytes_running_sum"] = 8 * floats
+    out["state_bytes_blt"] = 8 * floats * (1 + len(blt.theta))
     out["state_bytes_tree_max"] = 8 * floats * tree_levels(T)
     for tau in (min(255, T), T):
         out[f"time_ratio_sqrt_over_tree@{tau}"] = (
             out[f"{SQRT}@{tau}_s"] / out[f"{TREE}@{tau}_s"]
+        )
+        out[f"time_ratio_blt_buffered_over_tree@{tau}"] = (
+            out[f"{BLT}-buffered@any_s"] / out[f"{TREE}@{tau}_s"]
         )
     return out
 
@@ -188,6 +234,23 @@ def markdown(res: dict[str, Any]) -> str:
             f"{r['ratio_at_tree_worst']:.4f} | {r['ratio_at_T']:.4f} | "
             f"{r['sqrt_factor_at_T']:.4f} | {r['tree_factor_at_worst']:.4f} |"
         )
+    lines += [
+        "",
+        "3-buffer BLT fitted to T (its noise std over the square root's and the tree's):",
+        "",
+        (
+            "| T | max over sqrt max | mean over sqrt mean | largest ratio to sqrt | "
+            "mean over tau of blt/tree | ratio at the tree's worst tau | fit (s) |"
+        ),
+        "|---|---|---|---|---|---|---|",
+    ]
+    for T, r in res["exact"].items():
+        b = r["blt"]
+        lines.append(
+            f"| {T} | {b['max_over_sqrt_max']:.4f} | {b['mean_over_sqrt_mean']:.4f} | "
+            f"{b['largest_ratio_to_sqrt']:.4f} | {b['vs_tree']['mean_ratio']:.4f} | "
+            f"{b['vs_tree']['ratio_at_tree_worst']:.4f} | {b['fit_s']:.1f} |"
+        )
     s = res.get("sampled")
     if s:
         m = s["summary"]
@@ -198,8 +261,12 @@ def markdown(res: dict[str, Any]) -> str:
                 f"noise): mean ratio {m['mean_ratio']:.4f}, at tau = "
                 f"{m['tree_worst_tau']} {m['ratio_at_tree_worst']:.4f}; largest "
                 f"|sample std / exact - 1| {s[SQRT]['max_abs_std_error']:.4f} (sqrt), "
+                f"{s[BLT]['max_abs_std_error']:.4f} (blt), "
                 f"{s[TREE]['max_abs_std_error']:.4f} (tree), 6 standard errors = "
-                f"{s['tolerance_6se']:.4f}."
+                f"{s['tolerance_6se']:.4f}. BLT over the tree, sampled: mean "
+                f"{s['summary_blt']['mean_ratio']:.4f}, at tau = "
+                f"{s['summary_blt']['tree_worst_tau']} "
+                f"{s['summary_blt']['ratio_at_tree_worst']:.4f}."
             ),
         ]
     c = res.get("cost")
@@ -226,7 +293,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for T in horizons:
         sq, tr = exact_factors(T)
         res["exact"][T] = summary(sq, tr) | {
-            "check_gap": check_against_mechanism(T, sq, tr)
+            "check_gap": check_against_mechanism(T, sq, tr),
+            "blt": blt_exact(T, sq, tr),
         }
     entries = 4000 if args.quick else args.entries
     res["sampled"] = sampled(366, entries, args.seed)

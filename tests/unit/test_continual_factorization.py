@@ -10,6 +10,7 @@ continual relation and not exceeded; each with a mis-specified variant caught.
 
 from __future__ import annotations
 
+import functools
 import math
 from fractions import Fraction
 
@@ -18,11 +19,15 @@ import pytest
 
 from pipeline.algorithms.continual import noise_code, noisy_sketches, plan_stream
 from pipeline.algorithms.continual_factorization import (
+    BLT,
     DEFAULT_MECHANISM,
     SQRT,
     TREE,
     ContinualMechanism,
+    blt_advance,
+    blt_noise,
     continual_mechanism,
+    fit_blt,
     mechanism_noise,
     prefix_matrix,
     released_sketches,
@@ -41,6 +46,18 @@ HORIZONS = (1, 2, 3, 7, 8, 9, 64, 366)
 def gamma(n: int) -> float:
     """Higham's ``gamma_n = n u / (1 - n u)``: the bound of n roundings."""
     return n * U / (1 - n * U)
+
+
+@functools.cache
+def mechanism(name: str, T: int) -> ContinualMechanism:
+    """The mechanism ``name`` over T epochs (the BLT fitted once per T)."""
+    return fit_blt(T) if name == BLT else continual_mechanism(name, T)
+
+
+def margin(m: ContinualMechanism) -> float:
+    """The sensitivity's documented rounding-up: ``1 + 4 ||g||_1 T^1.5 u`` (``||g||_1 <= 2``
+    for the square root; at most 4 for the fitted BLTs here), 1 for the tree."""
+    return 1.0 if m.name == TREE else 1.0 + 16.0 * m.horizon**1.5 * U
 
 
 # --------------------------------------------------------------------------
@@ -115,17 +132,20 @@ def test_default_and_validation():
     ]
 
 
-@pytest.mark.parametrize("name", [SQRT, TREE])
+@pytest.mark.parametrize("name", [SQRT, BLT, TREE])
 @pytest.mark.parametrize("T", HORIZONS)
 def test_noise_factor_is_the_row_norm_of_l_times_the_column_norm_of_r(name, T):
-    m = continual_mechanism(name, T)
+    """Sensitivity = the longest column of R, rounded up by at most the margin."""
+    m = mechanism(name, T)
     L, R = m.factors()
     col = float(np.max(np.linalg.norm(R, axis=0)))
     # both sides sum at most T squares of numbers <= 1: a few ulps apart
-    assert m.sensitivity_factor == pytest.approx(col, rel=gamma(2 * T + 2))
+    tol = gamma(2 * T + 2)
+    assert col * (1 - tol) <= m.sensitivity_factor <= col * margin(m) * (1 + tol)
     for tau in range(1, T + 1):
         row = float(np.linalg.norm(L[tau - 1]))
-        assert m.noise_factor(tau) == pytest.approx(col * row, rel=gamma(4 * T + 4))
+        got = m.noise_factor(tau) / (col * row)
+        assert 1 - gamma(4 * T + 4) <= got <= margin(m) * (1 + gamma(4 * T + 4))
     if name == TREE:
         assert m.sensitivity_factor == math.sqrt(T.bit_length())  # sqrt(L), exactly
 
@@ -206,12 +226,13 @@ def _covariance_within_tolerance(samples, cov):
     return bool(np.all(np.abs(S - cov) <= N_SE * se))
 
 
-def test_noise_covariance_across_epochs_is_sigma_squared_l_l_transposed():
-    """``Cov(n_tau, n_tau') = sigma^2 sum_{s <= min} c_{tau-s} c_{tau'-s}``, per entry."""
-    mech = continual_mechanism(SQRT, COV_T)
+@pytest.mark.parametrize("name", [SQRT, BLT])
+def test_noise_covariance_across_epochs_is_sigma_squared_l_l_transposed(name):
+    """``Cov(n_tau, n_tau') = sigma^2 sum_{s <= min} l_{tau-s} l_{tau'-s}``, per entry."""
+    mech = mechanism(name, COV_T)
     L, _ = mech.factors()
     cov = COV_SIGMA**2 * (L @ L.T)
-    c = sqrt_coefficients(COV_T)
+    c = mech.decoder()
     assert cov[6, 3] == pytest.approx(
         COV_SIGMA**2 * sum(c[6 - s] * c[3 - s] for s in range(4))
     )
@@ -219,7 +240,7 @@ def test_noise_covariance_across_epochs_is_sigma_squared_l_l_transposed():
     assert _covariance_within_tolerance(samples, cov)
     for tau in range(1, COV_T + 1):
         assert cov[tau - 1, tau - 1] == pytest.approx(
-            (COV_SIGMA * mech.noise_factor(tau) / mech.sensitivity_factor) ** 2
+            COV_SIGMA**2 * mech.variance_factor(tau)
         )
 
 
@@ -264,7 +285,7 @@ def _patterns(T, d, delta_f, rng, n):
         yield D * (delta_f / norms)
 
 
-@pytest.mark.parametrize("name", [SQRT, TREE])
+@pytest.mark.parametrize("name", [SQRT, BLT, TREE])
 @pytest.mark.parametrize("T", [2, 7, 16, 366])
 def test_sensitivity_is_attained_and_never_exceeded(name, T):
     """``||R X||_F <= f Delta_F`` for every pattern, = at the whole budget in epoch 1.
@@ -272,13 +293,14 @@ def test_sensitivity_is_attained_and_never_exceeded(name, T):
     Tolerance: the norms are sums of at most T d products of numbers <= 1 times
     Delta_F; ``gamma_{4T}`` covers the matrix product and the two norms.
     """
-    mech = continual_mechanism(name, T)
+    mech = mechanism(name, T)
     _, R = mech.factors()
     f, delta_f, d = mech.sensitivity_factor, 2.0, 5
     tol = gamma(4 * T + 16)
     worst = np.zeros((T, d))
     worst[0] = np.full(d, delta_f / math.sqrt(d))
-    assert _moved(R, worst) == pytest.approx(f * delta_f, rel=tol)
+    moved = _moved(R, worst)
+    assert f * delta_f / margin(mech) * (1 - tol) <= moved <= f * delta_f * (1 + tol)
     rng = np.random.default_rng([T, len(name)])
     for D in _patterns(T, d, delta_f, rng, 200):
         assert _moved(R, D) <= f * delta_f * (1 + tol)
@@ -360,3 +382,73 @@ def test_gaussian_noise_of_one_term_is_its_keyed_draw():
             key=key.derive("epoch", 101, 1), sigma=1.0, length=5, dim=2, tile_size=4
         ).dense(),
     )
+
+
+# --------------------------------------------------------------------------
+# the buffered linear Toeplitz variant
+# --------------------------------------------------------------------------
+@pytest.mark.parametrize("T", [8, 64, 366])
+def test_blt_factors_multiply_to_the_prefix_matrix(T):
+    """``L R = A`` within ``gamma_{T+3} (|L| |R|)``: two casts to float64 (decoder and
+    encoder are computed in extended precision) and a dot product of at most T terms."""
+    L, R = mechanism(BLT, T).factors()
+    bound = gamma(T + 3) * (np.abs(L) @ np.abs(R))
+    assert np.all(np.abs(L @ R - prefix_matrix(T)) <= bound)
+
+
+def test_blt_is_within_five_percent_of_the_square_root():
+    """The fitted 3-buffer decoder's noise std at T = 366: largest and mean over tau
+    within 5 % of the full square root's (the issue's bar for a cheaper variant)."""
+    T = 366
+    blt, sq = mechanism(BLT, T), mechanism(SQRT, T)
+    assert len(blt.theta) == 3
+    b = np.array([blt.noise_factor(t) for t in range(1, T + 1)])
+    s = np.array([sq.noise_factor(t) for t in range(1, T + 1)])
+    assert b.max() <= 1.05 * s.max()
+    assert b.mean() <= 1.05 * s.mean()
+    # negative control: one buffer fitted to the horizon is not good enough at the top
+    one = fit_blt(T, buffers=1)
+    assert one.noise_factor(T) > 1.01 * sq.noise_factor(T)
+
+
+def test_blt_buffers_give_the_regenerated_noise():
+    """Release noise from the buffers (one draw per epoch) equals the keyed regeneration
+    of tau draws, up to rounding, entry by entry: each term ``l_{tau-s} z_s`` carries
+    at most 2T roundings in the buffers (a product and a sum per epoch) plus d + 2
+    (omega, the sum over buffers, sigma) and T + 3 in the regeneration (the cast of
+    l, sigma, the sum of tau terms): ``gamma_{3T+d+5}`` of the sum of their magnitudes."""
+    T, shape, sigma = 16, (50, 3), 1.3
+    m = mechanism(BLT, T)
+    key = NoiseKey.insecure_from_seed(31)
+    ell = m.decoder()
+    buffers = [np.zeros(shape) for _ in m.theta]
+    zs = []
+    for tau in range(1, T + 1):
+        term = m.noise_terms(tau)[-1]
+        assert term.labels == (tau,)
+        z = GaussianNoise(
+            key=m.key(key, 101, term),
+            sigma=1.0,
+            length=shape[0],
+            dim=shape[1],
+            tile_size=16,
+        ).dense()
+        zs.append(z)
+        got = sigma * blt_noise(m, buffers, z)
+        buffers = blt_advance(m, buffers, z)
+        want = mechanism_noise(m, key, 101, tau, sigma=sigma, shape=shape, tile_size=16)
+        scale = sigma * sum(
+            abs(ell[tau - s]) * np.abs(zs[s - 1]) for s in range(1, tau + 1)
+        )
+        assert np.all(np.abs(got - want) <= gamma(3 * T + len(m.theta) + 5) * scale), (
+            tau
+        )
+
+
+def test_blt_parameters_are_validated():
+    with pytest.raises(InvalidParameterError, match="blt"):
+        ContinualMechanism(name=BLT, horizon=8, theta=(1.0,), omega=(0.5,))
+    with pytest.raises(InvalidParameterError, match="blt"):
+        ContinualMechanism(name=BLT, horizon=8, theta=(0.5,), omega=())
+    with pytest.raises(InvalidParameterError, match="no parameters"):
+        ContinualMechanism(name=SQRT, horizon=8, theta=(0.5,), omega=(0.5,))
