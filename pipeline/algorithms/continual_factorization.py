@@ -1,4 +1,4 @@
-"""Factorization mechanisms for continual release: the square root, and the tree as one.
+"""Factorization mechanisms for continual release: square root, BLT, the tree as one.
 
 Problem. Epoch ``s = 1..T`` adds an exact statistic ``x_s`` (a sketch of the
 epoch's clipped updates, :mod:`pipeline.algorithms.continual`); after epoch
@@ -13,8 +13,9 @@ Gaussian mechanism on ``R X`` followed by post-processing. Its release at
 ``tau`` is the running exact sum plus ``sigma sum_s L[tau, s] z_s``, where
 ``z_s`` -- one standard normal array of the statistic's shape per column of
 ``L`` -- is regenerated from the stream's noise key and a label (keyed noise,
-:mod:`pipeline.mechanisms.noise`), so no noise is stored and a retried release
-draws the same noise. A :class:`ContinualMechanism` describes one factorization:
+:mod:`pipeline.mechanisms.noise`), so a retried release draws the same noise and
+the square root stores none. A :class:`ContinualMechanism` describes one
+factorization:
 
 * ``"sqrt-factorization"`` (default): ``L = R = A^{1/2}``, the lower-triangular
   Toeplitz matrix of ``c_j = binom(2j, j) / 4^j`` (the coefficients of
@@ -36,28 +37,26 @@ draws the same noise. A :class:`ContinualMechanism` describes one factorization:
 Privacy. Streams differ in one entity; the stream's clipping contract (per-entity
 net contributions clipped against a budget that spans every batch and epoch,
 :mod:`pipeline.mechanisms.entities`) gives the continual relation
-``sum_s ||D_s - D'_s||_F <= Delta_F`` for the per-epoch differences ``D_s``
+``sum_s ||E_s||_F <= Delta_F`` for the per-epoch differences ``E_s = D_s - D'_s``
 [spec sketch-lrf 1.4]. The released Gaussian mechanism is ``R X``; its
 sensitivity is :attr:`ContinualMechanism.sensitivity_factor` ``= max_s ||R e_s||``
-times the one-shot sensitivity:
+times the one-shot sensitivity. For a sketch ``F`` (linear), row tau of
+``R (X - X')`` is ``F(M_tau)`` with ``M_tau = sum_s R[tau, s] E_s``; stacked over
+tau the ``M_tau`` form one matrix ``M`` (for a right operator ``Phi``: ``M`` on
+top of each other, ``M Phi``; for a left one ``S``: side by side,
+``S [M_1 .. M_T]``), and
 
-    ||R (X - X')||_F = ||sum_s (R e_s) (x_s - x'_s)^T||_F
-                    <= sum_s ||R e_s|| ||x_s - x'_s||           (triangle)
-                    <= max_s ||R e_s|| sum_s ||x_s - x'_s||,
+    ||M||_F = ||sum_s (R e_s) (x) E_s||_F <= sum_s ||R e_s|| ||E_s||_F
+            <= max_s ||R e_s|| sum_s ||E_s||_F <= max_s ||R e_s|| Delta_F.
 
-and, for every sketch ``F`` (linear), ``sum_s ||F(D_s - D'_s)||`` is bounded by
-the one-shot factor: the rows ``R[tau, s] F(D_s - D'_s)`` stacked over tau are
-``F`` applied to the one matrix ``sum_s (R e_s) (x) (D_s - D'_s)`` (for a
-left operator ``S``: ``S [D_1 .. D_T] (R^T (x) I)``), of Frobenius norm at most
-``max_s ||R e_s|| Delta_F``, fixed before the operators are drawn, and lying in
-the rows (cells) of the entity when it keeps to one row (cell). So each sketch's
-one-shot bound -- the JL factor for a fixed difference, the worst case of public
-operators, the exact norm of a sparse sign column -- applies once, to that
-matrix. The bound is attained: an entity that spends its whole budget in the
-epoch ``s*`` maximising ``||R e_s||`` moves ``R X`` by exactly
-``||R e_{s*}|| ||x_{s*} - x'_{s*}||``. Hence the mechanism's noise is
-``sigma_i = sensitivity_factor * sigma_i^(1)`` with ``sigma_i^(1)`` the one-shot
-joint calibration of the same (epsilon, delta) and sketches [spec 4.5]:
+``M`` is fixed before the operators are drawn, and every ``M_tau`` lies in the
+entity's row (cell) when it keeps to one; so each sketch's one-shot bound -- the
+JL factor for a fixed difference, the worst case of public operators, the exact
+norm of a sparse sign column -- applies once, to ``M``. The bound is attained:
+an entity that spends its whole budget in the epoch ``s*`` maximising
+``||R e_s||`` gives ``||M||_F = ||R e_{s*}|| Delta_F``. Hence the mechanism's
+noise is ``sigma_i = sensitivity_factor * sigma_i^(1)`` with ``sigma_i^(1)`` the
+one-shot joint calibration of the same (epsilon, delta) and sketches [spec 4.5]:
 exact, since every sigma of a joint Gaussian calibration scales with the
 sensitivity.
 
@@ -73,9 +72,10 @@ sensitivity.
 The per-entry noise at ``tau``, in units of the one-shot sigma, is
 :meth:`ContinualMechanism.noise_factor`:
 ``sqrt(sum_{j < T} c_j^2 * sum_{j < tau} c_j^2)`` for the square root against
-``sqrt(L popcount(tau))`` for the tree. Both mechanisms release lower-triangular
-factorizations, so each release depends on the epochs up to it only; data that
-adapt to earlier releases are outside the analysis (as for the tree).
+``sqrt(L popcount(tau))`` for the tree. Every mechanism here releases a
+lower-triangular factorization, so each release depends on the epochs up to it
+only; data that adapt to earlier releases are outside the analysis (as for the
+tree).
 
 References
 ----------
