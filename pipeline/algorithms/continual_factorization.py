@@ -24,9 +24,10 @@ factorization:
   of variance ``sigma^2 sum_{j < tau} c_j^2`` per entry.
 * ``"blt"``: a buffered linear Toeplitz decoder [DMRS+24],
   ``l_j = sum_i omega_i theta_i^(j-1)`` (j >= 1, ``l_0 = 1``) with 3 buffers
-  fitted to T (:func:`fit_blt`): within 1 % of the square root's noise, and its
-  release noise ``z_tau + sum_i omega_i b_i`` needs one draw per epoch and 3
-  running noise arrays ``b_i <- theta_i b_i + z_tau`` instead of tau draws.
+  fitted to T (:func:`fit_blt`): within 1 % of the square root's noise at
+  T <= 4096 (7 % at T = 2^20), and its release noise
+  ``z_tau + sum_i omega_i b_i`` needs one draw per epoch and 3 running noise
+  arrays ``b_i <- theta_i b_i + z_tau`` instead of tau draws.
 * ``"tree"`` (comparison): the binary tree [DNPR10, CSS11] as a factorization:
   ``R`` has one row per tree node (level j, odd node q with ``q 2^j <= T``),
   summing epochs ``(q-1) 2^j + 1 .. q 2^j``; ``L[tau, node] = 1`` for the
