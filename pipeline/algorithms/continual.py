@@ -77,6 +77,7 @@ __all__ = [
     "apply_delta",
     "empty_sketches",
     "lowest_set_bit",
+    "noise_code",
     "noisy_sketches",
     "partition_cells",
     "plan_stream",
@@ -474,6 +475,11 @@ def advance_tree(
     if merged is not None:
         out[ell] = merged
     return out
+
+
+def noise_code(plan: StreamPlan, name: str) -> int:
+    """The noise code of statistic ``name`` of the stream (that of a one-shot release)."""
+    return int(_NOISE_CODES[plan.lrf.params.algorithm][name])
 
 
 def node_noise(
