@@ -69,7 +69,7 @@ def full_gm_error(A: np.ndarray, eps: float, tail: float, seed: int) -> float:
 
 def one_pass_error(A: np.ndarray, eps: float, t: int, v: int, w: float, tail: float, seed: int) -> tuple[float, float]:
     """(measured error, model ratio) of one Spectral-LRF release."""
-    from pipeline.algorithms.base import ArraySource
+    from pipeline.algorithms.base import ArraySource, ReleaseHooks
     from pipeline.algorithms.lrf import LrfParams, plan_lrf, run_lrf
     from pipeline.algorithms.lrf import model as lrf_model
     from pipeline.mechanisms.noise import NoiseKey
@@ -80,7 +80,9 @@ def one_pass_error(A: np.ndarray, eps: float, t: int, v: int, w: float, tail: fl
     )  # fmt: skip
     plan = plan_lrf(params, A.shape)
     f = run_lrf(
-        ArraySource(A), plan, sketch_seed=1000 + seed, noise_key=NoiseKey.insecure_from_seed(seed)
+        ArraySource(A),
+        plan,
+        ReleaseHooks(sketch_seed=1000 + seed, noise_key=NoiseKey.insecure_from_seed(seed)),
     )
     return additive_error(A, f.U, f.S, f.V, tail), lrf_model.predict(plan).ratio
 

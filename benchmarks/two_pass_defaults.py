@@ -17,7 +17,7 @@ import argparse
 import numpy as np
 
 from pipeline.accounting.gaussian import gaussian_noise_multiplier
-from pipeline.algorithms.base import ArraySource
+from pipeline.algorithms.base import ArraySource, ReleaseHooks
 from pipeline.algorithms.lrf import LrfParams
 from pipeline.algorithms.lrf.two_pass import plan_two_pass, run_two_pass
 from pipeline.mechanisms.noise import NoiseKey
@@ -46,7 +46,11 @@ def full_gm(A: np.ndarray, k: int, sigma: float, seed: int) -> tuple[np.ndarray,
 def two_pass(A: np.ndarray, k: int, eps: float, delta: float, v: int, w: float, seed: int) -> tuple[np.ndarray, ...]:
     params = LrfParams.of(k, epsilon=eps, delta=delta, algorithm="two-pass", unit="entry", core_size=v)
     plan = plan_two_pass(params, A.shape, weight_z=w)
-    f = run_two_pass(ArraySource(A), plan, sketch_seed=seed, noise_key=NoiseKey.insecure_from_seed(seed))
+    f = run_two_pass(
+        ArraySource(A),
+        plan,
+        ReleaseHooks(sketch_seed=seed, noise_key=NoiseKey.insecure_from_seed(seed)),
+    )
     return f.U, f.S, f.V
 
 

@@ -1,10 +1,15 @@
-"""What an algorithm needs from a matrix, and the numpy reference implementation.
+"""What an algorithm needs from a matrix and from its job, and the numpy reference.
 
 An algorithm never sees ``A`` itself: it asks a :class:`MatrixSource` for one pass
 of exact sketches (:class:`~pipeline.sketches.apply.PassRequest`) and then works on
 *tall* arrays (size growing with the number of rows) only through a few operations
 that a distributed source runs where the rows live. Everything else is small and
 dense on the client.
+
+What it needs from the job that runs it is one :class:`ReleaseHooks` value, the
+same for every kind of release: the noise key, the sketch seed, the journal
+(:class:`ReleaseJournal`: save and restore of pass state, for a resume), the
+charge (called once, before the first noise) and the progress.
 """
 
 from __future__ import annotations
@@ -19,11 +24,72 @@ import numpy as np
 from pipeline._types import FloatArray, Shape2D
 from pipeline.errors import StoreLayoutError
 from pipeline.linalg.core import orth
+from pipeline.mechanisms.noise import NoiseKey
 from pipeline.sketches.apply import PassRequest, block_partials
 from pipeline.sketches.operators import SketchOperator
 
 #: A function of a row block ``(start, block) -> new block``, e.g. adding noise.
 RowBlockFn = Callable[[int, FloatArray], FloatArray]
+
+
+class ReleaseJournal(Protocol):
+    """Write-ahead record of a release in progress, by label (trusted zone).
+
+    A run records what it must not compute or draw twice -- the exact sketches
+    of a factorization's passes, each noisy release of a PCA -- before it uses
+    it; a resumed run loads it back instead of reading the data or drawing the
+    noise again.
+    """
+
+    def load(self, label: str) -> Any:
+        """The value recorded under ``label``, or None."""
+
+    def record(self, label: str, value: Any) -> None:
+        """Durably record ``value`` under ``label`` before it is used."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ReleaseHooks:
+    """What a job hands an algorithm's run: one value for every kind of release.
+
+    Attributes
+    ----------
+    noise_key : NoiseKey or None
+        The release's secret key (a resumed job's is its journal's, so no noise
+        is drawn twice); None only for a non-private run.
+    sketch_seed : int or None
+        Root of the sketch operators (data-independent; confidential unless the
+        plan was made with it as its public seed). None for an algorithm that
+        draws no sketch operator (PCA).
+    journal : ReleaseJournal or None
+        Where the run saves, and a resumed run restores, its pass state. None:
+        nothing survives the run (a PCA keeps its releases in memory).
+    charge : callable or None
+        The ledger charge: called once per run, after the data was read and
+        before the first noise is drawn (the budget was checked before the
+        first read). A PCA whose releases are all journaled does not call it.
+    progress : callable or None
+        Receives public progress messages (step names only, never data).
+
+    Notes
+    -----
+    Privacy. The journal receives noise-free statistics (a factorization's
+    exact sketches) or noisy releases before they are used: it belongs to the
+    trusted zone, as the noise key does. ``progress`` only ever receives
+    public step names; a run whose number of steps is secret (a private
+    selection's trials) is given none.
+    """
+
+    noise_key: NoiseKey | None = None
+    sketch_seed: int | None = None
+    journal: ReleaseJournal | None = None
+    charge: Callable[[], None] | None = None
+    progress: Callable[[str], None] | None = None
+
+    def say(self, msg: str) -> None:
+        """Report a public progress message (nothing without ``progress``)."""
+        if self.progress is not None:
+            self.progress(msg)
 
 
 class MatrixSource(Protocol):

@@ -6,4 +6,6 @@ up) and knows no algorithm. :mod:`~pipeline.jobs.factorize`, :mod:`~pipeline.job
 :mod:`~pipeline.jobs.centred_pca`, :mod:`~pipeline.jobs.stream` and
 :mod:`~pipeline.jobs.nightly` are its callers, one per kind of release; the faces
 (:mod:`pipeline.api`, :mod:`pipeline.estimators`, :mod:`pipeline.cli`) call them.
+Each builds the hooks an algorithm's run takes the same way
+(:func:`pipeline.jobs.hooks.release_hooks`).
 """

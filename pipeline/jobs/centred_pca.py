@@ -36,6 +36,7 @@ from pipeline.accounting.gaussian import (
     gaussian_epsilon,
     gaussian_noise_multiplier,
 )
+from pipeline.algorithms.base import ReleaseHooks
 from pipeline.algorithms.pca import PcaParams, Secret, plan_pca, prep_rows
 from pipeline.errors import PrivacyConfigError
 from pipeline.io.objectstore import redact
@@ -46,6 +47,7 @@ from pipeline.jobs.engine import (
     Runtime,
     run_release,
 )
+from pipeline.jobs.hooks import release_hooks
 from pipeline.jobs.pca import PCA_BAND_BYTES, JobJournal, PcaJob, relation_text
 from pipeline.mechanisms.noise import GaussianNoise, NoiseKey
 from pipeline.params import PrivacyUnit
@@ -412,27 +414,29 @@ class _CentredPca:
         self.client, self.cluster = client, cluster
         yield None
 
-    def _released_mean(self, job: ReleaseJob, journal: JobJournal) -> FloatArray:
-        old = journal.load("dp-mean")
+    def _released_mean(self, hooks: ReleaseHooks) -> FloatArray:
+        assert hooks.journal is not None
+        old = hooks.journal.load("dp-mean")
         if old is not None:
             # the one row of the (1, n_cols) record below
             journaled: FloatArray = old[0]
             return journaled
         C, n = self.C, int(self.info.shape[0])
         total = _row_total(self.array, self.client, C, clip=True)
-        job.charge(
-            algorithm="pca-centred",
-            details={"mean_fraction": self.mean_fraction,
-                     "sigma_mean": self.plan["sigma_mean"]},
-        )  # fmt: skip
+        assert hooks.charge is not None
+        hooks.charge()
         # spec power-pca D8: the released sum divided by the public n
-        mean = release_mean(total, n, self.plan["sigma_mean"], job.noise_key)
-        journal.record("dp-mean", mean[None, :])
+        mean = release_mean(total, n, self.plan["sigma_mean"], hooks.noise_key)
+        hooks.journal.record("dp-mean", mean[None, :])
         return mean
 
     def compute(self, job: ReleaseJob, _: None) -> Any:
-        journal = JobJournal(job)
-        self.mean = self._released_mean(job, journal)
+        hooks = release_hooks(
+            job, algorithm="pca-centred", journal=JobJournal(job),
+            details={"mean_fraction": self.mean_fraction,
+                     "sigma_mean": self.plan["sigma_mean"]},
+        )  # fmt: skip
+        self.mean = self._released_mean(hooks)
         centred = _centred_rows(self.array, self.mean, self.C, clip=True)
         pca_job = PcaJob(
             plan=self.plan["pca_plan"], array=centred, info=self.info, select=False

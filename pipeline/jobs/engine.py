@@ -57,7 +57,6 @@ from pipeline.errors import (
 )
 from pipeline.io.objectstore import is_url, local_path, location, redact
 from pipeline.mechanisms.noise import NoiseKey
-from pipeline.sketches.operators import seed_fingerprint
 
 __all__ = [
     "CRASH_ENV",
@@ -234,6 +233,10 @@ class ReleaseSpec:
     sketch_seed : int or None
         A user-given sketch seed (public). None: the job draws a secret one,
         kept in the journal, when ``uses_sketch_seed``.
+    sketch_seed_fingerprint : str or None
+        A one-way tag of ``sketch_seed``, given with it by the job (the
+        algorithm's operators define it; the engine knows none): what the
+        journal header records of a user-given seed.
     uses_sketch_seed : bool
     dataset : str or None
         As in :class:`ReleaseOptions`. Not in the journal header: it says which
@@ -252,6 +255,7 @@ class ReleaseSpec:
     budget: tuple[float, float] | None = None
     insecure_noise_seed: int | None = None
     sketch_seed: int | None = None
+    sketch_seed_fingerprint: str | None = None
     uses_sketch_seed: bool = False
     dataset: str | None = None
 
@@ -259,6 +263,10 @@ class ReleaseSpec:
         if (self.contract is None) != (self.calibration is None):
             raise PrivacyConfigError(
                 "a release has a privacy contract exactly when it has a calibration."
+            )
+        if (self.sketch_seed is None) != (self.sketch_seed_fingerprint is None):
+            raise InvalidParameterError(
+                "a release spec names a sketch seed exactly when it gives its fingerprint."
             )
         check_dataset_name(self.dataset)
 
@@ -306,13 +314,12 @@ class ReleaseSpec:
 
     def header(self) -> dict[str, Any]:
         """The public description of the job that a resumed run must match."""
-        seed = self.sketch_seed
         header = {
             "kind": self.kind,
             "contract": None if self.contract is None else self.contract.to_dict(),
             "parameters": dict(self.parameters),
             # a one-way tag of a user-chosen seed; a secret seed lives in the journal
-            "sketch_seed": None if seed is None else seed_fingerprint(seed),
+            "sketch_seed": self.sketch_seed_fingerprint,
             "insecure_noise_seed": self.insecure_noise_seed,
             "shape": list(self.input.shape),
             "dtype": self.input.dtype,

@@ -21,6 +21,7 @@ import numpy as np
 from pipeline.accounting.contract import Accountant, PrivacyContract
 from pipeline.algorithms.base import ArraySource, Factorization
 from pipeline.algorithms.lrf import (
+    SKETCHES,
     Algorithm,
     LrfParams,
     LrfPlan,
@@ -40,8 +41,9 @@ from pipeline.jobs.engine import (
     ReleaseSpec,
     crash_point,
 )
+from pipeline.jobs.hooks import release_hooks
 
-__all__ = ["LrfJob", "build_report", "lrf_release_spec"]
+__all__ = ["LrfJob", "SketchJournal", "build_report", "lrf_release_spec"]
 
 
 def build_report(
@@ -163,6 +165,7 @@ def lrf_release_spec(
         kind="factorize", contract=contract, calibration=plan.calibration,
         parameters=_lrf_parameters(plan), input=InputRef.of(info, array),
         sketch_seed=seed, uses_sketch_seed=True, **options.spec_fields(),
+        sketch_seed_fingerprint=None if seed is None else seed_fingerprint(seed),
     )  # fmt: skip
     scratch = options.scratch
     if scratch is not None:
@@ -244,35 +247,19 @@ class LrfJob:
 
     def compute(self, job: ReleaseJob, src: Any) -> Factorization:
         plan, p = self.plan, self.plan.params
-        exact = None if job.journal is None else job.journal.load_sketches()
-
-        # a stored input is fingerprinted (a resume refuses a changed one), so the
-        # tall exact sketches are recomputed on resume rather than written on
-        # every run; a dask array input may not read the same twice: written
-        tall = "recompute" if self.info.path is not None else "write"
-
-        def journal(sketches: dict[str, Any]) -> None:
-            jr = job.durable_journal()  # the exact sketches, key and seed: durable
-            if jr is not None:
-                jr.record_sketches(
-                    sketches, client=getattr(src, "client", None), tall=tall
-                )
-            crash_point("after-pass")  # the N-th time: after pass N was journaled
-
+        journal = SketchJournal(job, src, stored=self.info.path is not None)
         details = {"rank": p.rank, "sketch_size": plan.t, "core_size": plan.v}
-        assert job.sketch_seed is not None  # drawn or resumed by job.prepare()
-        result = run_lrf(
-            src, plan, sketch_seed=job.sketch_seed, noise_key=job.noise_key,
-            before_noise=lambda: job.charge(algorithm=p.algorithm.value, details=details),
-            input_dtype=self.array.dtype, exact=exact, after_pass=journal,
-        )  # fmt: skip
+        hooks = release_hooks(
+            job, algorithm=p.algorithm.value, details=details, journal=journal
+        )
+        result = run_lrf(src, plan, hooks, input_dtype=self.array.dtype)
         job.mark("post")
         if self.cluster is not None:
             self.cluster["n_graph_tasks_pass"] = src.n_tasks
         report = build_report(
             plan, job, info=self.info, passes=src.n_passes, cluster=self.cluster
         )
-        report["resumed_from_journal"] = exact is not None
+        report["resumed_from_journal"] = journal.resumed
         return Factorization(U=result.U, S=result.S, V=result.V, report=report)
 
     def publish(self, job: ReleaseJob, staged: Factorization, client: Any) -> Any:
@@ -303,6 +290,47 @@ class LrfJob:
         from pipeline.io import read_release
 
         return read_release(out, load=False)
+
+
+class SketchJournal:
+    """The job's journal as a factorization's pass journal (label :data:`SKETCHES`).
+
+    It loads the exact sketches an interrupted run journaled, and records the
+    exact sketches of each new pass durably (with the key and the seed) before
+    the charge.
+
+    Parameters
+    ----------
+    job : ReleaseJob
+    src : MatrixSource
+        The source of the passes (its client writes tall sketches).
+    stored : bool
+        True for a stored input: it is fingerprinted (a resume refuses a
+        changed one), so the tall exact sketches are recomputed on resume
+        rather than written on every run; a dask array input may not read the
+        same twice: they are written.
+    """
+
+    def __init__(self, job: ReleaseJob, src: Any, *, stored: bool) -> None:
+        self.job, self.src = job, src
+        self.tall = "recompute" if stored else "write"
+        self.resumed = False
+
+    def load(self, label: str) -> dict[str, Any] | None:
+        assert label == SKETCHES, label
+        jr = self.job.journal
+        exact: dict[str, Any] | None = None if jr is None else jr.load_sketches()
+        self.resumed = exact is not None
+        return exact
+
+    def record(self, label: str, sketches: dict[str, Any]) -> None:
+        assert label == SKETCHES, label
+        jr = self.job.durable_journal()  # the exact sketches, key and seed: durable
+        if jr is not None:
+            jr.record_sketches(
+                sketches, client=getattr(self.src, "client", None), tall=self.tall
+            )
+        crash_point("after-pass")  # the N-th time: after pass N was journaled
 
 
 def _gather(x: Any, client: Any) -> np.ndarray:

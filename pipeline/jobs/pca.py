@@ -32,6 +32,7 @@ from pipeline.jobs.engine import (
     crash_point,
     package_versions,
 )
+from pipeline.jobs.hooks import release_hooks
 from pipeline.params import Neighboring, PrivacyUnit
 
 __all__ = [
@@ -228,22 +229,22 @@ class PcaJob:
             "iterations": None if self.select else self.plan.iterations,
             "clip_radius": None if self.select else getattr(cal, "clip_radius", None),
         }
-        kw: dict[str, Any] = {
-            "noise_key": job.noise_key,
-            "journal": JobJournal(job),
-            "before_first_release": lambda: job.charge(
-                algorithm="pca-select" if self.select else f"pca-{p.method}",
-                details=details,
-            ),
-        }
+        hooks = release_hooks(
+            job,
+            algorithm="pca-select" if self.select else f"pca-{p.method}",
+            details=details,
+            journal=JobJournal(job),
+            # a selection's steps would reveal its number of trials (spec 3.5)
+            progress=not self.select,
+        )
         if self.select:
             job.runtime.say(
                 "private selection of (R, T): running; its progress is withheld (it "
                 "would reveal the number of trials)"
             )
-            result: Any = run_selection(src, cal, **kw)
+            result: Any = run_selection(src, cal, hooks)
         else:
-            result = run_pca(src, self.plan, on_step=job.runtime.say, **kw)
+            result = run_pca(src, self.plan, hooks)
         job.mark("run")
         if self.cluster is not None and not self.select:
             self.cluster["n_graph_tasks"] = src.n_tasks

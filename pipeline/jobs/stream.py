@@ -517,6 +517,7 @@ def _init_spec(
         input=InputRef(path=None, fingerprint=None, shape=shape, dtype="float64", chunks=()),
         ledger=ledger, budget=None if budget is None else tuple(budget),
         insecure_noise_seed=insecure, sketch_seed=seed, uses_sketch_seed=True,
+        sketch_seed_fingerprint=None if seed is None else seed_fingerprint(seed),
     )  # fmt: skip
 
 

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.accounting.gaussian import paper_gaussian_sigma
-from pipeline.algorithms.base import ArraySource
+from pipeline.algorithms.base import ArraySource, ReleaseHooks
 from pipeline.algorithms.continual import (
     StreamPlan,
     apply_delta,
@@ -1077,7 +1077,9 @@ def lrf_release(
     """The noisy sketches of one real ``run_lrf`` (inside :func:`lrf_capture`)."""
     tall = "Y" if plan.params.algorithm is Algorithm.SPECTRAL else "Yc"
     run_lrf(
-        RecordingSource(A, captured, tall), plan, sketch_seed=SKETCH_SEED, noise_key=key
+        RecordingSource(A, captured, tall),
+        plan,
+        ReleaseHooks(sketch_seed=SKETCH_SEED, noise_key=key),
     )
     assert plan.calibration is not None
     return {sk.name: captured[sk.name] for sk in plan.calibration.sketches}
@@ -1266,7 +1268,9 @@ def e2e_analyze_gauss(
 
     def release(neighbour: int, key: NoiseKey) -> dict[str, Any]:
         journal = MemoryJournal()
-        run_pca(source(data[neighbour]), plan, noise_key=key, journal=journal)
+        run_pca(
+            source(data[neighbour]), plan, ReleaseHooks(noise_key=key, journal=journal)
+        )
         return {"M": journal.values["M"]}
 
     null, alt = _sample(n, seed, f"ag-{broken}", blocks, {"M": exact[0]}, release)
@@ -1307,7 +1311,11 @@ def e2e_power_z(n: int, seed: int, epsilon: float = 1.0) -> EndToEnd:
 
     def release(neighbour: int, key: NoiseKey) -> dict[str, Any]:
         journal = past_journal()
-        run_pca(ArrayRowSource(data[neighbour]), plan, noise_key=key, journal=journal)
+        run_pca(
+            ArrayRowSource(data[neighbour]),
+            plan,
+            ReleaseHooks(noise_key=key, journal=journal),
+        )
         return {"Z": journal.values["Z0"]}
 
     null, alt = _sample(n, seed, "power-z", blocks, {"Z": exact[0]}, release)

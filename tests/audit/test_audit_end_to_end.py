@@ -51,6 +51,7 @@ from audit_cases import (
 from scipy import stats
 
 from pipeline.algorithms import lrf
+from pipeline.algorithms.base import ReleaseHooks
 from pipeline.algorithms.lrf import Algorithm
 from pipeline.algorithms.pca import MemoryJournal
 from pipeline.algorithms.pca import power as power_pca
@@ -120,7 +121,9 @@ def test_lrf_reference_is_what_run_lrf_noises(algorithm: Algorithm) -> None:
 def _pca_release(
     A: np.ndarray, plan: power_pca.PcaPlan, key: NoiseKey, journal: MemoryJournal
 ) -> MemoryJournal:
-    power_pca.run_pca(power_pca.ArrayRowSource(A), plan, noise_key=key, journal=journal)
+    power_pca.run_pca(
+        power_pca.ArrayRowSource(A), plan, ReleaseHooks(noise_key=key, journal=journal)
+    )
     return journal
 
 

@@ -33,6 +33,7 @@ from distributed import Client, LocalCluster
 
 import pipeline.api
 import pipeline.jobs.pca
+from pipeline.algorithms.base import ReleaseHooks
 from pipeline.algorithms.pca import (
     ArrayRowSource,
     MemoryJournal,
@@ -194,10 +195,10 @@ def test_every_release_matches_the_reference(
     plan = plan_pca(PcaParams(rank=RANK, iterations=T, route=route, **PRIVATE), A.shape)
     key = NoiseKey.insecure_from_seed(NOISE_SEED)
     ref_j, dask_j = MemoryJournal(), MemoryJournal()
-    ref = run_pca(ArrayRowSource(A), plan, noise_key=key, journal=ref_j)
+    ref = run_pca(ArrayRowSource(A), plan, ReleaseHooks(noise_key=key, journal=ref_j))
     src = DaskRowSource(da.from_zarr(path), client)
     assert src.A.chunks[1] == (N,)  # joined into full-width bands
-    res = run_pca(src, plan, noise_key=key, journal=dask_j)
+    res = run_pca(src, plan, ReleaseHooks(noise_key=key, journal=dask_j))
     assert res.n_passes == src.n_passes == ref.n_passes == plan.n_passes
     assert list(dask_j.values) == list(ref_j.values) == list(ref.releases)
     for label, value in ref_j.values.items():

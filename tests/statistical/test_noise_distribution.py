@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from pipeline.algorithms.base import ArraySource
+from pipeline.algorithms.base import ArraySource, ReleaseHooks
 from pipeline.algorithms.lrf import Algorithm, LrfParams, LrfPlan, plan_lrf, run_lrf
 from pipeline.algorithms.lrf import kernels as lrf
 from pipeline.linalg.metrics import spectral_error
@@ -154,7 +154,9 @@ def test_spectral_release_noise_is_calibrated(
 
     monkeypatch.setattr(lrf, "core_one_sided", core)
     src = _Recorder(A)
-    run_lrf(src, plan, sketch_seed=global_seed, noise_key=_key(global_seed))
+    run_lrf(
+        src, plan, ReleaseHooks(sketch_seed=global_seed, noise_key=_key(global_seed))
+    )
     np.testing.assert_array_equal(
         src.before, src.exact["Y"]
     )  # noise goes on the exact Y
@@ -190,7 +192,9 @@ def test_low_space_release_noise_is_calibrated(
     monkeypatch.setattr(lrf, "core_two_sided", core)
     monkeypatch.setattr(lrf, "top_singular_vectors", top)
     src = _Recorder(A)
-    run_lrf(src, plan, sketch_seed=global_seed, noise_key=_key(global_seed))
+    run_lrf(
+        src, plan, ReleaseHooks(sketch_seed=global_seed, noise_key=_key(global_seed))
+    )
     _assert_standard_normal((src.after - src.exact["Yc"]) / plan.sigma("Yc"), "Yc")
     _assert_standard_normal((seen["Yr"] - src.exact["Yr"]) / plan.sigma("Yr"), "Yr")
     _assert_standard_normal((seen["Z"] - src.exact["Z"]) / plan.sigma("Z"), "Z")
@@ -233,7 +237,9 @@ def test_t18_zero_matrix_output_is_at_the_noise_floor(
 
     def ratio(p: LrfPlan) -> float:
         f = run_lrf(
-            ArraySource(A), p, sketch_seed=global_seed, noise_key=_key(global_seed, 1)
+            ArraySource(A),
+            p,
+            ReleaseHooks(sketch_seed=global_seed, noise_key=_key(global_seed, 1)),
         )
         return float(np.linalg.norm((f.U * f.S) @ f.V.T, 2)) / zeta
 
@@ -272,8 +278,7 @@ def test_t17_error_scales_as_one_over_epsilon(
         f = run_lrf(
             ArraySource(A),
             plan,
-            sketch_seed=global_seed,
-            noise_key=_key(global_seed, 2),
+            ReleaseHooks(sketch_seed=global_seed, noise_key=_key(global_seed, 2)),
         )
         errs.append(spectral_error(A, f.U, f.S, f.V))  # sigma_{k+1}(A) = 0
     ratio = errs[1] / errs[0]
@@ -314,8 +319,7 @@ def test_dp_utility_additive_error_tracks_noise_floor(
         f = run_lrf(
             ArraySource(A),
             plan,
-            sketch_seed=global_seed,
-            noise_key=_key(global_seed, 3),
+            ReleaseHooks(sketch_seed=global_seed, noise_key=_key(global_seed, 3)),
         )
         additive = spectral_error(A, f.U, f.S, f.V) - 0.0  # sigma_{k+1}(A) = 0: rank k
         rows.append((m, n, additive, _zeta(plan)))

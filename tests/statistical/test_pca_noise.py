@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from pipeline.algorithms.base import ReleaseHooks
 from pipeline.algorithms.pca import (
     ArrayRowSource,
     MemoryJournal,
@@ -158,7 +159,11 @@ def test_run_pca_adds_exactly_this_noise(global_seed: int) -> None:
     )
     key = NoiseKey.insecure_from_seed(global_seed)
     journal = MemoryJournal()
-    run_pca(ArrayRowSource(np.zeros((64, d))), plan, noise_key=key, journal=journal)
+    run_pca(
+        ArrayRowSource(np.zeros((64, d))),
+        plan,
+        ReleaseHooks(noise_key=key, journal=journal),
+    )
     expect = {
         "M": plan.noise_init * power_pca._noise(key, "M", (d, d), True),
         "H0": plan.noise_H * power_pca._noise(key, "H0", (k, k), True),

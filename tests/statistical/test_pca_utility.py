@@ -31,6 +31,7 @@ import pytest
 from threadpoolctl import threadpool_limits
 
 from pipeline.accounting.pca import calibrate_selection
+from pipeline.algorithms.base import ReleaseHooks
 from pipeline.algorithms.pca import (
     ArrayRowSource,
     MemoryJournal,
@@ -230,7 +231,9 @@ def test_s5_noise_free_rate_is_sigma_ratio_independent_of_coherence(
         journal = MemoryJournal()
         journal.record("M", sym(data.A.T @ data.A) + W)
         res = run_pca(
-            ArrayRowSource(data.A, clip=False), plan, noise_key=None, journal=journal
+            ArrayRowSource(data.A, clip=False),
+            plan,
+            ReleaseHooks(noise_key=None, journal=journal),
         )
         s = np.array([sin_theta(X, data.Vk) for X in res.history])
         tan = s / np.sqrt(1.0 - s**2)
@@ -320,8 +323,7 @@ def grid_errors(
         res = run_selection(
             ArrayRowSource(data.A),
             cal,
-            noise_key=NoiseKey.insecure_from_seed(noise_seed),
-            journal=journal,
+            ReleaseHooks(noise_key=NoiseKey.insecure_from_seed(noise_seed), journal=journal),
         )
     assert res.iterations > 0  # the warm-start test passed, trials ran
     errs = np.empty((len(radii), len(grid)))
@@ -365,7 +367,9 @@ def test_s7_selection_is_within_2x_of_the_best_grid_point(global_seed: int) -> N
     rows = []
     for key in S7_KEYS:
         res = run_selection(
-            ArrayRowSource(data.A), cal, noise_key=NoiseKey.insecure_from_seed(key)
+            ArrayRowSource(data.A),
+            cal,
+            ReleaseHooks(noise_key=NoiseKey.insecure_from_seed(key)),
         )
         assert res.iterations in cal.iteration_grid
         assert res.gap > 0

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from pipeline.algorithms.base import ArraySource
+from pipeline.algorithms.base import ArraySource, ReleaseHooks
 from pipeline.algorithms.continual import (
     advance_tree,
     empty_sketches,
@@ -101,7 +101,11 @@ def test_stream_factorization_equals_one_shot_without_noise(alg):
     np.add.at(A, (i, j), s)
     acc = sum_deltas(plan, [sketch_cells(plan, operators(plan, SEED), *_oriented(plan, i, j, s))])
     f = release_factorization(plan, acc, SEED)
-    g = run_lrf(ArraySource(A), plan_lrf(plan.lrf.params, shape), sketch_seed=SEED, noise_key=None)
+    g = run_lrf(
+        ArraySource(A),
+        plan_lrf(plan.lrf.params, shape),
+        ReleaseHooks(sketch_seed=SEED, noise_key=None),
+    )
     np.testing.assert_allclose(f.S, g.S, rtol=1e-12)
     np.testing.assert_allclose(f.U, g.U, atol=1e-10)
     np.testing.assert_allclose(f.V, g.V, atol=1e-10)

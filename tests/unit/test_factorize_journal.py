@@ -26,7 +26,7 @@ import pytest
 
 from pipeline import api
 from pipeline.accounting.ledger import Ledger
-from pipeline.algorithms.base import ArraySource
+from pipeline.algorithms.base import ArraySource, ReleaseHooks
 from pipeline.errors import StoreLayoutError
 from pipeline.io import FileJournal, default_journal_path, read_release
 from pipeline.mechanisms.noise import NoiseKey
@@ -387,8 +387,7 @@ def test_secret_sketch_seed_and_fresh_key_are_kept_across_the_crash(
     ref = run_lrf(
         ArraySource(data),
         plan_lrf(params, data.shape),
-        sketch_seed=captured["seed"],
-        noise_key=key,
+        ReleaseHooks(sketch_seed=captured["seed"], noise_key=key),
     )
     _assert_same_arrays(rel, ref)
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipeline.algorithms.base import ArraySource
+from pipeline.algorithms.base import ArraySource, ReleaseHooks
 from pipeline.algorithms.lrf import (
     Algorithm,
     LrfParams,
@@ -105,18 +105,22 @@ def test_gram_route_gives_the_tsqr_release(
     key = NoiseKey.insecure_from_seed(5)
 
     src = _CountingSource(A)
-    f = run_lrf(src, plan, sketch_seed=11, noise_key=key)
+    f = run_lrf(src, plan, ReleaseHooks(sketch_seed=11, noise_key=key))
     assert src.calls == ["noise_gram"]  # noise, Gram matrix, S^T Y: one step, no TSQR
     np.testing.assert_allclose(f.U.T @ f.U, np.eye(3), atol=ORTH_TOL)
 
     # the same release with the Gram route refused: TSQR on the same noisy Y
     monkeypatch.setattr(lrf, "GRAM_MIN_RATIO", np.inf)
     src_qr = _CountingSource(A)
-    g = run_lrf(src_qr, plan, sketch_seed=11, noise_key=key)
+    g = run_lrf(src_qr, plan, ReleaseHooks(sketch_seed=11, noise_key=key))
     assert src_qr.calls == ["noise_gram", "qr"]  # the fallback ran
     np.testing.assert_allclose(g.S, f.S, rtol=SAME_RELEASE_RTOL)
     assert _rel((g.U * g.S) @ g.V.T, (f.U * f.S) @ f.V.T) < SAME_RELEASE_RTOL
 
     # negative control: another noise key gives a release this comparison rejects
-    h = run_lrf(ArraySource(A), plan, sketch_seed=11, noise_key=NoiseKey.insecure_from_seed(6))
+    h = run_lrf(
+        ArraySource(A),
+        plan,
+        ReleaseHooks(sketch_seed=11, noise_key=NoiseKey.insecure_from_seed(6)),
+    )
     assert _rel((h.U * h.S) @ h.V.T, (f.U * f.S) @ f.V.T) > 1e-3

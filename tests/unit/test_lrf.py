@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from pipeline.algorithms import lrf
-from pipeline.algorithms.base import ArraySource, Factorization
+from pipeline.algorithms.base import ArraySource, Factorization, ReleaseHooks
 from pipeline.algorithms.lrf import (
     Algorithm,
     LrfParams,
@@ -117,7 +117,7 @@ def test_output_structure(
     )
     key = NoiseKey.insecure_from_seed(3) if private else None
     src = ArraySource(A)
-    f = run_lrf(src, plan, sketch_seed=11, noise_key=key)
+    f = run_lrf(src, plan, ReleaseHooks(sketch_seed=11, noise_key=key))
     _check_structure(f, m, n, k)
     assert src.n_passes == 1  # one pass over A
 
@@ -143,7 +143,9 @@ def test_orientation_equals_running_on_transpose(
             clip=ClipSpec(unit=PrivacyUnit.ENTRY, clip_norm=10.0),
         )
         key = NoiseKey.insecure_from_seed(4) if private else None
-        out.append(run_lrf(ArraySource(X), plan, sketch_seed=5, noise_key=key))
+        out.append(run_lrf(
+            ArraySource(X), plan, ReleaseHooks(sketch_seed=5, noise_key=key)
+        ))
     f, g = out
     assert out[0].U.shape == (50, k)
     assert out[1].U.shape == (80, k)
@@ -166,8 +168,7 @@ def test_exact_low_rank_is_recovered(
     f = run_lrf(
         ArraySource(A),
         _plan(shape, alg, padded, k, 15, 41),
-        sketch_seed=2,
-        noise_key=None,
+        ReleaseHooks(sketch_seed=2, noise_key=None),
     )
     _check_structure(f, *shape, k)
     # T15: rank(A) = k is reproduced up to round-off, ||A - M_k|| <= 1e-8 ||A||
@@ -214,7 +215,11 @@ def test_padded_f4_returns_first_columns_of_core_output(
     monkeypatch.setattr(kernels, "core_two_sided", core)
     monkeypatch.setattr(kernels, "orth", orth)
     monkeypatch.setattr(kernels, "_range_basis", range_basis)
-    f = run_lrf(ArraySource(A), plan, sketch_seed=8, noise_key=NoiseKey.insecure_from_seed(8))
+    f = run_lrf(
+        ArraySource(A),
+        plan,
+        ReleaseHooks(sketch_seed=8, noise_key=NoiseKey.insecure_from_seed(8)),
+    )
     WL, s, WR = seen["core"]
     assert seen["V"].shape == (n + m, 9)  # basis of the padded row sketch
     M_full = (seen["U"] @ WL * s) @ (seen["V"] @ WR).T  # m x (n + m)
@@ -376,14 +381,15 @@ def test_noisy_release_does_not_depend_on_chunking(
         clip=ClipSpec(unit=unit, clip_norm=4.0),
     )
     ref = run_lrf(
-        ArraySource(A), plan, sketch_seed=6, noise_key=NoiseKey.insecure_from_seed(6)
+        ArraySource(A),
+        plan,
+        ReleaseHooks(sketch_seed=6, noise_key=NoiseKey.insecure_from_seed(6)),
     )
     for rc, cc in [(64, 64), (100, 37)]:
         got = run_lrf(
             ChunkedSource(A, rc, cc),
             plan,
-            sketch_seed=6,
-            noise_key=NoiseKey.insecure_from_seed(6),
+            ReleaseHooks(sketch_seed=6, noise_key=NoiseKey.insecure_from_seed(6)),
         )
         # same statistics up to regrouped sums (T10, 1e-10); factors then agree to
         # the conditioning of the gaps in S, well within 1e-8 at these sizes
@@ -453,7 +459,7 @@ def test_t14_decaying_spectrum(
     plan = _plan(shape, alg, False, k, t, v)
     ratios = []
     for s in _seeds(global_seed, 20):
-        f = run_lrf(ArraySource(A), plan, sketch_seed=s, noise_key=None)
+        f = run_lrf(ArraySource(A), plan, ReleaseHooks(sketch_seed=s, noise_key=None))
         # exact error through the known factors of A (checked against
         # spectral_error in test_factored_error_matches_the_oracle)
         ratios.append(factored_spectral_error(Ua, sv, Va, f.U, f.S, f.V) / sv[k])
@@ -485,7 +491,7 @@ def test_t16_flat_tail_meets_hmt_but_not_the_paper(
     hmt = hmt_bound(sv, k, t)  # [HMT11, Thm 10.6], a bound on the expectation
     for s in _seeds(global_seed, 2):
         src = _QRecorder(A)
-        f = run_lrf(src, plan, sketch_seed=s, noise_key=None)
+        f = run_lrf(src, plan, ReleaseHooks(sketch_seed=s, noise_key=None))
         Q, X = src.Q, (A.T if plan.transpose else A)  # Q spans the oriented range
         range_err = spectral_error(
             X, Q, np.ones(Q.shape[1]), X.T @ Q
@@ -546,8 +552,7 @@ def test_factored_error_matches_the_oracle(rng: np.random.Generator) -> None:
     f = run_lrf(
         ArraySource(A),
         _plan((m, n), SPECTRAL, False, k, 16, 65),
-        sketch_seed=1,
-        noise_key=None,
+        ReleaseHooks(sketch_seed=1, noise_key=None),
     )
     # both are exact up to round-off; the core route loses at most ~eps * r
     np.testing.assert_allclose(
@@ -600,7 +605,9 @@ def test_nonprivate_acceptance_20000x2000(
     A = (Ua * sv) @ Va.T
     plan = _plan((m, n), SPECTRAL, False, k, t, v)
     f = run_lrf(
-        ArraySource(A), plan, sketch_seed=_seeds(global_seed, 1)[0], noise_key=None
+        ArraySource(A),
+        plan,
+        ReleaseHooks(sketch_seed=_seeds(global_seed, 1)[0], noise_key=None),
     )
     ratio = factored_spectral_error(Ua, sv, Va, f.U, f.S, f.V) / sv[k]
     assert ratio <= 1.1, f"(t, v) = {(t, v)}: error / sigma_(k+1) = {ratio:.4f}"

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from randomgen import ChaCha
 
-from pipeline.algorithms.base import ArraySource
+from pipeline.algorithms.base import ArraySource, ReleaseHooks
 from pipeline.algorithms.lrf import Algorithm, LrfParams, plan_lrf, run_lrf
 from pipeline.errors import InvalidParameterError
 from pipeline.mechanisms.clipping import ClipSpec
@@ -228,21 +228,29 @@ def test_noise_does_not_depend_on_sketch_seed() -> None:
     ys = []
     for sketch_seed in (1, 2, 2**100 + 3):
         src = _RecordingSource(A)
-        run_lrf(src, plan, sketch_seed=sketch_seed, noise_key=key)
+        run_lrf(src, plan, ReleaseHooks(sketch_seed=sketch_seed, noise_key=key))
         ys.append(src.released[0])
     np.testing.assert_array_equal(ys[0], ys[1])
     np.testing.assert_array_equal(ys[0], ys[2])
     assert np.abs(ys[0]).max() > 0  # noise was actually added
     # a different key, same sketch seed: different noise
     src = _RecordingSource(A)
-    run_lrf(src, plan, sketch_seed=1, noise_key=NoiseKey.insecure_from_seed(10))
+    run_lrf(
+        src,
+        plan,
+        ReleaseHooks(sketch_seed=1, noise_key=NoiseKey.insecure_from_seed(10)),
+    )
     assert not np.array_equal(src.released[0], ys[0])
 
 
 def test_private_run_requires_a_separate_noise_key() -> None:
     plan = _private_plan((40, 30))
     with pytest.raises(InvalidParameterError, match="noise key"):
-        run_lrf(ArraySource(np.zeros((40, 30))), plan, sketch_seed=1, noise_key=None)
+        run_lrf(
+            ArraySource(np.zeros((40, 30))),
+            plan,
+            ReleaseHooks(sketch_seed=1, noise_key=None),
+        )
 
 
 def test_fresh_releases_with_one_sketch_seed_have_independent_noise() -> None:
@@ -256,7 +264,7 @@ def test_fresh_releases_with_one_sketch_seed_have_independent_noise() -> None:
     ys = []
     for _ in range(2):
         src = _RecordingSource(A)
-        run_lrf(src, plan, sketch_seed=1, noise_key=NoiseKey.fresh())
+        run_lrf(src, plan, ReleaseHooks(sketch_seed=1, noise_key=NoiseKey.fresh()))
         ys.append(src.released[0].ravel())
     r = np.corrcoef(ys[0], ys[1])[0, 1]
     np.testing.assert_allclose(r, 0.0, rtol=0, atol=4.5 / np.sqrt(ys[0].size))

@@ -15,6 +15,7 @@ import pytest
 from pipeline import api
 from pipeline.accounting.ledger import Ledger
 from pipeline.algorithms import pca as power_pca
+from pipeline.algorithms.base import ReleaseHooks
 from pipeline.algorithms.pca import power
 from pipeline.errors import BudgetExceededError, InvalidParameterError
 from pipeline.io import default_journal_path, read_group
@@ -254,13 +255,19 @@ def test_selection_trials_share_passes_in_lockstep(data: np.ndarray) -> None:
     )  # fmt: skip
     key = NoiseKey.insecure_from_seed(11)
     one_batch = power_pca.run_selection(
-        power_pca.ArrayRowSource(data), cal, noise_key=key, max_concurrent_trials=10_000
+        power_pca.ArrayRowSource(data),
+        cal,
+        ReleaseHooks(noise_key=key),
+        max_concurrent_trials=10_000,
     )
     assert one_batch.iterations > 0  # the warm-start gap test passed: trials ran
     assert one_batch.n_passes <= 1 + 4  # Gram + T_max steps
     # negative control: one trial per batch reads the data once per trial step
     serial = power_pca.run_selection(
-        power_pca.ArrayRowSource(data), cal, noise_key=key, max_concurrent_trials=1
+        power_pca.ArrayRowSource(data),
+        cal,
+        ReleaseHooks(noise_key=key),
+        max_concurrent_trials=1,
     )
     assert serial.n_passes > one_batch.n_passes
     # same trials, same noise: batching changes the passes, not the release
@@ -397,8 +404,9 @@ def test_selection_returns_the_candidate_with_the_smallest_noisy_score(
     for seed in range(6):
         journal = power_pca.MemoryJournal()
         res = power_pca.run_selection(
-            power_pca.ArrayRowSource(data), cal,
-            noise_key=NoiseKey.insecure_from_seed(seed), journal=journal,
+            power_pca.ArrayRowSource(data),
+            cal,
+            ReleaseHooks(noise_key=NoiseKey.insecure_from_seed(seed), journal=journal),
         )  # fmt: skip
         assert res.releases.count("M") == 1
         assert {"H1_0", "Z1_0", "H1_1", "Z1_1", "H2_0", "Z2_0"} <= set(res.releases)

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from pipeline.algorithms.base import ReleaseHooks
 from pipeline.algorithms.pca import (
     ArrayRowSource,
     MemoryJournal,
@@ -159,7 +160,9 @@ def nonprivate_run(
     )
     journal = MemoryJournal()
     journal.record("M", M0)
-    res = run_pca(ArrayRowSource(kn.A), plan, noise_key=None, journal=journal)
+    res = run_pca(
+        ArrayRowSource(kn.A), plan, ReleaseHooks(noise_key=None, journal=journal)
+    )
     assert res.resumed == ("M",)
     return plan, res, journal
 
@@ -301,7 +304,9 @@ def _recorded_private_run(
     plan = private_plan(kn.A.shape, epsilon=4.0, iterations=T, clip_radius=1.0)
     key = NoiseKey.insecure_from_seed(seed)
     journal = MemoryJournal()
-    res = run_pca(ArrayRowSource(kn.A), plan, noise_key=key, journal=journal)
+    res = run_pca(
+        ArrayRowSource(kn.A), plan, ReleaseHooks(noise_key=key, journal=journal)
+    )
     return kn, plan, res, journal, key
 
 
@@ -392,7 +397,9 @@ def test_a6_analyze_gauss_within_davis_kahan(
     for run in range(8):
         key = NoiseKey.insecure_from_seed(1000 * global_seed + run)
         journal = MemoryJournal()
-        res = run_pca(ArrayRowSource(kn.A), plan, noise_key=key, journal=journal)
+        res = run_pca(
+            ArrayRowSource(kn.A), plan, ReleaseHooks(noise_key=key, journal=journal)
+        )
         assert res.n_passes == 1
         assert res.releases == ("M",)
         M = journal.load("M")
@@ -422,7 +429,9 @@ def test_analyze_gauss_is_topk_of_released_m(
     plan = private_plan(kn.A.shape, method="analyze-gauss", epsilon=2.0)
     journal = MemoryJournal()
     key = NoiseKey.insecure_from_seed(global_seed)
-    res = run_pca(ArrayRowSource(kn.A), plan, noise_key=key, journal=journal)
+    res = run_pca(
+        ArrayRowSource(kn.A), plan, ReleaseHooks(noise_key=key, journal=journal)
+    )
     M = journal.load("M")
     assert M is not None
     np.testing.assert_array_equal(M, M.T)
@@ -557,7 +566,7 @@ def test_passes_and_routes_agree(rng: np.random.Generator, global_seed: int) -> 
         assert plan.n_passes == passes
         src = ArrayRowSource(kn.A)
         journal = MemoryJournal()
-        res = run_pca(src, plan, noise_key=key, journal=journal)
+        res = run_pca(src, plan, ReleaseHooks(noise_key=key, journal=journal))
         assert res.n_passes == passes == src.n_passes
         assert res.releases == ("M", "H0", "Z0", "H1", "Z1", "H2", "Z2")
         out[route] = (res, journal)
@@ -571,7 +580,7 @@ def test_passes_and_routes_agree(rng: np.random.Generator, global_seed: int) -> 
     # Analyze Gauss reads the data once.
     plan = private_plan(kn.A.shape, method="analyze-gauss")
     assert plan.n_passes == 1
-    assert run_pca(ArrayRowSource(kn.A), plan, noise_key=key).n_passes == 1
+    assert run_pca(ArrayRowSource(kn.A), plan, ReleaseHooks(noise_key=key)).n_passes == 1
 
 
 # ------------------------------------------------------------ journal and resume
@@ -579,7 +588,7 @@ def test_journal_full_resume_reads_nothing(
     rng: np.random.Generator, global_seed: int
 ) -> None:
     """A second run on a complete journal: zero passes, identical output, every
-    label resumed, and the ledger hook (``before_first_release``) never called."""
+    label resumed, and the ledger hook (``charge``) never called."""
     kn = known_svd(rng, 1024, SMALL, k=2)
     plan = private_plan(kn.A.shape, iterations=3)
     key = NoiseKey.insecure_from_seed(global_seed)
@@ -588,9 +597,7 @@ def test_journal_full_resume_reads_nothing(
     first = run_pca(
         ArrayRowSource(kn.A),
         plan,
-        noise_key=key,
-        journal=journal,
-        before_first_release=lambda: calls.append(1),
+        ReleaseHooks(noise_key=key, journal=journal, charge=lambda: calls.append(1)),
     )
     assert calls == [1]
     assert first.resumed == ()
@@ -598,9 +605,7 @@ def test_journal_full_resume_reads_nothing(
     again = run_pca(
         src,
         plan,
-        noise_key=key,
-        journal=journal,
-        before_first_release=lambda: calls.append(2),
+        ReleaseHooks(noise_key=key, journal=journal, charge=lambda: calls.append(2)),
     )
     assert calls == [1]
     assert again.n_passes == 0 == src.n_passes
@@ -618,7 +623,9 @@ def test_journal_partial_resume_is_bitwise(
     plan = private_plan(kn.A.shape, iterations=3)
     key = NoiseKey.insecure_from_seed(global_seed)
     full_journal = MemoryJournal()
-    full = run_pca(ArrayRowSource(kn.A), plan, noise_key=key, journal=full_journal)
+    full = run_pca(
+        ArrayRowSource(kn.A), plan, ReleaseHooks(noise_key=key, journal=full_journal)
+    )
     partial = MemoryJournal()
     for label in ("M", "H0"):
         v = full_journal.load(label)
@@ -628,9 +635,7 @@ def test_journal_partial_resume_is_bitwise(
     resumed = run_pca(
         ArrayRowSource(kn.A),
         plan,
-        noise_key=key,
-        journal=partial,
-        before_first_release=lambda: calls.append(1),
+        ReleaseHooks(noise_key=key, journal=partial, charge=lambda: calls.append(1)),
     )
     assert calls == [1]
     assert resumed.resumed == ("M", "H0")
@@ -645,7 +650,7 @@ def test_journal_partial_resume_is_bitwise(
     other = run_pca(
         ArrayRowSource(kn.A),
         plan,
-        noise_key=NoiseKey.insecure_from_seed(global_seed + 1),
+        ReleaseHooks(noise_key=NoiseKey.insecure_from_seed(global_seed + 1)),
     )
     assert subspace_dist(other.components, full.components) > 1e-6
 
@@ -700,7 +705,7 @@ def test_preconditioner_reads_released_h_only(
     key = NoiseKey.insecure_from_seed(global_seed)
     src1 = RecordingSource(kn.A)
     j1 = MemoryJournal()
-    run_pca(src1, plan, noise_key=key, journal=j1)
+    run_pca(src1, plan, ReleaseHooks(noise_key=key, journal=j1))
     A2 = kn.A.copy()
     A2[: A2.shape[0] // 2] *= 0.5  # a very different exact Gram and exact H0
     j2 = MemoryJournal()
@@ -709,7 +714,7 @@ def test_preconditioner_reads_released_h_only(
         assert v is not None
         j2.record(label, v)
     src2 = RecordingSource(A2)
-    run_pca(src2, plan, noise_key=key, journal=j2)
+    run_pca(src2, plan, ReleaseHooks(noise_key=key, journal=j2))
     X0 = topk_eig(j1.load("M"), kn.k)[0]
     h_exact_1 = X0.T @ kn.A.T @ kn.A @ X0
     h_exact_2 = X0.T @ A2.T @ A2 @ X0
@@ -729,7 +734,7 @@ def test_preconditioner_reads_released_h_only(
     j3.record("M", j1.load("M"))
     j3.record("H0", 2.0 * j1.load("H0"))
     src3 = RecordingSource(kn.A)
-    run_pca(src3, plan, noise_key=key, journal=j3)
+    run_pca(src3, plan, ReleaseHooks(noise_key=key, journal=j3))
     assert not np.array_equal(src3.trials[0][0][0], B1)
 
 

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from scipy import optimize
 from scipy.stats import norm
 
-from pipeline.algorithms.base import ArraySource
+from pipeline.algorithms.base import ArraySource, ReleaseHooks
 from pipeline.algorithms.continual import plan_stream
 from pipeline.algorithms.lrf import (
     Algorithm,
@@ -293,7 +293,11 @@ def test_a_plan_for_one_public_seed_refuses_another() -> None:
     A = np.random.default_rng(1).standard_normal((80, 30))
     plan = plan_lrf(_params(2), A.shape, public_seed=7)
     with pytest.raises(InvalidParameterError, match="another public sketch seed"):
-        run_lrf(ArraySource(A), plan, sketch_seed=8, noise_key=NoiseKey.insecure_from_seed(1))
+        run_lrf(
+            ArraySource(A),
+            plan,
+            ReleaseHooks(sketch_seed=8, noise_key=NoiseKey.insecure_from_seed(1)),
+        )
 
 
 def test_low_space_and_streams_use_the_worst_case() -> None:

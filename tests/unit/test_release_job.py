@@ -86,6 +86,7 @@ def test_the_header_holds_the_whole_contract() -> None:
     """Every field of the contract and the noise kind change the header."""
     from pipeline.accounting.contract import PrivacyContract
     from pipeline.jobs.engine import InputRef
+    from pipeline.sketches.operators import seed_fingerprint
 
     contract = PrivacyContract(unit="row", neighboring="replace", clip_norm=1.0,
                                epsilon=1.0, delta=1e-6, accountant="gdp", shape=(9, 3))  # fmt: skip
@@ -95,7 +96,7 @@ def test_the_header_holds_the_whole_contract() -> None:
                        parameters={"rank": 1}, input=ref)  # fmt: skip
     variants = [
         {"insecure_noise_seed": 0},
-        {"sketch_seed": 7},
+        {"sketch_seed": 7, "sketch_seed_fingerprint": seed_fingerprint(7)},
         {"ledger": "/elsewhere/ledger.json"},
         *({"contract": PrivacyContract(**{**contract.to_dict(), **c, "shape": (9, 3)})}
           for c in ({"unit": "entry"}, {"neighboring": "add-remove"}, {"clip_norm": 2.0},

@@ -22,6 +22,7 @@ code), and sees the reads of an accepted run.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -134,9 +135,10 @@ def test_a_release_that_draws_before_its_charge_is_caught(
     """Negative controls: the ledger hook moved after the noise, for both algorithms."""
     real_run_lrf = lrf_job.run_lrf
 
-    def run_lrf_charging_late(*a: Any, before_noise: Any = None, **kw: Any) -> Any:
-        out = real_run_lrf(*a, **kw)  # the noise is drawn in here
-        before_noise()
+    def run_lrf_charging_late(src: Any, plan: Any, hooks: Any, **kw: Any) -> Any:
+        late = dataclasses.replace(hooks, charge=None)
+        out = real_run_lrf(src, plan, late, **kw)  # the noise is drawn in here
+        hooks.charge()
         return out
 
     with monkeypatch.context() as mp:
@@ -154,8 +156,8 @@ def test_a_release_that_draws_before_its_charge_is_caught(
         noisy = value + sigma * power_pca._noise(
             self.noise_key, label, shape, symmetric
         )
-        if not self.charged and self.before_first_release is not None:
-            self.before_first_release()
+        if not self.charged and self.hooks.charge is not None:
+            self.hooks.charge()
         self.charged = True
         self.journal.record(label, noisy)
         return noisy

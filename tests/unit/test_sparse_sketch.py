@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from pipeline.algorithms.base import ArraySource
+from pipeline.algorithms.base import ArraySource, ReleaseHooks
 from pipeline.algorithms.lrf import Algorithm, LrfParams, plan_lrf, run_lrf
 from pipeline.errors import InvalidParameterError
 from pipeline.sketches.apply import PassRequest, block_partials
@@ -216,7 +216,7 @@ def test_rank_k_matrix_is_recovered_exactly_with_either_operator(
     A = rng.normal(size=(m, k)) @ rng.normal(size=(k, n))
     for kind in OperatorKind:
         plan = plan_lrf(LrfParams(algorithm=alg, rank=k, private=False, operator=kind), (m, n))
-        f = run_lrf(ArraySource(A), plan, sketch_seed=5, noise_key=None)
+        f = run_lrf(ArraySource(A), plan, ReleaseHooks(sketch_seed=5, noise_key=None))
         err = np.linalg.norm(A - (f.U * f.S) @ f.V.T, 2) / np.linalg.norm(A, 2)
         assert err < 1e-10, (kind, err)
 

@@ -16,8 +16,8 @@ import pytest
 
 from pipeline.accounting.calibration import pld_epsilon
 from pipeline.accounting.gaussian import gaussian_noise_multiplier
-from pipeline.algorithms.base import ArraySource
-from pipeline.algorithms.lrf import LrfParams, plan_lrf, run_lrf
+from pipeline.algorithms.base import ArraySource, ReleaseHooks
+from pipeline.algorithms.lrf import SKETCHES, LrfParams, plan_lrf, run_lrf
 from pipeline.algorithms.lrf.two_pass import (
     DEFAULT_WEIGHT_Z,
     TwoPassPlan,
@@ -188,12 +188,32 @@ def test_the_job_is_charged_once_after_pass_1_and_before_any_noise() -> None:
     events: list[str] = []
     A = _matrix()
     plan = plan_lrf(_params(unit="entry"), A.shape)
-    run_lrf(
-        _Recording(A, events), plan, sketch_seed=5, noise_key=NoiseKey.insecure_from_seed(1),
-        before_noise=lambda: events.append("charge"),
-        after_pass=lambda sk: events.append("journal " + ",".join(sorted(sk))),
+    journal = _ListJournal(lambda sk: events.append("journal " + ",".join(sorted(sk))))
+    hooks = ReleaseHooks(
+        sketch_seed=5, noise_key=NoiseKey.insecure_from_seed(1), journal=journal,
+        charge=lambda: events.append("charge"),
     )  # fmt: skip
+    run_lrf(_Recording(A, events), plan, hooks)
     assert events == ["read", "journal Z", "charge", "read", "journal Y,Z"]
+
+
+class _ListJournal:
+    """A factorization's journal that hands each record to ``on_record``; it
+    loads ``saved`` (None: nothing journaled)."""
+
+    def __init__(
+        self, on_record: Any = None, saved: dict[str, Any] | None = None
+    ) -> None:
+        self.on_record, self.saved = on_record, saved
+
+    def load(self, label: str) -> dict[str, Any] | None:
+        assert label == SKETCHES
+        return None if self.saved is None else dict(self.saved)
+
+    def record(self, label: str, sketches: dict[str, Any]) -> None:
+        assert label == SKETCHES
+        if self.on_record is not None:
+            self.on_record(sketches)
 
 
 @pytest.mark.parametrize("resume_with", [("Z",), ("Z", "Y")])
@@ -204,18 +224,21 @@ def test_a_resume_from_the_journaled_sketches_is_bit_for_bit_the_same(
     plan = plan_lrf(_params(unit="row"), A.shape)
     key = NoiseKey.insecure_from_seed(3)
     journal: list[dict[str, Any]] = []
-    ref = run_two_pass(ArraySource(A), plan, sketch_seed=9, noise_key=key,
-                       after_pass=lambda sk: journal.append(dict(sk)))  # fmt: skip
+    ref = run_two_pass(ArraySource(A), plan, ReleaseHooks(
+        sketch_seed=9, noise_key=key,
+        journal=_ListJournal(lambda sk: journal.append(dict(sk)))))  # fmt: skip
     saved = journal[len(resume_with) - 1]
     assert sorted(saved) == sorted(resume_with)
     src = ArraySource(A)
-    got = run_two_pass(src, plan, sketch_seed=9, noise_key=key, exact=saved)
+    got = run_two_pass(src, plan, ReleaseHooks(
+        sketch_seed=9, noise_key=key, journal=_ListJournal(saved=saved)))  # fmt: skip
     assert src.n_passes == 2 - len(resume_with)
     for name in ("U", "S", "V"):
         assert getattr(got, name).tobytes() == getattr(ref, name).tobytes(), name
     # negative control: another noise key gives another release
-    other = run_two_pass(ArraySource(A), plan, sketch_seed=9,
-                         noise_key=NoiseKey.insecure_from_seed(4), exact=saved)  # fmt: skip
+    other = run_two_pass(ArraySource(A), plan, ReleaseHooks(
+        sketch_seed=9, noise_key=NoiseKey.insecure_from_seed(4),
+        journal=_ListJournal(saved=saved)))  # fmt: skip
     assert other.S.tobytes() != ref.S.tobytes()
 
 
@@ -301,8 +324,11 @@ def test_utility_is_within_1_15_of_the_full_gaussian_mechanism() -> None:
     def ratio(weight_z: float) -> float:
         plan = plan_two_pass(_params(rank=k, epsilon=eps, unit="entry"), A.shape, weight_z=weight_z)
         errs = [
-            err(*_factors(run_two_pass(ArraySource(A), plan, sketch_seed=d,
-                                       noise_key=NoiseKey.insecure_from_seed(200 + d))))
+            err(*_factors(run_two_pass(
+                ArraySource(A),
+                plan,
+                ReleaseHooks(sketch_seed=d, noise_key=NoiseKey.insecure_from_seed(200 + d)),
+            )))
             for d in range(5)
         ]  # fmt: skip
         return float(np.median(errs)) / ref
@@ -354,7 +380,11 @@ def test_two_pass_singular_values_are_those_of_a_in_the_released_subspace() -> N
     plan = plan_two_pass(_params(rank=k, epsilon=eps, unit="entry"), A.shape)
     M, sy = plan.oriented_shape[0], plan.sigma("Y")
     for d in range(3):
-        f = run_two_pass(ArraySource(A), plan, sketch_seed=d, noise_key=NoiseKey.insecure_from_seed(10 + d))
+        f = run_two_pass(
+            ArraySource(A),
+            plan,
+            ReleaseHooks(sketch_seed=d, noise_key=NoiseKey.insecure_from_seed(10 + d)),
+        )
         x = np.linalg.svd(A @ f.V, compute_uv=False)
         tol = 5 * np.sqrt(4 * x**2 * sy**2 + 2 * M * sy**4)
         assert np.all(np.abs(f.S**2 - x**2) <= tol), (f.S, x)

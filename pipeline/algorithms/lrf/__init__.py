@@ -64,12 +64,13 @@ from pipeline.algorithms.lrf.plan import (
     worst_case_factors,
 )
 from pipeline.algorithms.lrf.run import pass_request, plan_lrf, run_lrf
-from pipeline.algorithms.lrf.two_pass import TwoPassPlan
+from pipeline.algorithms.lrf.two_pass import SKETCHES, TwoPassPlan
 from pipeline.sketches.operators import seed_fingerprint
 
 # callers plan and run through this package
 __all__ = [
     "AUTO",
+    "SKETCHES",
     "Algorithm",
     "ClippedNoise",
     "LrfParams",

@@ -10,14 +10,18 @@ the noise once on the reduced sketches and post-processes them
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from pipeline._types import Shape2D
 from pipeline._validation import check_int_in_range
-from pipeline.algorithms.base import Factorization, MatrixSource, complete_from_pass
+from pipeline.algorithms.base import (
+    Factorization,
+    MatrixSource,
+    ReleaseHooks,
+    complete_from_pass,
+)
 from pipeline.algorithms.lrf.kernels import low_space_post, spectral_post
 from pipeline.algorithms.lrf.model import choose_private_sizes
 from pipeline.algorithms.lrf.plan import (
@@ -33,14 +37,18 @@ from pipeline.algorithms.lrf.plan import (
     resolve_sizes,
     worst_case_factors,
 )
-from pipeline.algorithms.lrf.two_pass import TwoPassPlan, plan_two_pass, run_two_pass
+from pipeline.algorithms.lrf.two_pass import (
+    SKETCHES,
+    TwoPassPlan,
+    plan_two_pass,
+    run_two_pass,
+)
 from pipeline.errors import InvalidParameterError
 from pipeline.linalg.core import one_blas_thread
-from pipeline.mechanisms.noise import NoiseKey
 from pipeline.sketches.apply import PassRequest
 from pipeline.sketches.operators import seed_fingerprint
 
-__all__ = ["pass_request", "plan_lrf", "run_lrf"]
+__all__ = ["SKETCHES", "pass_request", "plan_lrf", "run_lrf"]
 
 
 def pass_request(
@@ -81,14 +89,10 @@ def pass_request(
 def run_lrf(
     source: MatrixSource,
     plan: LrfPlan | TwoPassPlan,
+    hooks: ReleaseHooks,
     *,
-    sketch_seed: int,
-    noise_key: NoiseKey | None,
-    before_noise: Callable[[], None] | None = None,
     request: PassRequest | None = None,
     input_dtype: Any = np.float64,
-    exact: dict[str, Any] | None = None,
-    after_pass: Callable[[dict[str, Any]], None] | None = None,
 ) -> Factorization:
     """Execute ``plan`` on ``source``: one pass, noise once, post-processing.
 
@@ -98,28 +102,24 @@ def run_lrf(
     plan : LrfPlan or TwoPassPlan
         From :func:`plan_lrf` for this shape (a two-pass plan runs
         :func:`~pipeline.algorithms.lrf.two_pass.run_two_pass`).
-    sketch_seed : int
-        Root of the sketch operators (data-independent, confidential unless
-        the plan was made with this ``public_seed``).
-    noise_key : NoiseKey or None
-        Secret key of this release (required when private).
-    before_noise : callable or None
-        Called after the pass and before any noise is drawn: the ledger charge.
+    hooks : ReleaseHooks
+        ``sketch_seed``: the root of the sketch operators (required;
+        data-independent, confidential unless the plan was made with this
+        ``public_seed``). ``noise_key``: the secret key of this release
+        (required when private). ``journal``: the exact sketches of an earlier
+        pass of this plan with this seed are loaded from it under
+        :data:`SKETCHES` (the pass is skipped when they are all there; when
+        the journal kept only the small ones, the pass runs again and must
+        reproduce them bit for bit, :func:`complete_from_pass`; they must be
+        the values :meth:`MatrixSource.sketch` returned, with the same chunks,
+        for the release to be bit for bit the same), and a new pass's exact
+        sketches are recorded there right after it, before the charge.
+        ``charge``: called after the pass and before any noise is drawn.
     request : PassRequest or None
         Override of :func:`pass_request`.
     input_dtype : numpy dtype
         Dtype of ``A``; a float32 input keeps float32 block products in the
         non-private mode (DP mode always computes in float64).
-    exact : dict or None
-        The exact sketches of an earlier pass of this plan with this
-        ``sketch_seed`` (from a release journal): the pass is skipped when they
-        are all there; when the journal kept only the small ones, the pass runs
-        again and must reproduce them bit for bit (:func:`complete_from_pass`).
-        They must be the values :meth:`MatrixSource.sketch` returned, with the
-        same chunks, for the release to be bit for bit the same.
-    after_pass : callable or None
-        Called with the exact sketches right after the pass (not when
-        ``exact`` is given) and before ``before_noise``: the journal write.
 
     Returns
     -------
@@ -132,42 +132,45 @@ def run_lrf(
     Privacy. Noise is added exactly once to each entry of each globally reduced
     sketch [design 3.1]; the factorization reads only the noisy sketches
     [spec 3.2, R2]. Emits ``plan.calibration`` (one Gaussian mechanism).
-    ``after_pass`` receives noise-free sketches, as sensitive as ``A``: it
-    may only keep them in the trusted zone. With ``exact`` and the same
+    The journal receives noise-free sketches, as sensitive as ``A``: it may
+    only keep them in the trusted zone. With journaled sketches and the same
     ``noise_key`` the noise is the same, not a second draw [design 3.2].
 
-    Passes over A: 1, or 0 when ``exact`` holds every sketch.
+    Passes over A: 1, or 0 when the journal holds every sketch.
     """
     if isinstance(plan, TwoPassPlan):  # what plan_lrf returns for algorithm='two-pass'
-        return run_two_pass(
-            source, plan, sketch_seed=sketch_seed, noise_key=noise_key,
-            before_noise=before_noise, input_dtype=input_dtype, exact=exact, after_pass=after_pass,
-        )  # fmt: skip
-    _check_keys(plan, sketch_seed, noise_key)
+        return run_two_pass(source, plan, hooks, input_dtype=input_dtype)
+    sketch_seed = _check_keys(plan, hooks)
     # tasks carry a sealed reference to the seed, never the seed [spec 4.6, item 3]
     seal = getattr(source, "seal", None) or (lambda value: value)
     root = seal(sketch_seed)
     request = request or pass_request(plan, root, input_dtype)
+    journal = hooks.journal
+    exact = None if journal is None else journal.load(SKETCHES)
     if exact is None:
         exact = source.sketch(request)
-        if after_pass is not None:
-            after_pass(exact)
+        if journal is not None:
+            journal.record(SKETCHES, exact)
     else:  # a resumed job: the tall sketches not journaled come from the pass again
         exact = complete_from_pass(source, request, exact)  # a copy: the post pops
-    if before_noise is not None:
-        before_noise()
+    if hooks.charge is not None:
+        hooks.charge()
     ops = plan_operators(plan, root)
     post = (
         spectral_post if plan.params.algorithm is Algorithm.SPECTRAL else low_space_post
     )
     with one_blas_thread():  # the same bits on any client
-        Ux, s, Vx = post(source, plan, exact, ops, noise_key)
+        Ux, s, Vx = post(source, plan, exact, ops, hooks.noise_key)
     U, V = (Vx, Ux) if plan.transpose else (Ux, Vx)
     return Factorization(U=U, S=s, V=V)
 
 
-def _check_keys(plan: LrfPlan, sketch_seed: int, noise_key: NoiseKey | None) -> None:
-    if plan.calibration is not None and noise_key is None:
+def _check_keys(plan: LrfPlan, hooks: ReleaseHooks) -> int:
+    """The sketch seed of ``hooks``, once the keys are known to fit ``plan``."""
+    sketch_seed = hooks.sketch_seed
+    if sketch_seed is None:
+        raise InvalidParameterError("a factorization needs a sketch seed.")
+    if plan.calibration is not None and hooks.noise_key is None:
         raise InvalidParameterError("a private release needs a noise key.")
     if (
         plan.public_sketch_seed
@@ -177,6 +180,7 @@ def _check_keys(plan: LrfPlan, sketch_seed: int, noise_key: NoiseKey | None) -> 
             "the plan is calibrated for the operators of another public sketch seed; "
             "plan with public_seed set to the seed the release runs with."
         )
+    return sketch_seed
 
 
 def plan_lrf(

@@ -83,7 +83,6 @@ References
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,7 +95,7 @@ from pipeline.accounting.calibration import (
     SketchRequest,
     calibrate_release,
 )
-from pipeline.algorithms.base import Factorization, MatrixSource
+from pipeline.algorithms.base import Factorization, MatrixSource, ReleaseHooks
 from pipeline.algorithms.lrf.kernels import gram_svd, row_noise
 from pipeline.algorithms.lrf.plan import Algorithm, LrfParams
 from pipeline.errors import InvalidParameterError
@@ -116,11 +115,16 @@ from pipeline.sketches.operators import (
 __all__ = [
     "DEFAULT_OVERSAMPLE",
     "DEFAULT_WEIGHT_Z",
+    "SKETCHES",
     "TwoPassPlan",
     "default_core_size",
     "plan_two_pass",
     "run_two_pass",
 ]
+
+#: The journal label of a factorization's exact sketches (one pass or two): a
+#: dict of name to sketch, recorded after each pass, before the charge.
+SKETCHES = "sketches"
 
 #: Budget share of the co-range sketch ``Z`` (measured: module docstring).
 DEFAULT_WEIGHT_Z = 0.15
@@ -372,14 +376,9 @@ def _noise(
 def run_two_pass(
     source: MatrixSource,
     plan: TwoPassPlan,
+    hooks: ReleaseHooks,
     *,
-    sketch_seed: int,
-    noise_key: NoiseKey | None,
-    before_noise: Callable[[], None] | None = None,
-    request: PassRequest | None = None,
     input_dtype: Any = np.float64,
-    exact: dict[str, Any] | None = None,
-    after_pass: Callable[[dict[str, Any]], None] | None = None,
 ) -> Factorization:
     """Execute ``plan`` on ``source``: charge, pass 1, ``V_k``, pass 2, release.
 
@@ -387,24 +386,18 @@ def run_two_pass(
     ----------
     source : MatrixSource of shape (n_rows, n_cols)
     plan : TwoPassPlan
-    sketch_seed : int
-        Root of ``S`` (data-independent).
-    noise_key : NoiseKey or None
-        Secret key of this release (required when private).
-    before_noise : callable or None
-        The ledger charge of the whole job: called once per run, after pass 1
-        (or its journaled result) and before the noise of ``Z``, which pass 2
-        depends on (a rerun calls it again; the charge is idempotent by
-        release id).
-    request : None
-        Not used (two passes); accepted for the signature of ``run_lrf``.
+    hooks : ReleaseHooks
+        ``sketch_seed``: the root of ``S`` (required; data-independent).
+        ``noise_key``: the secret key of this release (required when private).
+        ``journal``: exact sketches journaled under :data:`SKETCHES` by an
+        interrupted run of this plan with this seed and key (``{"Z"}`` skips
+        pass 1, ``{"Z", "Y"}`` both passes; the result is bit for bit the
+        uninterrupted one); every exact sketch so far is recorded there after
+        each pass. ``charge``: the ledger charge of the whole job, called once
+        per run, after pass 1 (or its journaled result) and before the noise
+        of ``Z``, which pass 2 depends on (a rerun calls it again; the charge
+        is idempotent by release id).
     input_dtype : numpy dtype
-    exact : dict or None
-        Exact sketches journaled by an interrupted run of this plan with this
-        ``sketch_seed`` and ``noise_key``: ``{"Z"}`` skips pass 1, ``{"Z", "Y"}``
-        both passes. The result is bit for bit the uninterrupted one.
-    after_pass : callable or None
-        Called after each pass with every exact sketch so far (the journal).
 
     Returns
     -------
@@ -415,36 +408,38 @@ def run_two_pass(
     -----
     Privacy. Noise is added once to each entry of ``Z`` and of ``Y``, after
     their global sums [design 3.1]; ``V_k`` and everything after read only
-    noisy statistics. ``after_pass`` receives noise-free sketches (trusted zone).
+    noisy statistics. The journal receives noise-free sketches (trusted zone).
     Emits ``plan.calibration``.
 
-    Passes over A: 2, fewer when ``exact`` holds journaled sketches.
+    Passes over A: 2, fewer when the journal holds sketches.
     """
-    del request
+    sketch_seed, noise_key, journal = hooks.sketch_seed, hooks.noise_key, hooks.journal
+    if sketch_seed is None:
+        raise InvalidParameterError("a factorization needs a sketch seed.")
     if plan.calibration is not None and noise_key is None:
         raise InvalidParameterError("a private release needs a noise key.")
     seal = getattr(source, "seal", None) or (lambda value: value)
-    exact = dict(exact or {})
+    exact = dict((None if journal is None else journal.load(SKETCHES)) or {})
     z_exact = exact.get("Z")
     if z_exact is None:
         S = co_range_operator(plan, seal(sketch_seed))
         z_exact = source.sketch(_request(plan, input_dtype, left=(("Z", S),)))["Z"]
-        if after_pass is not None:
-            after_pass({"Z": z_exact})
-    if before_noise is not None:
+        if journal is not None:
+            journal.record(SKETCHES, {"Z": z_exact})
+    if hooks.charge is not None:
         # the whole job, both passes, is charged once: after pass 1 has read
         # (and so validated) the data and before any noise exists, as a
         # one-pass release is charged after its pass [design 3]
-        before_noise()
+        hooks.charge()
     with one_blas_thread():  # the same bits on any client
         Vk = _co_range_basis(plan, z_exact, noise_key)
     y_exact = exact.get("Y")
     if y_exact is None:
         right = (("Y", DenseOperator(Vk)),)
         y_exact = source.sketch(_request(plan, input_dtype, right=right))["Y"]
-        if after_pass is not None:
+        if journal is not None:
             # the manifest names both; Z is written again with the same bytes
-            after_pass({"Z": z_exact, "Y": y_exact})
+            journal.record(SKETCHES, {"Z": z_exact, "Y": y_exact})
     del z_exact, exact
     with one_blas_thread():
         return _release(source, plan, Vk, y_exact, noise_key)

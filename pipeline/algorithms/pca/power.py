@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from pipeline._types import FloatArray, Shape2D
+from pipeline.algorithms.base import ReleaseHooks, ReleaseJournal
 from pipeline.algorithms.pca.kernels import (
     band_pass,
 )
@@ -98,18 +99,10 @@ class ArrayRowSource:
         return self._pass("update", (X, list(trials)))
 
 
-class ReleaseJournal(Protocol):
-    """Write-ahead log of releases: a label is drawn and charged once, ever (spec 4.9)."""
-
-    def load(self, label: str) -> FloatArray | None:
-        """The released value recorded under ``label``, or None."""
-
-    def record(self, label: str, value: FloatArray) -> None:
-        """Durably record a release before it is used."""
-
-
 class MemoryJournal:
-    """A :class:`ReleaseJournal` held in memory (no crash recovery)."""
+    """A :class:`~pipeline.algorithms.base.ReleaseJournal` of noisy releases
+    held in memory (no crash recovery): a label is drawn and charged once, ever
+    (spec 4.9)."""
 
     def __init__(self) -> None:
         self.values: dict[str, FloatArray] = {}
@@ -192,25 +185,17 @@ class Releases:
 
     Every data-derived value leaves through :meth:`release`: a label already in
     the journal is reused (no pass, no draw, no charge); otherwise the exact
-    value is computed, the ledger hook runs once before the first draw, the
+    value is computed, the charge hook runs once before the first draw, the
     keyed noise is added and the result is journaled before it is used.
     """
 
-    def __init__(
-        self,
-        source: RowSource,
-        noise_key: NoiseKey | None,
-        journal: ReleaseJournal | None,
-        before_first_release: Callable[[], None] | None,
-        on_step: Callable[[str], None] | None,
-    ) -> None:
+    def __init__(self, source: RowSource, hooks: ReleaseHooks) -> None:
         self.source = source
-        self.noise_key = noise_key
+        self.hooks = hooks
+        self.noise_key = hooks.noise_key
         self.journal: ReleaseJournal = (
-            journal if journal is not None else MemoryJournal()
+            hooks.journal if hooks.journal is not None else MemoryJournal()
         )
-        self.before_first_release = before_first_release
-        self.on_step = on_step
         self.passes0 = source.n_passes
         self.labels: list[str] = []
         self.resumed: list[str] = []
@@ -218,8 +203,7 @@ class Releases:
         self._gram: Secret | None = None
 
     def say(self, msg: str) -> None:
-        if self.on_step is not None:
-            self.on_step(msg)
+        self.hooks.say(msg)
 
     @property
     def n_passes(self) -> int:
@@ -241,28 +225,20 @@ class Releases:
         symmetric: bool,
     ) -> FloatArray:
         self.labels.append(label)
-        old = self.journal.load(label)
+        old: FloatArray | None = self.journal.load(label)
         if old is not None:
             self.resumed.append(label)
             return old
         value = exact().value
-        if not self.charged and self.before_first_release is not None:
-            self.before_first_release()
+        if not self.charged and self.hooks.charge is not None:
+            self.hooks.charge()
         self.charged = True
         noisy = value + sigma * _noise(self.noise_key, label, shape, symmetric)
         self.journal.record(label, noisy)
         return noisy
 
 
-def run_pca(
-    source: RowSource,
-    plan: PcaPlan,
-    *,
-    noise_key: NoiseKey | None,
-    journal: ReleaseJournal | None = None,
-    before_first_release: Callable[[], None] | None = None,
-    on_step: Callable[[str], None] | None = None,
-) -> PcaResult:
+def run_pca(source: RowSource, plan: PcaPlan, hooks: ReleaseHooks) -> PcaResult:
     """Run the planned PCA over ``source``.
 
     Parameters
@@ -270,27 +246,31 @@ def run_pca(
     source : RowSource
     plan : PcaPlan
         From :func:`plan_pca`.
-    noise_key : NoiseKey or None
-        The release's secret key; None only for a non-private plan.
-    journal : ReleaseJournal or None
-        Releases already recorded there are reused (never redrawn, their passes
-        skipped); new ones are recorded before use. None keeps them in memory.
-    before_first_release : callable or None
-        Called once before the first new noise draw (charge the ledger there).
-    on_step : callable or None
-        Receives public progress messages (step names only).
+    hooks : ReleaseHooks
+        ``noise_key``: the release's secret key; None only for a non-private
+        plan. ``journal``: releases already recorded there are reused (never
+        redrawn, their passes skipped); new ones are recorded before use (None
+        keeps them in memory). ``charge``: called once, before the first new
+        noise draw. ``progress``: public step names. ``sketch_seed`` is not
+        used (no sketch operator).
 
     Returns
     -------
     PcaResult
+
+    Notes
+    -----
+    Privacy. Each release (``M``, ``H_t``, ``Z_t``) gets its keyed noise once,
+    on the reduced statistic, after the charge (module docstring of
+    :mod:`pipeline.algorithms.pca`).
     """
-    if (plan.calibration is None) != (noise_key is None):
+    if (plan.calibration is None) != (hooks.noise_key is None):
         raise InvalidParameterError(
             "a private plan needs a noise key and a non-private plan must not have one."
         )
     d = plan.shape[1]
     k = plan.params.rank
-    rel = Releases(source, noise_key, journal, before_first_release, on_step)
+    rel = Releases(source, hooks)
     release, exact_gram, say = rel.release, rel.gram, rel.say
 
     M = release("M", exact_gram, plan.noise_init, (d, d), True)

@@ -26,6 +26,7 @@ import numpy as np
 
 from pipeline._types import FloatArray
 from pipeline._validation import check_int_in_range
+from pipeline.algorithms.base import ReleaseHooks
 from pipeline.algorithms.pca.linalg import (
     Secret,
     eig_floor_inv_sqrt,
@@ -34,7 +35,7 @@ from pipeline.algorithms.pca.linalg import (
     sym,
     topk_eig,
 )
-from pipeline.algorithms.pca.power import ReleaseJournal, Releases, RowSource
+from pipeline.algorithms.pca.power import Releases, RowSource
 from pipeline.errors import InvalidParameterError
 from pipeline.mechanisms.noise import NoiseKey
 
@@ -223,11 +224,8 @@ def _lockstep_step(
 def run_selection(
     source: RowSource,
     cal: Any,
+    hooks: ReleaseHooks,
     *,
-    noise_key: NoiseKey | None,
-    journal: ReleaseJournal | None = None,
-    before_first_release: Callable[[], None] | None = None,
-    on_step: Callable[[str], None] | None = None,
     max_concurrent_trials: int = MAX_CONCURRENT_TRIALS,
 ) -> SelectionResult:
     """Private PCA with private selection of ``(R, T)`` over public grids.
@@ -237,10 +235,11 @@ def run_selection(
     source : RowSource
     cal : SelectionCalibration
         From :func:`pipeline.accounting.pca.calibrate_selection`.
-    noise_key : NoiseKey
-    journal, before_first_release, on_step
-        As in :func:`run_pca`. The journal of a selection run is secret (it
-        holds non-selected trials, whose publication would void the analysis).
+    hooks : ReleaseHooks
+        As in :func:`run_pca` (``noise_key`` required). The journal of a
+        selection run is secret (it holds non-selected trials, whose
+        publication would void the analysis), and so is its progress: a job
+        gives it none (the steps would reveal the number of trials).
     max_concurrent_trials : int
         Trials advanced together in one pass. Trials are sorted by ``T`` and
         cut into batches of this size; a batch runs in lockstep (each trial
@@ -261,6 +260,7 @@ def run_selection(
     noisy score ``s(X) + score_noise(h) g`` and return the arg-min. The cost is
     the Papernot-Steinke random-stopping bound accounted in ``cal``.
     """
+    noise_key = hooks.noise_key
     if noise_key is None:
         raise InvalidParameterError("private selection needs a noise key.")
     max_concurrent_trials = check_int_in_range(
@@ -268,7 +268,7 @@ def run_selection(
     )
     d = source.shape[1]
     k = cal.rank
-    rel = Releases(source, noise_key, journal, before_first_release, on_step)
+    rel = Releases(source, hooks)
     release, exact_gram, say = rel.release, rel.gram, rel.say
 
     M = release("M", exact_gram, cal.noise_init, (d, d), True)
