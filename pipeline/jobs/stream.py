@@ -110,10 +110,12 @@ if TYPE_CHECKING:
 __all__ = [
     "DuplicateBatchError",
     "StreamInfo",
+    "StreamManifest",
     "StreamParams",
     "continue_advice",
     "continue_command",
     "open_stream",
+    "read_manifest",
     "stream_ingest",
     "stream_init",
     "stream_release",
@@ -178,6 +180,35 @@ def plan_of(manifest: dict[str, Any]) -> StreamPlan:
             "from its parameters; use the dplr version that created the stream."
         )
     return plan
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StreamManifest:
+    """The stream's committed state as a run reads it (public values only).
+
+    A typed view of the manifest: the epochs closed and released so far and the
+    horizon of the stream's plan.
+    """
+
+    stream_id: str
+    last_closed: int
+    horizon: int
+    releases: dict[int, str]  # epoch -> where it was published
+
+    @classmethod
+    def of(cls, manifest: dict[str, Any]) -> StreamManifest:
+        """Read ``manifest`` (its plan rebuilt and checked, :func:`plan_of`)."""
+        return cls(
+            stream_id=str(manifest["stream_id"]),
+            last_closed=int(manifest["last_closed"]),
+            horizon=plan_of(manifest).horizon,
+            releases={int(e): r["out"] for e, r in manifest["releases"].items()},
+        )
+
+
+def read_manifest(store: Any) -> StreamManifest:
+    """The typed committed state of an open (locked) stream store."""
+    return StreamManifest.of(store.manifest)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
