@@ -10,8 +10,12 @@ import pytest
 import zarr
 
 import pipeline
+from pipeline.algorithms.continual import noise_std
 from pipeline.algorithms.lrf import Algorithm, noise_level
+from pipeline.io.batches import write_batch
+from pipeline.io.release import read_release
 from pipeline.io.synthetic import generate_store
+from pipeline.jobs import stream
 from pipeline.jobs.pca import pca_signal
 from pipeline.jobs.reports import FactorizeReport, PcaReport, load_report
 from pipeline.mechanisms.signal import Signal, signal_of
@@ -108,3 +112,30 @@ def test_typed_reports_read_back_to_the_same_dict(global_seed: int) -> None:
     assert isinstance(typed, PcaReport)
     assert typed.to_dict() == rep
     assert typed.signal == Signal.from_dict(rep["signal"])
+
+
+def test_every_stream_epoch_reports_its_signal(tmp_path: Path) -> None:
+    """A stream's epoch release carries ``signal``, from that epoch's noise stds."""
+    state = tmp_path / "s.stream"
+    stream.stream_init(state, n_rows=30, n_cols=20, rank=2, horizon=2, epsilon=1.0,
+                       delta=1e-6, unit="row", ledger=tmp_path / "d.dplr-ledger.json",
+                       budget=(2.0, 1e-5))  # fmt: skip
+    batch = {"entity": np.array([1]), "i": np.array([1]), "j": np.array([2]),
+             "s": np.array([0.5])}  # fmt: skip
+    write_batch(tmp_path / "b.npz", batch)
+    stream.stream_ingest(state, tmp_path / "b.npz", epoch=1)
+    for epoch in (1, 2):
+        rel, _ = stream.stream_release(state, epoch=epoch, out=tmp_path / f"e{epoch}.zarr")
+        sig = rel.report["signal"]
+        assert list(sig) == KEYS
+        assert sig["of"] == 2
+        assert sig["above"] == 0  # one update of 0.5 is far below any noise here
+        assert sig["advice"]
+        # a function of the released S and the epoch's public noise stds only
+        plan = stream.plan_of(stream.open_stream(state).manifest)
+        level = noise_level(
+            plan.lrf.params.algorithm, plan.lrf.oriented_shape, plan.lrf.t,
+            noise_std(plan, epoch),
+        )  # fmt: skip
+        assert sig == signal_of(rel.S, level).to_dict()
+        assert read_release(tmp_path / f"e{epoch}.zarr").report["signal"] == sig
