@@ -28,6 +28,7 @@ from pipeline.algorithms.lrf import (
     LrfParams,
     TwoPassPlan,
     plan_lrf,
+    plan_noise_level,
 )
 from pipeline.algorithms.lrf import model as lrf_model
 from pipeline.algorithms.pca import PcaRelease
@@ -295,7 +296,9 @@ def plan_factorization(source: Any, params: LrfParams) -> list[dict[str, Any]]:
         One per algorithm: ``algorithm``, ``sketch_size``, ``core_size``,
         ``range_weight``, ``operator``, ``passes``, ``predicted_error``,
         ``full_gm_error`` and ``ratio_to_full_gm`` (public values only:
-        :mod:`pipeline.algorithms.lrf.model`).
+        :mod:`pipeline.algorithms.lrf.model`), and ``noise_level``: the level at
+        95% that released singular values must exceed to stand above the noise
+        (:mod:`pipeline.algorithms.lrf.signal`).
 
     Raises
     ------
@@ -335,6 +338,7 @@ def plan_factorization(source: Any, params: LrfParams) -> list[dict[str, Any]]:
             ),
             "operator": plan.operator.value, "passes": 2 if two else 1,
             **lrf_model.predict(plan).to_dict(),
+            "noise_level": plan_noise_level(plan),
         })  # fmt: skip
     return rows
 

@@ -184,6 +184,26 @@ def ledger_lines(report: dict[str, Any]) -> list[str]:
     ]
 
 
+def signal_lines(report: dict[str, Any]) -> list[str]:
+    """The summary's line on the components above the noise (none without noise)."""
+    sig = report.get("signal")
+    if not sig:
+        return []
+    return [
+        (
+            f"  {sig['above']} of {sig['of']} components above the noise (level "
+            f"{sig['noise_level']:.4g} at {sig['confidence']:.0%})"
+        )
+    ]
+
+
+def warn_signal(report: dict[str, Any]) -> None:
+    """One line on stderr when none or few released components stand above the noise."""
+    sig = report.get("signal")
+    if sig and sig["advice"]:
+        print(f"dplr: warning: {sig['advice']}", file=sys.stderr)
+
+
 def factorize_summary(report: dict[str, Any], out: str) -> str:
     """The human summary of a factorization's report (``dplr factorize``
     without ``--json``, and ``dplr demo``)."""
@@ -202,6 +222,7 @@ def factorize_summary(report: dict[str, Any], out: str) -> str:
         lines.extend(ledger_lines(report))
         if not report["private"]:
             lines.append("  NOT PRIVATE: noise drawn from --insecure-noise-seed")
+        lines.extend(signal_lines(report))
     p = report["parameters"]
     lines.append(
         f"  algorithm={report['algorithm']} t={p['sketch_size']} v={p['core_size']} passes={report['n_passes']} "

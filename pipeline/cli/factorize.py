@@ -13,6 +13,7 @@ from pipeline.cli.common import (
     factorize_summary,
     options_of,
     runtime_of,
+    warn_signal,
 )
 from pipeline.errors import InvalidParameterError
 
@@ -135,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
         if args.json
         else factorize_summary(result.report, args.out)
     )
+    warn_signal(result.report)
     return EXIT_OK
 
 
@@ -146,7 +148,12 @@ def _plan(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return EXIT_OK
-    lines = ["predicted additive spectral error (public error model; nothing read):"]
+    lines = [
+        (
+            "predicted additive spectral error (public error model; nothing read) and the "
+            "noise level released singular values must exceed to stand above the noise:"
+        )
+    ]
     for r in rows:
         if "refused" in r:
             lines.append(f"  {r['algorithm']:<10} not possible: {r['refused']}")
@@ -155,7 +162,8 @@ def _plan(args: argparse.Namespace) -> int:
             f"  {r['algorithm']:<10} passes={r['passes']} t={r['sketch_size']} "
             f"v={r['core_size']} range_weight={r['range_weight']:.3g} "
             f"error~{r['predicted_error']:.4g} ({r['ratio_to_full_gm']:.2f}x the "
-            f"full-matrix Gaussian mechanism's {r['full_gm_error']:.4g})"
+            f"full-matrix Gaussian mechanism's {r['full_gm_error']:.4g}); noise "
+            f"level {r['noise_level']:.4g} at 95%"
         )
     print("\n".join(lines))
     return EXIT_OK

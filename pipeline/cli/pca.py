@@ -15,6 +15,8 @@ from pipeline.cli.common import (
     ledger_lines,
     options_of,
     runtime_of,
+    signal_lines,
+    warn_signal,
 )
 from pipeline.io.objectstore import redact
 
@@ -155,6 +157,7 @@ def _summary(report: dict[str, Any], out: str) -> str:
         lines.extend(ledger_lines(report))
         if not report["private"]:
             lines.append("  NOT PRIVATE: noise drawn from --insecure-noise-seed")
+        lines.extend(signal_lines(report))
     if report["resumed_releases"]:
         lines.append("  resumed journaled release(s) of an interrupted run")
     sel = report.get("selection")
@@ -206,4 +209,5 @@ def run(args: argparse.Namespace) -> int:
         if args.json
         else _summary(result.report, args.out)
     )
+    warn_signal(result.report)
     return EXIT_OK

@@ -11,7 +11,13 @@ import argparse
 import json
 from typing import Any
 
-from pipeline.cli.common import budget_of, cluster_of, unless_locked
+from pipeline.cli.common import (
+    budget_of,
+    cluster_of,
+    signal_lines,
+    unless_locked,
+    warn_signal,
+)
 
 
 def add_parser(sub: Any) -> None:
@@ -217,6 +223,9 @@ def _release(a: argparse.Namespace) -> int:
     print(
         f"epoch {a.epoch} {word} -> {a.out}: rank {rep['rank']}, {priv}; noise std {stds}"
     )
+    for line in signal_lines(rep):
+        print(line.strip())
+    warn_signal(rep)
     return 0
 
 

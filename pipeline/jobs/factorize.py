@@ -27,6 +27,7 @@ from pipeline.algorithms.lrf import (
     LrfPlan,
     TwoPassPlan,
     plan_lrf,
+    plan_noise_level,
     run_lrf,
     seed_fingerprint,
 )
@@ -34,7 +35,6 @@ from pipeline.algorithms.lrf import model as lrf_model
 from pipeline.io import scratch as scratch_dirs
 from pipeline.io.objectstore import redact
 from pipeline.jobs.engine import (
-    NON_PRIVATE_REPORT,
     InputRef,
     ReleaseJob,
     ReleaseOptions,
@@ -42,6 +42,14 @@ from pipeline.jobs.engine import (
     crash_point,
 )
 from pipeline.jobs.hooks import release_hooks
+from pipeline.jobs.reports import (
+    OMIT,
+    FactorizePrivacy,
+    FactorizeReport,
+    NonPrivate,
+    ReleaseCore,
+)
+from pipeline.mechanisms.signal import signal_of
 
 __all__ = ["LrfJob", "SketchJournal", "build_report", "lrf_release_spec"]
 
@@ -53,19 +61,25 @@ def build_report(
     info: Any,
     passes: int,
     cluster: dict[str, Any] | None,
+    released: np.ndarray | None = None,
+    resumed: bool | None = None,
 ) -> dict[str, Any]:
-    """The privacy report and run metadata of a release (public values only)."""
-    p, cal = plan.params, plan.calibration
+    """The privacy report and run metadata of a release (public values only).
+
+    ``released`` (the released singular values) adds the ``signal`` entry of a
+    private release; ``resumed`` the ``resumed_from_journal`` one.
+    """
+    p = plan.params
     m, n = plan.shape
     # job.prepare() drew or resumed the seed: a factorization always has one
     assert job.sketch_seed is not None
-    report: dict[str, Any] = {
-        "format": "dplr-release/1",
-        **job.report_core(),
-        "algorithm": p.algorithm.value,
-        "rank": p.rank,
-        "shape": [m, n],
-        "parameters": {
+    level = plan_noise_level(plan)
+    return FactorizeReport(
+        core=ReleaseCore(**job.report_core()),
+        algorithm=p.algorithm.value,
+        rank=p.rank,
+        shape=[m, n],
+        parameters={
             "sketch_size": plan.t,
             "core_size": plan.v,
             "transposed": plan.transpose,
@@ -74,35 +88,44 @@ def build_report(
             "operator": plan.operator.value,
             **_split_fields(plan),
         },
-        "n_passes": passes,
-        "n_passes_planned": 2 if p.algorithm is Algorithm.TWO_PASS else 1,
-        "input": _input_report(info),
-        "cluster": cluster,
-        "sketch_seed_fingerprint": seed_fingerprint(job.sketch_seed),
-        "public_sketch_seed": plan.public_sketch_seed,
-    }
+        n_passes=passes,
+        n_passes_planned=2 if p.algorithm is Algorithm.TWO_PASS else 1,
+        input=_input_report(info),
+        cluster=cluster,
+        sketch_seed_fingerprint=seed_fingerprint(job.sketch_seed),
+        public_sketch_seed=plan.public_sketch_seed,
+        privacy=_privacy(plan),
+        signal=OMIT
+        if level is None or released is None
+        else signal_of(released, level),
+        resumed_from_journal=OMIT if resumed is None else resumed,
+    ).to_dict()
+
+
+def _privacy(plan: LrfPlan | TwoPassPlan) -> NonPrivate | FactorizePrivacy:
+    """The privacy fields of a factorization's report."""
+    p, cal = plan.params, plan.calibration
     if cal is None:
-        return report | NON_PRIVATE_REPORT
+        return NonPrivate()
     two = p.algorithm is Algorithm.TWO_PASS
     predicted = lrf_model.predict(plan)
-    if two:
+    return FactorizePrivacy(
         # post-processing with public values: the noise's energy taken out of S
-        report["singular_values"] = _TWO_PASS_SINGULAR_VALUES
-    return report | {
-        "mechanism": _TWO_PASS_MECHANISM
+        singular_values=_TWO_PASS_SINGULAR_VALUES if two else OMIT,
+        mechanism=_TWO_PASS_MECHANISM
         if two
         else "Gaussian, one joint mechanism over all released sketches (analytic calibration [BW18])",
-        "epsilon": cal.epsilon,
-        "delta": cal.delta,
-        "accountant": "analytic Gaussian mechanism; releases on one dataset compose exactly in the ledger",
-        "idealized_numerics": True,
-        "privacy_unit": p.clip.unit.value,
-        "neighboring": p.neighboring.value,
-        "clip_norm": p.clip.clip_norm,
+        epsilon=cal.epsilon,
+        delta=cal.delta,
+        accountant="analytic Gaussian mechanism; releases on one dataset compose exactly in the ledger",
+        idealized_numerics=True,
+        privacy_unit=p.clip.unit.value,
+        neighboring=p.neighboring.value,
+        clip_norm=p.clip.clip_norm,
         # a user-given seed is public: the calibration used its operators' worst case
-        "sensitivity": cal.sensitivity,
-        "calibration": cal.to_dict(),
-        "sketches": [
+        sensitivity=cal.sensitivity,
+        calibration=cal.to_dict(),
+        sketches=[
             {
                 "name": s.name,
                 "shape": list(s.shape),
@@ -114,9 +137,9 @@ def build_report(
         ],
         # spec 7.3: public pre-flight estimate of the additive error, from the
         # error model (public values only)
-        "noise_floor_estimate": predicted.error,
-        "error_model": predicted.to_dict(),
-    }
+        noise_floor_estimate=predicted.error,
+        error_model=predicted.to_dict(),
+    )
 
 
 _TWO_PASS_SINGULAR_VALUES = (
@@ -257,9 +280,9 @@ class LrfJob:
         if self.cluster is not None:
             self.cluster["n_graph_tasks_pass"] = src.n_tasks
         report = build_report(
-            plan, job, info=self.info, passes=src.n_passes, cluster=self.cluster
-        )
-        report["resumed_from_journal"] = journal.resumed
+            plan, job, info=self.info, passes=src.n_passes, cluster=self.cluster,
+            released=np.asarray(result.S), resumed=journal.resumed,
+        )  # fmt: skip
         return Factorization(U=result.U, S=result.S, V=result.V, report=report)
 
     def publish(self, job: ReleaseJob, staged: Factorization, client: Any) -> Any:

@@ -353,12 +353,12 @@ def _release_date(
 ) -> dict[str, Any]:
     """Ingest epoch ``e``'s batches (unless a crashed run closed it) and release it."""
     from pipeline.jobs.engine import crash_point
-    from pipeline.jobs.stream import plan_of, stream_ingest, stream_release
+    from pipeline.jobs.stream import read_manifest, stream_ingest, stream_release
 
     d = cfg.date_of(e)
     out = cfg.release_for(d)
     done: list[str] = []
-    if e > store.manifest["last_closed"]:
+    if e > read_manifest(store).last_closed:
         files = _batches(cfg, d)
         if files is None:
             raise _no_inbox(cfg, d)
@@ -368,13 +368,14 @@ def _release_date(
                 "skipped"
             ]:
                 done.append(os.path.basename(f))
-    _, new = stream_release(cfg.state, epoch=e, out=out, client=client, store=store)
+    rel, new = stream_release(cfg.state, epoch=e, out=out, client=client, store=store)
     _point_latest(cfg.releases, out)
     crash_point("after-latest")
     action = "released" if new else "already released"
-    horizon = plan_of(store.manifest).horizon
+    horizon = read_manifest(store).horizon
     say(
         f"{d.isoformat()} epoch {e}/{horizon}: {len(done)} batch file(s) ingested, {action} -> {out}"
+        + _signal_words(rel.report)
     )
     return {
         "date": d.isoformat(),
@@ -383,6 +384,15 @@ def _release_date(
         "release": out,
         "action": action,
     }
+
+
+def _signal_words(report: dict[str, Any]) -> str:
+    """The release's components above the noise, and its advice when few are."""
+    sig = report.get("signal")
+    if not sig:
+        return ""
+    words = f"; {sig['above']} of {sig['of']} components above the noise"
+    return words + (f" (warning: {sig['advice']})" if sig["advice"] else "")
 
 
 def _first_epoch(m: dict[str, Any]) -> int:

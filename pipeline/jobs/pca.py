@@ -24,15 +24,15 @@ from pipeline.algorithms.pca import PcaRelease
 from pipeline.errors import InvalidParameterError
 from pipeline.io.objectstore import redact
 from pipeline.jobs.engine import (
-    NON_PRIVATE_REPORT,
     InputRef,
     ReleaseJob,
     ReleaseOptions,
     ReleaseSpec,
     crash_point,
-    package_versions,
 )
 from pipeline.jobs.hooks import release_hooks
+from pipeline.jobs.reports import NonPrivate, PcaPrivacy, PcaReport, ReleaseCore
+from pipeline.mechanisms.signal import Signal, signal_of, symmetric_norm_bound
 from pipeline.params import Neighboring, PrivacyUnit
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "build_pca_report",
     "pca_plan",
     "pca_release_spec",
+    "pca_signal",
     "relation_text",
 ]
 
@@ -320,14 +321,12 @@ def build_pca_report(
     """The privacy report and run metadata of a PCA release (public values only)."""
     p, cal = plan.params, plan.calibration
     n, d = plan.shape
-    selected = hasattr(result, "gap")
-    report: dict[str, Any] = {
-        "format": "dplr-pca-release/1",
-        **job.report_core(),
-        "algorithm": f"pca-{p.method}",
-        "rank": p.rank,
-        "shape": [n, d],
-        "parameters": {
+    report = PcaReport(
+        core=ReleaseCore(**job.report_core()),
+        algorithm=f"pca-{p.method}",
+        rank=p.rank,
+        shape=[n, d],
+        parameters={
             "method": p.method,
             "iterations": plan.iterations,
             "clip_radius": None if math.isinf(plan.clip_radius) else plan.clip_radius,
@@ -344,40 +343,59 @@ def build_pca_report(
             "gamma_scale": p.gamma_scale,
             "centred": False,
         },
-        "auto": plan.auto,
-        "n_passes": result.n_passes,
-        "n_passes_planned": plan.n_passes,
-        "releases": list(result.releases),
-        "resumed_releases": list(result.resumed),
-        "selection": None,
-        "input": {
+        auto=plan.auto,
+        n_passes=result.n_passes,
+        n_passes_planned=plan.n_passes,
+        releases=list(result.releases),
+        resumed_releases=list(result.resumed),
+        selection=None,
+        input={
             "path": None if info.path is None else redact(info.path),
             "dtype": info.dtype,
             "store_chunks": info.store_chunks,
             "n_row_bands": len(info.dask_chunks[0]),
         },
-        "cluster": cluster,
-        "versions": package_versions(),
-    }
-    if cal is None:
-        return report | NON_PRIVATE_REPORT
-    if selected:
-        return _selection_report(report, result, cal)
-    cd = cal.to_dict()
-    report.update(
-        {
-            "mechanism": "Gaussian releases M, H_t, Z_t composed exactly (mu-GDP); analytic calibration",
-            "epsilon": cal.epsilon,
-            "delta": cal.delta,
-            "realised_epsilon": cal.realised_epsilon(),
-            "accountant": p.accounting,
-            "neighboring": relation_text(p.neighboring),
-            "idealized_numerics": True,
-            "calibration": cd,
-            "mechanisms": cd.get("mechanisms"),
-        }
+        cluster=cluster,
+        privacy=NonPrivate(),
     )
-    return report
+    if cal is None:
+        return report.to_dict()
+    signal = pca_signal(
+        result.eigenvalues, rank=p.rank, dim=d, noise_init=cal.noise_init
+    )
+    if hasattr(result, "gap"):
+        return _selection_report(report, result, cal, signal)
+    cd = cal.to_dict()
+    return dataclasses.replace(
+        report,
+        privacy=PcaPrivacy(
+            mechanism="Gaussian releases M, H_t, Z_t composed exactly (mu-GDP); analytic calibration",
+            epsilon=cal.epsilon,
+            delta=cal.delta,
+            realised_epsilon=cal.realised_epsilon(),
+            accountant=p.accounting,
+            neighboring=relation_text(p.neighboring),
+            idealized_numerics=True,
+            calibration=cd,
+            mechanisms=cd.get("mechanisms"),
+        ),
+        signal=signal,
+    ).to_dict()
+
+
+def pca_signal(eigenvalues: Any, *, rank: int, dim: int, noise_init: float) -> Signal:
+    """The components of a PCA above the noise of its released Gram matrix ``M``.
+
+    The eigenvalues (the top ``rank``; the ``k + 1``-th is not a component) are
+    those of ``M = A^T A + noise_init sym(G)``, whose noise is bounded by
+    :func:`~pipeline.mechanisms.signal.symmetric_norm_bound` (every method and a
+    selection release ``M`` first, with this noise).
+    """
+    level = symmetric_norm_bound(dim, noise_init)
+    return signal_of(
+        np.asarray(eigenvalues)[:rank], level,
+        remedies="a larger epsilon or more rows",
+    )  # fmt: skip
 
 
 def relation_text(neighboring: str) -> str:
@@ -387,7 +405,9 @@ def relation_text(neighboring: str) -> str:
     return "one row replaced by another, n public (rows clipped to norm 1)"
 
 
-def _selection_report(report: dict[str, Any], result: Any, cal: Any) -> dict[str, Any]:
+def _selection_report(
+    report: PcaReport, result: Any, cal: Any, signal: Signal
+) -> dict[str, Any]:
     """The report of a private selection: the winner only.
 
     The number of trials N, and anything that reveals it (passes, release
@@ -403,50 +423,49 @@ def _selection_report(report: dict[str, Any], result: Any, cal: Any) -> dict[str
         )
     else:
         gamma = cal.gamma(result.iterations)
-    report["parameters"].update(
-        {
-            "method": "private selection of the method, R and T"
+    parameters = report.parameters | {
+        "method": "private selection of the method, R and T"
+        if exhaustive
+        else "power (private selection of R and T)",
+        "accounting": "gdp" if exhaustive else "rdp",
+        "iterations": result.iterations,
+        "clip_radius": result.clip_radius,
+        "requested_clip_radius": None,
+        "gamma": gamma,
+    }
+    # the run's time, like its passes, would reveal the number of trials
+    core = dataclasses.replace(report.core, timings_seconds={})
+    return dataclasses.replace(
+        report,
+        core=core,
+        parameters=parameters,
+        n_passes=None,
+        n_passes_planned=None,
+        releases=None,
+        resumed_releases=[] if not result.resumed else ["(withheld)"],
+        selection={
+            "selected_clip_radius": result.clip_radius,
+            "selected_iterations": result.iterations,
+            "score_gap": result.gap,
+            "warm_start_gap_test_passed": result.gap > 0,
+            "withheld": "passes and per-trial values"
             if exhaustive
-            else "power (private selection of R and T)",
-            "accounting": "gdp" if exhaustive else "rdp",
-            "iterations": result.iterations,
-            "clip_radius": result.clip_radius,
-            "requested_clip_radius": None,
-            "gamma": gamma,
-        }
-    )
-    report.update(
-        {
-            # the run's time, like its passes, would reveal the number of trials
-            "timings_seconds": {},
-            "n_passes": None,
-            "n_passes_planned": None,
-            "releases": None,
-            "resumed_releases": [] if not result.resumed else ["(withheld)"],
-            "selection": {
-                "selected_clip_radius": result.clip_radius,
-                "selected_iterations": result.iterations,
-                "score_gap": result.gap,
-                "warm_start_gap_test_passed": result.gap > 0,
-                "withheld": "passes and per-trial values"
-                if exhaustive
-                else "number of trials, passes and per-trial values (they would void the random-stopping analysis)",
-            },
-            "mechanism": "Analyze Gauss and power-method candidates, each run once, the best noisy score released; composed exactly (mu-GDP)"
+            else "number of trials, passes and per-trial values (they would void the random-stopping analysis)",
+        },
+        privacy=PcaPrivacy(
+            mechanism="Analyze Gauss and power-method candidates, each run once, the best noisy score released; composed exactly (mu-GDP)"
             if exhaustive
             else "Analyze Gauss warm start + Papernot-Steinke random stopping over (R, T) trials; RDP accountant",
-            "epsilon": cal.epsilon,
-            "delta": cal.delta,
-            "realised_epsilon": cal.realised_epsilon()
-            if exhaustive
-            else cal.rdp_epsilon,
-            "accountant": "gdp (every candidate once)"
+            epsilon=cal.epsilon,
+            delta=cal.delta,
+            realised_epsilon=cal.realised_epsilon() if exhaustive else cal.rdp_epsilon,
+            accountant="gdp (every candidate once)"
             if exhaustive
             else "rdp (dp_accounting RepeatAndSelectDpEvent), capped number of trials",
-            "neighboring": relation_text(cal.neighboring),
-            "idealized_numerics": True,
-            "calibration": cal.to_dict(),
-            "mechanisms": [m.to_dict() for m in cal.mechanisms] if exhaustive else [],
-        }
-    )
-    return report
+            neighboring=relation_text(cal.neighboring),
+            idealized_numerics=True,
+            calibration=cal.to_dict(),
+            mechanisms=[m.to_dict() for m in cal.mechanisms] if exhaustive else [],
+        ),
+        signal=signal,
+    ).to_dict()

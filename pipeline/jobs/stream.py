@@ -37,6 +37,7 @@ show data values, counts of clipped entities or norms.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import functools
 import hashlib
@@ -75,6 +76,7 @@ from pipeline.algorithms.lrf import (
     Algorithm,
     LrfParams,
     default_operator,
+    noise_level,
     seed_fingerprint,
 )
 from pipeline.errors import (
@@ -88,6 +90,7 @@ from pipeline.errors import (
 from pipeline.io.objectstore import local_path
 from pipeline.jobs.engine import InputRef, ReleaseJob, ReleaseSpec
 from pipeline.jobs.engine import crash_point as _crash_point
+from pipeline.jobs.reports import OMIT, NonPrivate, StreamPrivacy, StreamReport
 from pipeline.mechanisms.clipping import ClipSpec
 from pipeline.mechanisms.entities import (
     EntityTable,
@@ -96,6 +99,7 @@ from pipeline.mechanisms.entities import (
     coalesce,
     zero_non_finite_entities,
 )
+from pipeline.mechanisms.signal import signal_of
 from pipeline.params import Neighboring, PrivacyUnit
 from pipeline.sketches.operators import OperatorKind
 
@@ -106,10 +110,12 @@ if TYPE_CHECKING:
 __all__ = [
     "DuplicateBatchError",
     "StreamInfo",
+    "StreamManifest",
     "StreamParams",
     "continue_advice",
     "continue_command",
     "open_stream",
+    "read_manifest",
     "stream_ingest",
     "stream_init",
     "stream_release",
@@ -174,6 +180,35 @@ def plan_of(manifest: dict[str, Any]) -> StreamPlan:
             "from its parameters; use the dplr version that created the stream."
         )
     return plan
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StreamManifest:
+    """The stream's committed state as a run reads it (public values only).
+
+    A typed view of the manifest: the epochs closed and released so far and the
+    horizon of the stream's plan.
+    """
+
+    stream_id: str
+    last_closed: int
+    horizon: int
+    releases: dict[int, str]  # epoch -> where it was published
+
+    @classmethod
+    def of(cls, manifest: dict[str, Any]) -> StreamManifest:
+        """Read ``manifest`` (its plan rebuilt and checked, :func:`plan_of`)."""
+        return cls(
+            stream_id=str(manifest["stream_id"]),
+            last_closed=int(manifest["last_closed"]),
+            horizon=plan_of(manifest).horizon,
+            releases={int(e): r["out"] for e, r in manifest["releases"].items()},
+        )
+
+
+def read_manifest(store: Any) -> StreamManifest:
+    """The typed committed state of an open (locked) stream store."""
+    return StreamManifest.of(store.manifest)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -956,80 +991,87 @@ def _close_epochs(store: Any, plan: StreamPlan, epoch: int, client: Any = None) 
     )
 
 
-def _release_report(store: Any, plan: StreamPlan, epoch: int) -> dict[str, Any]:
-    """The release's report: a deterministic function of the committed state."""
+def _release_report(
+    store: Any, plan: StreamPlan, epoch: int, released: np.ndarray
+) -> dict[str, Any]:
+    """The release's report: a deterministic function of the committed state
+    and the released singular values (its ``signal``)."""
     m = store.manifest
     p = m["params"]
     cal = plan.lrf.calibration
     insecure = bool(m["insecure_noise"])
-    report: dict[str, Any] = {
-        "format": "dplr-release/1",
-        "release_id": f"{m['stream_id']}-epoch-{epoch}",
-        "created": m["closed"][str(epoch)],
-        "private": cal is not None and not insecure,
-        "algorithm": f"continual-{p['algorithm']}",
-        "rank": p["rank"],
-        "shape": [p["n_rows"], p["n_cols"]],
-        "parameters": {
+    stds = noise_std(plan, epoch)
+    report = StreamReport(
+        release_id=f"{m['stream_id']}-epoch-{epoch}",
+        created=m["closed"][str(epoch)],
+        private=cal is not None and not insecure,
+        algorithm=f"continual-{p['algorithm']}",
+        rank=p["rank"],
+        shape=[p["n_rows"], p["n_cols"]],
+        parameters={
             "sketch_size": plan.lrf.t,
             "core_size": plan.lrf.v,
             "transposed": plan.lrf.transpose,
             "tile_size": plan.lrf.params.tile_size,
         },
-        "stream": {
+        stream={
             "stream_id": m["stream_id"],
             "epoch": epoch,
             "horizon": plan.horizon,
             "tree_levels": plan.levels,
             "tree_nodes": [list(x) for x in tree_nodes(epoch)],
-            "noise_std": noise_std(plan, epoch),
+            "noise_std": stds,
         },
-        "n_passes": 0,
-        "sketch_seed_fingerprint": m["sketch_seed_fingerprint"],
-        "versions": {"dplr": m["dplr_version"]},
-    }
-    if cal is None:
-        report |= {
-            "mechanism": None,
-            "epsilon": None,
-            "delta": None,
-            "note": "non-private stream: no clipping, no noise; NOT PRIVATE",
-        }
-        return report
-    report |= {
-        "mechanism": (
-            "Gaussian binary-tree mechanism over all epochs, one joint mechanism over "
-            "every node and sketch (analytic calibration [BW18]); this release is "
-            "post-processing of the tree"
+        n_passes=0,
+        sketch_seed_fingerprint=m["sketch_seed_fingerprint"],
+        versions={"dplr": m["dplr_version"]},
+        privacy=NonPrivate(
+            note="non-private stream: no clipping, no noise; NOT PRIVATE"
         ),
-        "epsilon": cal.epsilon,
-        "delta": cal.delta,
-        "budget_scope": "the whole stream (every epoch's release together)",
-        "accountant": "analytic Gaussian mechanism; charged once to the ledger at stream creation",
-        "idealized_numerics": True,
-        "insecure_noise_seed": insecure,
-        "privacy_unit": p["unit"],
-        "neighboring": p["neighboring"],
-        "neighbour_relation": "continual: sum over epochs of ||D_tau - D'_tau||_F <= Delta_F",
-        "clip_norm": p["clip_norm"],
-        "calibration": cal.to_dict(),
-        "sketches": [
-            {
-                "name": s.name,
-                "shape": list(s.shape),
-                "sensitivity": s.sensitivity,
-                "sigma": s.sigma,
-                "weight": s.weight,
-            }
-            for s in cal.sketches
-        ],
-        "ledger": m["ledger"],
-    }
-    if insecure:
-        report["note"] = (
-            "noise drawn from a public seed (insecure_noise_seed): NOT PRIVATE"
-        )
-    return report
+    )
+    if cal is None:
+        return report.to_dict()
+    # the epoch's sketches carry noise of std sqrt(popcount) sigma: the same
+    # one-pass post-processing, so the one-pass level with those stds
+    level = noise_level(
+        plan.lrf.params.algorithm, plan.lrf.oriented_shape, plan.lrf.t, stds
+    )
+    return dataclasses.replace(
+        report,
+        privacy=StreamPrivacy(
+            mechanism=(
+                "Gaussian binary-tree mechanism over all epochs, one joint mechanism over "
+                "every node and sketch (analytic calibration [BW18]); this release is "
+                "post-processing of the tree"
+            ),
+            epsilon=cal.epsilon,
+            delta=cal.delta,
+            budget_scope="the whole stream (every epoch's release together)",
+            accountant="analytic Gaussian mechanism; charged once to the ledger at stream creation",
+            idealized_numerics=True,
+            insecure_noise_seed=insecure,
+            privacy_unit=p["unit"],
+            neighboring=p["neighboring"],
+            neighbour_relation="continual: sum over epochs of ||D_tau - D'_tau||_F <= Delta_F",
+            clip_norm=p["clip_norm"],
+            calibration=cal.to_dict(),
+            sketches=[
+                {
+                    "name": s.name,
+                    "shape": list(s.shape),
+                    "sensitivity": s.sensitivity,
+                    "sigma": s.sigma,
+                    "weight": s.weight,
+                }
+                for s in cal.sketches
+            ],
+            ledger=m["ledger"],
+            note="noise drawn from a public seed (insecure_noise_seed): NOT PRIVATE"
+            if insecure
+            else OMIT,
+        ),
+        signal=signal_of(released, level),
+    ).to_dict()
 
 
 def _release_digest(f: Factorization) -> str:
@@ -1128,9 +1170,8 @@ def stream_release(
         result = release_factorization(plan, noisy, seed)
         del noisy
         _crash_point("after-noise")
-        final = Factorization(
-            U=result.U, S=result.S, V=result.V, report=_release_report(st, plan, epoch)
-        )
+        report = _release_report(st, plan, epoch, np.asarray(result.S))
+        final = Factorization(U=result.U, S=result.S, V=result.V, report=report)
         digest = _release_digest(final)
         if os.path.lexists(
             out

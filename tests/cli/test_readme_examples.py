@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import zarr
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.DOTALL | re.MULTILINE)
@@ -102,3 +103,7 @@ def test_every_readme_example_runs_as_written(tmp_path: Path) -> None:
             f"README {lang} example failed (exit {proc.returncode}):\n{code}\n"
             f"stderr:\n{proc.stderr[-3000:]}"
         )
+    # the Quick start's release stands above its noise (and says so)
+    report = zarr.open_group(str(tmp_path / "big-release.zarr"), mode="r").attrs["report"]
+    assert report["signal"]["above"] >= 1, report["signal"]
+    assert report["signal"]["advice"] == ""

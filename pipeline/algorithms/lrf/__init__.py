@@ -64,6 +64,7 @@ from pipeline.algorithms.lrf.plan import (
     worst_case_factors,
 )
 from pipeline.algorithms.lrf.run import pass_request, plan_lrf, run_lrf
+from pipeline.algorithms.lrf.signal import noise_level, plan_noise_level
 from pipeline.algorithms.lrf.two_pass import SKETCHES, TwoPassPlan
 from pipeline.sketches.operators import seed_fingerprint
 
@@ -84,8 +85,10 @@ __all__ = [
     "default_sketch_sizes",
     "gram_basis",
     "gram_svd",
+    "noise_level",
     "pass_request",
     "plan_lrf",
+    "plan_noise_level",
     "plan_operators",
     "reach_of",
     "run_lrf",
