@@ -67,7 +67,7 @@ from pipeline.accounting.gaussian import (
     gaussian_epsilon,
     gaussian_noise_multiplier,
 )
-from pipeline.accounting.pca_paper import _paper_constants, paper_constants
+from pipeline.accounting.pca_paper import paper_constants, unchecked_paper_constants
 from pipeline.accounting.pca_sensitivity import (
     NEIGHBORINGS,
     SENSITIVITIES,
@@ -381,7 +381,7 @@ class PcaCalibration:
             "realised_epsilon": self.realised_epsilon(),
         }
         if self.accounting == "paper":
-            c = _paper_constants(self.epsilon, self.delta, self.iterations)
+            c = unchecked_paper_constants(self.epsilon, self.delta, self.iterations)
             report["paper_nominal"] = {
                 "epsilon": self.epsilon,
                 "delta": self.delta,

@@ -44,7 +44,12 @@ from pipeline.errors import InvalidParameterError, PrivacyConfigError
 if TYPE_CHECKING:
     import dp_accounting
 
-__all__ = ["SelectionCalibration", "calibrate_selection", "selection_rdp_epsilon"]
+__all__ = [
+    "SelectionCalibration",
+    "calibrate_selection",
+    "selection_rdp_epsilon",
+    "trial_rho",
+]
 
 # LEDGER_CHECK slack, as in calibration.py: covers rounding in mu only.
 _CHECK_RTOL = 1e-9
@@ -67,8 +72,24 @@ _RDP_ORDERS = tuple(
 )
 
 
-def _trial_rho(chi: float, zeta: float, sens: PcaSensitivities) -> float:
-    """zCDP cost of one trial, the same for every ``t`` (spec 2.5, 3.5)."""
+def trial_rho(chi: float, zeta: float, sens: PcaSensitivities) -> float:
+    """zCDP cost of one selection trial, the same for every ``t`` (spec 2.5, 3.5).
+
+    Parameters
+    ----------
+    chi : float
+        Noise multiplier of the power method's releases ``H``, ``Z`` (all ``t``).
+    zeta : float
+        Noise multiplier of the trial's score.
+    sens : PcaSensitivities
+        ``gram`` (of ``H``) and ``clip`` (of ``Z``, per unit of clip radius).
+
+    Returns
+    -------
+    float
+        ``rho`` of one trial: ``(gram^2 + clip^2) / (2 chi^2) + 1 / (2 zeta^2)``
+        (the score's noise is ``zeta`` times its sensitivity).
+    """
     # t iterations x (H: s_gram^2 / (2 chi^2 t) + Z: (c R)^2 / (2 chi^2 t R^2)),
     # plus the score: std s_score zeta for sensitivity s_score.
     return (sens.gram**2 + sens.clip**2) / (2.0 * chi**2) + 1.0 / (2.0 * zeta**2)
@@ -81,7 +102,7 @@ def _selection_event(
     from dp_accounting import dp_event
 
     base = dp_accounting.GaussianDpEvent(
-        noise_multiplier=1.0 / math.sqrt(2.0 * _trial_rho(chi, zeta, sens))
+        noise_multiplier=1.0 / math.sqrt(2.0 * trial_rho(chi, zeta, sens))
     )
     return dp_accounting.ComposedDpEvent(
         events=[
@@ -252,7 +273,7 @@ class SelectionCalibration:
     @property
     def rho_trial(self) -> float:
         """zCDP cost of one trial (its ``H``, ``Z`` and score), whatever its ``t``."""
-        return _trial_rho(self.chi, self.zeta, self.sensitivities)
+        return trial_rho(self.chi, self.zeta, self.sensitivities)
 
     def noise_iter(self, t: int) -> float:
         """``Delta(t) = chi sqrt(t)``, the std of ``H`` (and of ``Z`` over ``R``).
