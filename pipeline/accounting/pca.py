@@ -401,7 +401,7 @@ class PcaCalibration:
             calibration's relation is folded into the noise multiplier:
             dp_accounting does not rescale a plain Gaussian event (spec 3.4).
         """
-        import dp_accounting  # lazy: importing it costs 2-3 s
+        import dp_accounting  # heavy: dp_accounting, 2-3 s to import
 
         events: list[dp_accounting.DpEvent] = []
         for m in self.mechanisms:
@@ -722,7 +722,7 @@ def pld_epsilon_of(calibration: PcaCalibration) -> float:
         discretisation is pessimistic, so this is slightly above
         :meth:`PcaCalibration.realised_epsilon` (spec 5.2 P5: within 1e-3).
     """
-    import dp_accounting  # lazy: importing it costs 2-3 s
+    import dp_accounting  # heavy: dp_accounting, 2-3 s to import
 
     if not isinstance(calibration, PcaCalibration):
         raise InvalidParameterError(

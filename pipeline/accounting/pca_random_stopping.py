@@ -98,8 +98,8 @@ def trial_rho(chi: float, zeta: float, sens: PcaSensitivities) -> float:
 def _selection_event(
     noise_init: float, chi: float, zeta: float, theta: float, sens: PcaSensitivities
 ) -> dp_accounting.ComposedDpEvent:
-    import dp_accounting  # lazy: importing it costs 2-3 s
-    from dp_accounting import dp_event
+    import dp_accounting  # heavy: dp_accounting, 2-3 s to import
+    from dp_accounting import dp_event  # heavy: dp_accounting
 
     base = dp_accounting.GaussianDpEvent(
         noise_multiplier=1.0 / math.sqrt(2.0 * trial_rho(chi, zeta, sens))
@@ -121,7 +121,7 @@ def _rdp_epsilon_and_order(
     sens: PcaSensitivities,
     delta: float,
 ) -> tuple[float, float]:
-    from dp_accounting import rdp  # lazy: importing it costs 2-3 s
+    from dp_accounting import rdp  # heavy: dp_accounting, 2-3 s to import
 
     accountant = rdp.RdpAccountant(orders=list(_RDP_ORDERS))
     accountant.compose(_selection_event(noise_init, chi, zeta, theta, sens))
@@ -463,7 +463,7 @@ def _solve_nu(
     accountant (tens of ms), so evaluations are cached and the bracket starts
     near the answer.
     """
-    from scipy import optimize
+    from scipy import optimize  # heavy: scipy.optimize, 0.27 s to import
 
     cache: dict[float, tuple[float, float]] = {}
 

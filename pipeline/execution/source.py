@@ -35,6 +35,7 @@ import numpy as np
 import scipy.linalg
 from dask.highlevelgraph import HighLevelGraph
 from dask.typing import DaskCollection
+from distributed import futures_of
 
 from pipeline._types import FloatArray, Shape2D
 from pipeline.algorithms.base import RowBlockFn
@@ -249,8 +250,6 @@ def gather_blocks(
     its blocks on a worker (one more round trip, and the whole array on that
     worker) before sending it.
     """
-    from distributed import futures_of
-
     if not persisted:
         arrays = client.persist(list(arrays))
     futures = [futures_of(a) for a in arrays]

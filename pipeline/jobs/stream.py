@@ -39,15 +39,17 @@ from __future__ import annotations
 
 import datetime as _dt
 import functools
+import glob
 import hashlib
 import math
 import os
 import shlex
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -85,7 +87,14 @@ from pipeline.errors import (
     PrivacyConfigError,
     StoreLayoutError,
 )
+from pipeline.io.batches import UpdateBatch, read_batch
+from pipeline.io.entity_ids import EntityIds
 from pipeline.io.objectstore import local_path
+from pipeline.io.stream_state import (
+    LEGACY_FORMAT,
+    STATE_FORMAT,
+    StreamStore,
+)
 from pipeline.jobs.engine import InputRef, ReleaseJob, ReleaseSpec
 from pipeline.jobs.engine import crash_point as _crash_point
 from pipeline.mechanisms.clipping import ClipSpec
@@ -98,10 +107,6 @@ from pipeline.mechanisms.entities import (
 )
 from pipeline.params import Neighboring, PrivacyUnit
 from pipeline.sketches.operators import OperatorKind
-
-if TYPE_CHECKING:
-    from pipeline.io.batches import UpdateBatch
-    from pipeline.io.entity_ids import EntityIds
 
 __all__ = [
     "DuplicateBatchError",
@@ -225,8 +230,6 @@ def _info(store: Any) -> StreamInfo:
 
 def open_stream(state: str | os.PathLike[str]) -> Any:
     """Open a stream state (a :class:`~pipeline.io.stream_state.StreamStore`)."""
-    from pipeline.io.stream_state import StreamStore
-
     return StreamStore.open(state)
 
 
@@ -323,8 +326,6 @@ def stream_init(
     stream (spec 9.18: the tree after a horizon composes with the one before);
     releases are post-processing and are never charged again.
     """
-    from pipeline.io.stream_state import StreamStore
-
     if seed is not None:
         seed = check_int_in_range(seed, "seed", 0, 2**128 - 1)
     params = StreamParams(
@@ -392,7 +393,7 @@ def _created_by(make_spec: Callable[[], ReleaseSpec], state: str) -> bool:
     the ledger, holding the noise key) leaves both; the same command finds the
     journal of the same job naming that stream and finishes the clean-up.
     """
-    from pipeline.io import FileJournal
+    from pipeline.io import FileJournal  # heavy: dask
 
     try:
         spec = make_spec()
@@ -649,8 +650,6 @@ def _legacy_entity_key(manifest: dict[str, Any]) -> bytes:
 
 def _hashes_string_ids(manifest: dict[str, Any]) -> bool:
     """Whether the state's string ids were hashed (format 1), so that two ids may share a key."""
-    from pipeline.io.stream_state import LEGACY_FORMAT
-
     return bool(
         manifest["format"] == LEGACY_FORMAT and manifest["entity_kind"] == "str"
     )
@@ -668,8 +667,6 @@ def _load_entities(store: Any) -> EntityTable:
 
 def _load_entity_ids(store: Any) -> EntityIds:
     """The stream's table of string entity ids (their keys are their positions)."""
-    from pipeline.io.entity_ids import EntityIds
-
     if not store.has("entities/ids_data"):
         return EntityIds.empty()
     return EntityIds.from_arrays(
@@ -685,8 +682,6 @@ def _read_stream_batch(
     The mapping is the stream's id table, or for a format-1 state holding string
     ids the hash it used (only to recognise the batches it already holds).
     """
-    from pipeline.io.batches import read_batch
-
     p = manifest["params"]
     shape = (p["n_rows"], p["n_cols"])
     if _hashes_string_ids(manifest):
@@ -706,8 +701,6 @@ def _entity_id_arrays(b: UpdateBatch, known: int) -> dict[str, np.ndarray | None
 
 
 def _check_entity_kind(manifest: dict[str, Any], b: UpdateBatch) -> None:
-    from pipeline.io.stream_state import LEGACY_FORMAT
-
     if not len(b):
         return
     if manifest["entity_kind"] not in (None, b.entity_kind):
@@ -773,8 +766,6 @@ def stream_ingest(
     StateLockedError
         Another process is writing the stream.
     """
-    from pipeline.io.stream_state import STATE_FORMAT
-
     t0 = time.perf_counter()
     with _locked(state, store) as st:
         m = st.manifest
@@ -909,7 +900,7 @@ def epoch_sketch(
         else 2 * max(1, len(client.scheduler_info().get("workers", {})))
     )
     parts = partition_cells(rows, cols, vals, n_parts, plan.lrf.params.tile_size)
-    from pipeline.execution.stream import sketch_partitions
+    from pipeline.execution.stream import sketch_partitions  # heavy: distributed
 
     seed, _ = store.secrets()
     return sum_deltas(plan, sketch_partitions(plan, seed, parts, client))
@@ -1088,7 +1079,7 @@ def stream_release(
     Privacy. Post-processing of the tree's noisy p-sums, each noised exactly
     once per node [spec 3.4, 6.3]; nothing is charged.
     """
-    from pipeline.io.release import read_release, write_release
+    from pipeline.io.release import read_release, write_release  # heavy: dask
 
     out = local_path(out, "stream release")  # its publication record needs a rename
     with _locked(state, store) as st:
@@ -1156,9 +1147,6 @@ def stream_release(
 
 def _remove_stale_temporaries(out: str) -> None:
     """Hidden groups a killed publication of ``out`` left beside it (we hold the lock)."""
-    import glob
-    import shutil
-
     parent, base = os.path.split(out)
     for tmp in glob.glob(
         os.path.join(glob.escape(parent), f".{glob.escape(base)}.tmp-*")
@@ -1167,7 +1155,7 @@ def _remove_stale_temporaries(out: str) -> None:
 
 
 def _is_this_release(out: str, m: dict[str, Any], epoch: int) -> bool:
-    from pipeline.io.release import read_release
+    from pipeline.io.release import read_release  # heavy: dask
 
     try:
         rep = read_release(out).report
