@@ -633,7 +633,7 @@ class DaskSource:
     def sketch(self, request: PassRequest) -> dict[str, Any]:
         A = self.A
         tr = request.transpose
-        nr, nc = A.numblocks
+        nc = A.numblocks[1]
         bands = row_bands(A.chunks)
         nb = len(bands)
         if request.local_qr and (nb if tr else nc) > 1:
@@ -667,18 +667,7 @@ class DaskSource:
                 for c in range(nc if not tr else nb)
             ]
 
-        # with a scratch directory, the left and two-sided trees read the chunk
-        # results without their tall entries: a chunk's Y block is then freed as
-        # soon as it has reached the scratch, not when the last sibling of its Z
-        # leaf is done (in worker memory Y stays anyway: no extra tasks there)
-        n_right = len(request.right)
-        if n_right and self.scratch is not None and not spilled:
-            sname = task_name("partials-small")
-            for r in range(nb):
-                for c in range(nc):
-                    layer[(sname, r, c)] = (_drop_tall, (pname, r, c), n_right)
-        else:
-            sname = pname
+        sname = self._small_partials(layer, request, pname, (nb, nc), bool(spilled))
 
         def parts_of_x_col(C: int) -> list[Any]:
             return [
@@ -704,8 +693,44 @@ class DaskSource:
             graph = layer_graph(oname, layer, dependencies=[A])
             arrays[name] = da.Array(graph, oname, chunks=chunks, dtype=np.float64)
         self.n_passes += 1
+        return self._gather_pass(request, arrays, spilled, tuple(x_row_chunks))
+
+    def _small_partials(
+        self,
+        layer: dict[Any, Any],
+        request: PassRequest,
+        pname: str,
+        blocks: tuple[int, int],
+        spilled: bool,
+    ) -> str:
+        """The name of the chunk results the left and two-sided trees read.
+
+        With a scratch directory, they read the chunk results without their tall
+        entries: a chunk's Y block is then freed as soon as it has reached the
+        scratch, not when the last sibling of its Z leaf is done (in worker
+        memory Y stays anyway: no extra tasks there).
+        """
+        n_right = len(request.right)
+        if not (n_right and self.scratch is not None and not spilled):
+            return pname
+        sname = task_name("partials-small")
+        for r in range(blocks[0]):
+            for c in range(blocks[1]):
+                layer[(sname, r, c)] = (_drop_tall, (pname, r, c), n_right)
+        return sname
+
+    def _gather_pass(
+        self,
+        request: PassRequest,
+        arrays: dict[str, da.Array],
+        spilled: dict[str, list[str]],
+        x_row_chunks: tuple[int, ...],
+    ) -> dict[str, Any]:
+        """The pass's results: the spilled right sketches loaded from the
+        scratch, the others computed (:meth:`_finish_pass`)."""
+        nr, nc = self.A.numblocks
         loaded = {
-            name: _load_array(spilled[name], (tuple(x_row_chunks), (op.dim,)))
+            name: _load_array(spilled[name], (x_row_chunks, (op.dim,)))
             for name, op in request.right
             if spilled
         }

@@ -717,6 +717,63 @@ def _check_entity_kind(manifest: dict[str, Any], b: UpdateBatch) -> None:
         )
 
 
+def _known_batch(
+    m: dict[str, Any], fp: str, b: UpdateBatch, skip_known: bool
+) -> dict[str, Any] | None:
+    """The record of a batch of the same content, to skip (``skip_known``), or None.
+
+    Raises :class:`DuplicateBatchError` for a non-empty batch already ingested.
+    """
+    rec: dict[str, Any] | None = next(
+        (r for r in m["batches"] if r["fingerprint"] == fp), None
+    )
+    if rec is not None and skip_known:
+        return rec
+    # an empty batch applies nothing, so it cannot be a harmful replay (quiet
+    # nights deliver empty files with identical content)
+    if rec is not None and len(b):
+        raise DuplicateBatchError(
+            f"this batch's content was already ingested into epoch {rec['epoch']} "
+            f"(as {rec['file']!r}); replaying it would count its updates twice. "
+            "Nothing was applied."
+        )
+    return None
+
+
+def _clipped_cells(
+    st: Any, plan: StreamPlan, p: dict[str, Any], b: UpdateBatch
+) -> tuple[Any, Any, Any, dict[str, Any]]:
+    """The batch's cells ``(rows, cols, vals)``, coalesced, and the entity arrays
+    to commit with them.
+
+    Private streams clip each entity's net contribution against its remaining
+    budget (:func:`clip_updates`): the new budgets are committed with the cells.
+    Non-private streams only zero the entities holding a non-finite value.
+    """
+    if plan.lrf.calibration is None:
+        vals = zero_non_finite_entities(b.entity, b.s)  # as clip_updates does
+        rows, cols, vals = coalesce(b.i, b.j, vals, p["n_cols"])
+        return rows, cols, vals, {}
+    clipped = clip_updates(
+        b.entity,
+        b.i,
+        b.j,
+        b.s,
+        table=_load_entities(st),
+        unit=StreamUnit(p["unit"]),
+        clip_norm=p["clip_norm"],
+        n_cols=p["n_cols"],
+    )
+    budgets: dict[str, Any] = {}
+    if clipped.table is not None and len(b):
+        budgets = {
+            "entities/keys": clipped.table.keys,
+            "entities/spent": clipped.table.spent,
+            "entities/anchor": clipped.table.anchor,
+        }
+    return clipped.rows, clipped.cols, clipped.vals, budgets
+
+
 def stream_ingest(
     state: str | os.PathLike[str],
     batch: str | os.PathLike[str],
@@ -780,8 +837,8 @@ def stream_ingest(
             )
         b, known = _read_stream_batch(st, m, batch)
         fp = b.fingerprint()
-        rec = next((r for r in m["batches"] if r["fingerprint"] == fp), None)
-        if rec is not None and skip_known:
+        rec = _known_batch(m, fp, b, skip_known)
+        if rec is not None:
             return {
                 "fingerprint": fp,
                 "epoch": rec["epoch"],
@@ -789,39 +846,12 @@ def stream_ingest(
                 "skipped": True,
                 "seconds": round(time.perf_counter() - t0, 3),
             }
-        # an empty batch applies nothing, so it cannot be a harmful replay (quiet
-        # nights deliver empty files with identical content)
-        if rec is not None and len(b):
-            raise DuplicateBatchError(
-                f"this batch's content was already ingested into epoch {rec['epoch']} "
-                f"(as {rec['file']!r}); replaying it would count its updates twice. "
-                "Nothing was applied."
-            )
         _check_entity_kind(m, b)
         # the new ids and the budgets they index change in one commit, so a rerun of
         # an ingest that did not commit assigns the same keys again
         arrays = _entity_id_arrays(b, known)
-        if plan.lrf.calibration is not None:
-            clipped = clip_updates(
-                b.entity,
-                b.i,
-                b.j,
-                b.s,
-                table=_load_entities(st),
-                unit=StreamUnit(p["unit"]),
-                clip_norm=p["clip_norm"],
-                n_cols=p["n_cols"],
-            )
-            rows, cols, vals = clipped.rows, clipped.cols, clipped.vals
-            if clipped.table is not None and len(b):
-                arrays |= {
-                    "entities/keys": clipped.table.keys,
-                    "entities/spent": clipped.table.spent,
-                    "entities/anchor": clipped.table.anchor,
-                }
-        else:
-            vals = zero_non_finite_entities(b.entity, b.s)  # as clip_updates does
-            rows, cols, vals = coalesce(b.i, b.j, vals, p["n_cols"])
+        rows, cols, vals, budgets = _clipped_cells(st, plan, p, b)
+        arrays |= budgets
         number = int(m["next_batch"])
         prefix = f"pending/{epoch}/{number:06d}/"
         # the clipped, coalesced cells (24 bytes each): sketched once per epoch, when
