@@ -22,7 +22,6 @@ until then a reader finds no report and refuses it as incomplete.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -233,6 +232,8 @@ def remove_url(url: str) -> None:
 
 def url_fingerprint(url: str) -> str:
     """Names, sizes and ETags of the objects under ``url`` (metadata only)."""
+    import hashlib  # heavy: hashlib loads OpenSSL (4 ms), kept off `dplr --help`
+
     h = hashlib.sha256()
     found = filesystem().find(url, detail=True)
     for name in sorted(found):

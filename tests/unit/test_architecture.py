@@ -157,6 +157,7 @@ BOUNDARY: dict[str, str] = {
     "dask_kubernetes": "optional: Kubernetes clusters",
     "kr8s": "optional: Kubernetes clusters",
     "httpx": "optional: Kubernetes clusters",
+    "hashlib": "heavy: 4 ms (OpenSSL) on `dplr --help`'s path (pipeline.io.objectstore)",
 }
 #: What importing a boundary module loads with it (read from ``sys.modules``).
 LOADS: dict[str, tuple[str, ...]] = {
