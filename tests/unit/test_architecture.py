@@ -138,8 +138,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
 #: The dependency boundary: third-party modules (dotted prefixes) that a module
 #: may import inside a function, so that callers that never need them do not pay
-#: for them, and why. "heavy": seconds or tenths of a second to import (measured
-#: with ``python -X importtime``); "optional": an extra that may not be installed.
+#: for them, and why. "heavy": import time (``python -X importtime``) on a start-up
+#: path that does not need it; "optional": an extra that may not be installed.
 BOUNDARY: dict[str, str] = {
     "numpy": "heavy: 0.1 s; `import pipeline` and `dplr --help` import no numpy",
     "scipy": "heavy: 0.2-0.4 s (sparse, linalg) beyond numpy",
