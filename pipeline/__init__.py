@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from pipeline.algorithms.base import Factorization
     from pipeline.api import factorize, pca
     from pipeline.estimators import DPPCA, DPLowRank
-    from pipeline.io import generate_store, read_release
+    from pipeline.io.release import read_release
+    from pipeline.io.synthetic import generate_store
 
 from pipeline._version import __version__
 
@@ -67,24 +68,27 @@ def __getattr__(name: str) -> Any:
     # runs anything: it should not pay for the accounting (scipy.optimize),
     # the API, zarr or scikit-learn it will never use.
     if name in ("factorize", "pca"):
-        from pipeline import api
+        from pipeline import api  # heavy: numpy, scipy, kept off `import pipeline`
 
         return getattr(api, name)
     if name == "Ledger":
-        from pipeline.accounting.ledger import Ledger
+        from pipeline.accounting.ledger import Ledger  # heavy: numpy, scipy
 
         return Ledger
     if name == "Factorization":
-        from pipeline.algorithms.base import Factorization
+        from pipeline.algorithms.base import Factorization  # heavy: numpy, scipy
 
         return Factorization
-    if name in ("read_release", "generate_store"):
-        from pipeline import io
+    if name == "read_release":
+        from pipeline.io.release import read_release  # heavy: zarr, dask, numpy
 
-        return getattr(io, name)
-    # estimators import scikit-learn; load it only when asked for
+        return read_release
+    if name == "generate_store":
+        from pipeline.io.synthetic import generate_store  # heavy: zarr, numpy
+
+        return generate_store
     if name in ("DPPCA", "DPLowRank"):
-        from pipeline import estimators
+        from pipeline import estimators  # heavy: sklearn, only when asked for
 
         return getattr(estimators, name)
     raise AttributeError(f"module 'pipeline' has no attribute {name!r}")

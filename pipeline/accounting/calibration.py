@@ -506,7 +506,7 @@ def to_dp_event(calibration: ReleaseCalibration) -> dp_accounting.GaussianDpEven
         ``delta_JL`` is not part of the event and must be added to any delta
         an accountant reports.
     """
-    import dp_accounting  # lazy: importing it costs 2-3 s
+    import dp_accounting  # heavy: dp_accounting, 2-3 s to import
 
     return dp_accounting.GaussianDpEvent(
         noise_multiplier=1.0 / calibration.effective_sensitivity
@@ -529,7 +529,7 @@ def pld_epsilon(noise_multipliers: Sequence[float], delta: float) -> float:
         ``PLDAccountant(value_discretization_interval=1e-4)`` epsilon. A
         cross-check of the closed form used here; not used for calibration.
     """
-    import dp_accounting  # lazy: importing it costs 2-3 s
+    import dp_accounting  # heavy: dp_accounting, 2-3 s to import
 
     dlt = check_float_in_interval(delta, "delta", 0.0, 1.0, privacy=True)
     zs = [

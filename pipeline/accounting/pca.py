@@ -68,7 +68,7 @@ from pipeline.accounting.gaussian import (
     gaussian_epsilon,
     gaussian_noise_multiplier,
 )
-from pipeline.accounting.pca_paper import _paper_constants, paper_constants
+from pipeline.accounting.pca_paper import paper_constants, unchecked_paper_constants
 from pipeline.accounting.pca_sensitivity import (
     NEIGHBORINGS,
     SENSITIVITIES,
@@ -382,7 +382,7 @@ class PcaCalibration:
             "realised_epsilon": self.realised_epsilon(),
         }
         if self.accounting == "paper":
-            c = _paper_constants(self.epsilon, self.delta, self.iterations)
+            c = unchecked_paper_constants(self.epsilon, self.delta, self.iterations)
             report["paper_nominal"] = {
                 "epsilon": self.epsilon,
                 "delta": self.delta,
@@ -410,7 +410,7 @@ class PcaCalibration:
             calibration's relation is folded into the noise multiplier:
             dp_accounting does not rescale a plain Gaussian event (spec 3.4).
         """
-        import dp_accounting  # lazy: importing it costs 2-3 s
+        import dp_accounting  # heavy: dp_accounting, 2-3 s to import
 
         events: list[dp_accounting.DpEvent] = []
         for m in self.mechanisms:
@@ -731,7 +731,7 @@ def pld_epsilon_of(calibration: PcaCalibration) -> float:
         discretisation is pessimistic, so this is slightly above
         :meth:`PcaCalibration.realised_epsilon` (spec 5.2 P5: within 1e-3).
     """
-    import dp_accounting  # lazy: importing it costs 2-3 s
+    import dp_accounting  # heavy: dp_accounting, 2-3 s to import
 
     if not isinstance(calibration, PcaCalibration):
         raise InvalidParameterError(

@@ -23,17 +23,35 @@ from pipeline._validation import (
     check_int_in_range,
     check_privacy_pair,
 )
-from pipeline.accounting.pca_random_stopping import _trial_rho
+from pipeline.accounting.pca_random_stopping import trial_rho
 from pipeline.accounting.pca_sensitivity import pca_sensitivities
 from pipeline.errors import PrivacyConfigError
 
-__all__ = ["paper_constants", "paper_selection_constants"]
+__all__ = [
+    "paper_constants",
+    "paper_selection_constants",
+    "unchecked_paper_constants",
+]
 
 
-def _paper_constants(
+def unchecked_paper_constants(
     epsilon: float, delta: float, iterations: int
 ) -> dict[str, float | None]:
-    """[P]'s constants, unvalidated; ``iterations = 0`` is Analyze Gauss alone."""
+    """[P]'s constants without checking the arguments or [P]'s preconditions.
+
+    Parameters
+    ----------
+    epsilon, delta : float
+        A budget already checked by the caller.
+    iterations : int
+        ``T >= 0``; 0 is Analyze Gauss alone.
+
+    Returns
+    -------
+    dict
+        As :func:`paper_constants`, which checks the arguments and the
+        preconditions first; a report restating a checked plan uses this one.
+    """
     if iterations == 0:
         eps_init, delta_init = epsilon, delta
         eps_pow = delta_pow = eps_iter = delta_iter = noise_iter = None
@@ -149,7 +167,7 @@ def paper_constants(epsilon: float, delta: float, iterations: int) -> dict[str, 
     """
     eps, dlt = check_privacy_pair(epsilon, delta)
     t = check_int_in_range(iterations, "iterations", 0)
-    c = _paper_constants(eps, dlt, t)
+    c = unchecked_paper_constants(eps, dlt, t)
     _check_paper_preconditions(c, t)
     return c
 
@@ -194,7 +212,7 @@ def paper_selection_constants(
     log_d = math.log(1.0 / (theta * dlt))
     nu = eps**2 / (100.0 * log_d)
     noise_init, chi, zeta = (math.sqrt(c / nu) for c in (6.0, 12.0, 1.5))
-    rho_trial = _trial_rho(chi, zeta, pca_sensitivities("paper", "replace"))
+    rho_trial = trial_rho(chi, zeta, pca_sensitivities("paper", "replace"))
     rho_total = 2.0 / noise_init**2 + rho_trial
     bound = (
         rho_total

@@ -45,7 +45,12 @@ from pipeline.errors import InvalidParameterError, PrivacyConfigError
 if TYPE_CHECKING:
     import dp_accounting
 
-__all__ = ["SelectionCalibration", "calibrate_selection", "selection_rdp_epsilon"]
+__all__ = [
+    "SelectionCalibration",
+    "calibrate_selection",
+    "selection_rdp_epsilon",
+    "trial_rho",
+]
 
 # LEDGER_CHECK slack, as in calibration.py: covers rounding in mu only.
 _CHECK_RTOL = 1e-9
@@ -68,8 +73,24 @@ _RDP_ORDERS = tuple(
 )
 
 
-def _trial_rho(chi: float, zeta: float, sens: PcaSensitivities) -> float:
-    """zCDP cost of one trial, the same for every ``t`` (spec 2.5, 3.5)."""
+def trial_rho(chi: float, zeta: float, sens: PcaSensitivities) -> float:
+    """zCDP cost of one selection trial, the same for every ``t`` (spec 2.5, 3.5).
+
+    Parameters
+    ----------
+    chi : float
+        Noise multiplier of the power method's releases ``H``, ``Z`` (all ``t``).
+    zeta : float
+        Noise multiplier of the trial's score.
+    sens : PcaSensitivities
+        ``gram`` (of ``H``) and ``clip`` (of ``Z``, per unit of clip radius).
+
+    Returns
+    -------
+    float
+        ``rho`` of one trial: ``(gram^2 + clip^2) / (2 chi^2) + 1 / (2 zeta^2)``
+        (the score's noise is ``zeta`` times its sensitivity).
+    """
     # t iterations x (H: s_gram^2 / (2 chi^2 t) + Z: (c R)^2 / (2 chi^2 t R^2)),
     # plus the score: std s_score zeta for sensitivity s_score.
     return (sens.gram**2 + sens.clip**2) / (2.0 * chi**2) + 1.0 / (2.0 * zeta**2)
@@ -78,11 +99,11 @@ def _trial_rho(chi: float, zeta: float, sens: PcaSensitivities) -> float:
 def _selection_event(
     noise_init: float, chi: float, zeta: float, theta: float, sens: PcaSensitivities
 ) -> dp_accounting.ComposedDpEvent:
-    import dp_accounting  # lazy: importing it costs 2-3 s
-    from dp_accounting import dp_event
+    import dp_accounting  # heavy: dp_accounting, 2-3 s to import
+    from dp_accounting import dp_event  # heavy: dp_accounting
 
     base = dp_accounting.GaussianDpEvent(
-        noise_multiplier=1.0 / math.sqrt(2.0 * _trial_rho(chi, zeta, sens))
+        noise_multiplier=1.0 / math.sqrt(2.0 * trial_rho(chi, zeta, sens))
     )
     return dp_accounting.ComposedDpEvent(
         events=[
@@ -101,7 +122,7 @@ def _rdp_epsilon_and_order(
     sens: PcaSensitivities,
     delta: float,
 ) -> tuple[float, float]:
-    from dp_accounting import rdp  # lazy: importing it costs 2-3 s
+    from dp_accounting import rdp  # heavy: dp_accounting, 2-3 s to import
 
     accountant = rdp.RdpAccountant(orders=list(_RDP_ORDERS))
     accountant.compose(_selection_event(noise_init, chi, zeta, theta, sens))
@@ -253,7 +274,7 @@ class SelectionCalibration:
     @property
     def rho_trial(self) -> float:
         """zCDP cost of one trial (its ``H``, ``Z`` and score), whatever its ``t``."""
-        return _trial_rho(self.chi, self.zeta, self.sensitivities)
+        return trial_rho(self.chi, self.zeta, self.sensitivities)
 
     def noise_iter(self, t: int) -> float:
         """``Delta(t) = chi sqrt(t)``, the std of ``H`` (and of ``Z`` over ``R``).
@@ -451,7 +472,7 @@ def _solve_nu(
     accountant (tens of ms), so evaluations are cached and the bracket starts
     near the answer.
     """
-    from scipy import optimize
+    from scipy import optimize  # heavy: scipy.optimize, 0.27 s to import
 
     cache: dict[float, tuple[float, float]] = {}
 

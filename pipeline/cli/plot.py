@@ -129,9 +129,9 @@ def write_chart(path: str, chart: Chart) -> None:
 def _figure(chart: Chart) -> Any:
     """The chart as a matplotlib Figure (no pyplot: no global state, no display)."""
     try:
-        # optional dependency (the plot extra): imported only when a picture is drawn
+        # optional: matplotlib, the plot extra, imported only when a picture is drawn
         from matplotlib.figure import Figure
-        from matplotlib.ticker import MaxNLocator
+        from matplotlib.ticker import MaxNLocator  # optional: matplotlib
     except ImportError:
         raise PipelineError(MISSING_MATPLOTLIB) from None
     w, h = FIGURE_PIXELS

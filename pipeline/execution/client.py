@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TextIO, cast
 
-from distributed import Client, LocalCluster
+from distributed import Client, LocalCluster, default_client
 from distributed.core import PooledRPCCall, rpc
 
 from pipeline.errors import (
@@ -47,8 +47,6 @@ class ClusterInfo:
 
 def _active_client() -> Client | None:
     try:
-        from distributed import default_client
-
         client: Client = default_client()
         return client
     except ValueError:
@@ -188,15 +186,14 @@ def check_worker_versions(client: Client) -> None:
     """
 
     def versions(packages: tuple[str, ...]) -> dict[str, str | None]:
-        # nested, so cloudpickle ships it by value: the worker needs only the
-        # standard library to answer (one round trip for all packages)
-        import importlib.metadata as md
-
+        # nested, so cloudpickle ships it by value (with importlib.metadata by
+        # reference): the worker needs only the standard library to answer
+        # (one round trip for all packages)
         found: dict[str, str | None] = {}
         for name in packages:
             try:
-                found[name] = md.version(name)
-            except md.PackageNotFoundError:
+                found[name] = importlib.metadata.version(name)
+            except importlib.metadata.PackageNotFoundError:
                 found[name] = None
         return found
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import yaml
+from distributed import Client, LocalCluster, SSHCluster
 
 from pipeline.errors import (
     InvalidParameterError,
@@ -467,12 +468,8 @@ def start_from_config(
         The scheduler cannot be reached, or the cluster cannot be started, or
         too few workers joined in time.
     """
-    from distributed import Client
-
     with contextlib.ExitStack() as stack:
         if config.kind == "local":
-            from distributed import LocalCluster
-
             cluster = stack.enter_context(
                 LocalCluster(**local_cluster_kwargs(config.options))
             )
@@ -505,8 +502,6 @@ def _wait_of(config: ClusterConfig) -> tuple[float, int]:
 
 
 def _connect(config: ClusterConfig, timeout: float) -> Any:
-    from distributed import Client
-
     opts = config.options
     if "scheduler_file" in opts:
         target = f"the scheduler file {opts['scheduler_file']!r}"
@@ -532,11 +527,11 @@ def _started(config: ClusterConfig) -> Any:
     """The cluster object of an ssh, slurm, pbs or kubernetes configuration."""
     try:
         if config.kind == "ssh":
-            from distributed import SSHCluster
-
             return SSHCluster(**cluster_kwargs(config.options))
         if config.kind == "kubernetes":
-            import kr8s
+            import kr8s  # optional: kr8s, the kubernetes extra
+
+            # optional: dask_kubernetes, the kubernetes extra
             from dask_kubernetes.operator import KubeCluster
 
             # credentials first: a KubeCluster that fails to start leaves a
@@ -565,16 +560,16 @@ def _start_errors(kind: str) -> tuple[type[BaseException], ...]:
     ]
     if kind == "kubernetes":
         with contextlib.suppress(ImportError):
-            import httpx
-            import kr8s
+            import httpx  # optional: httpx, the kubernetes extra
+            import kr8s  # optional: kr8s, the kubernetes extra
 
             errors += [kr8s.ServerError, httpx.HTTPError]
     return tuple(errors)
 
 
 def _jobqueue_cluster(config: ClusterConfig) -> Any:
-    from dask_jobqueue.pbs import PBSCluster
-    from dask_jobqueue.slurm import SLURMCluster
+    from dask_jobqueue.pbs import PBSCluster  # optional: dask_jobqueue, an extra
+    from dask_jobqueue.slurm import SLURMCluster  # optional: dask_jobqueue
 
     cls: type[JobQueueCluster] = SLURMCluster if config.kind == "slurm" else PBSCluster
     cluster = cls(**cluster_kwargs(config.options))

@@ -25,7 +25,13 @@ import numpy as np
 from pipeline._types import FloatArray, Shape2D
 from pipeline.algorithms.pca import Secret, band_pass
 from pipeline.execution.progress import show_progress
-from pipeline.execution.source import _bands, _concat_rows, _name, _tree, layer_graph
+from pipeline.execution.source import (
+    add_tree_sum,
+    concat_rows,
+    layer_graph,
+    row_bands,
+    task_name,
+)
 
 __all__ = ["DaskRowSource"]
 
@@ -113,12 +119,12 @@ class DaskRowSource:
 
     @property
     def _bands(self) -> list[tuple[int, int]]:
-        return _bands(self.A.chunks, BAND_BYTES)
+        return row_bands(self.A.chunks, BAND_BYTES)
 
     def _band(self, a: int, b: int) -> Any:
         if b - a == 1:
             return (self.A.name, a, 0)
-        return (_concat_rows, [(self.A.name, r, 0) for r in range(a, b)], a, 0)
+        return (concat_rows, [(self.A.name, r, 0) for r in range(a, b)], a, 0)
 
     def _pass(
         self, kind: str, payload: Any, out_shape: tuple[int, int], label: str
@@ -127,10 +133,10 @@ class DaskRowSource:
         layer: dict[Any, Any] = {}
         pay: Any = _Payload(payload)
         if _nbytes(payload) > INLINE_PAYLOAD_BYTES:
-            pay_key = (_name("payload"),)
+            pay_key = (task_name("payload"),)
             layer[pay_key] = pay
             pay = pay_key
-        pname, oname = _name(f"pca-{kind}"), _name(f"pca-{kind}-sum")
+        pname, oname = task_name(f"pca-{kind}"), task_name(f"pca-{kind}-sum")
         leaves = []
         for c, (a, b) in enumerate(self._bands):
             layer[(pname, c)] = (
@@ -142,7 +148,7 @@ class DaskRowSource:
                 self.clip,
             )
             leaves.append((pname, c))
-        _tree(layer, oname, (oname, 0, 0), leaves, None)
+        add_tree_sum(layer, oname, (oname, 0, 0), leaves, None)
         graph = layer_graph(oname, layer, dependencies=[A])
         total = da.Array(
             graph, oname, chunks=((out_shape[0],), (out_shape[1],)), dtype=np.float64

@@ -12,6 +12,7 @@ import sys
 from typing import Any, TextIO
 
 from dask.utils import format_time
+from distributed import futures_of
 from distributed.diagnostics.progressbar import TextProgressBar
 
 
@@ -44,8 +45,6 @@ def show_progress(
     client: Any, collections: list[Any], label: str, stream: TextIO | None
 ) -> None:
     """Block until ``collections`` (persisted) finish, drawing a bar on ``stream``."""
-    from distributed import futures_of
-
     futures = [f for c in collections for f in futures_of(c)]
     if not futures or stream is None:
         return

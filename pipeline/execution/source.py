@@ -35,6 +35,7 @@ import numpy as np
 import scipy.linalg
 from dask.highlevelgraph import HighLevelGraph
 from dask.typing import DaskCollection
+from distributed import futures_of
 
 from pipeline._types import FloatArray, Shape2D
 from pipeline.algorithms.base import RowBlockFn
@@ -65,8 +66,20 @@ BAND_BYTES = 32 * 2**20
 TSQR_GATHER_BLOCKS = 64
 
 
-def _name(label: str) -> str:
-    # random names: never derived from arguments (which may hold key material)
+def task_name(label: str) -> str:
+    """A fresh name for a layer of graph tasks: ``dplr-<label>-<random hex>``.
+
+    Parameters
+    ----------
+    label : str
+        A public label of what the tasks compute (shown in the dashboard).
+
+    Returns
+    -------
+    str
+        The name; random, never derived from the tasks' arguments (which may
+        hold key material), so two graphs never share a key.
+    """
     return f"dplr-{label}-{uuid.uuid4().hex}"
 
 
@@ -186,17 +199,41 @@ def _read_rows(
     return out
 
 
-def _concat_rows(parts: list[Any], first: int, c: int) -> Any:
-    """The chunks of one row band stacked (``first``, ``c``: the first chunk's
-    index, kept for the task's signature)."""
+def concat_rows(parts: list[Any], first: int, c: int) -> Any:
+    """The chunks of one row band stacked: the task that loads a band.
+
+    Parameters
+    ----------
+    parts : list of array
+        The band's chunks, top to bottom (one column chunk).
+    first, c : int
+        The first chunk's row and column index, kept for the task's signature.
+
+    Returns
+    -------
+    ndarray
+        The chunks concatenated along the rows.
+    """
     return np.concatenate([np.asarray(p) for p in parts], axis=0)
 
 
-def _bands(
+def row_bands(
     chunks: tuple[tuple[int, ...], tuple[int, ...]], target: int | None = None
 ) -> list[tuple[int, int]]:
-    """Row-chunk ranges ``[a, b)`` of the bands: about ``target`` float64 bytes
-    each (default :data:`BAND_BYTES`), at least one chunk."""
+    """Row-chunk ranges of the bands a pass reads as one task each.
+
+    Parameters
+    ----------
+    chunks : (row chunks, column chunks)
+        The input's dask chunks.
+    target : int or None
+        About how many float64 bytes a band holds (default :data:`BAND_BYTES`).
+
+    Returns
+    -------
+    list of (a, b)
+        Consecutive ranges ``[a, b)`` of row-chunk indices, at least one chunk each.
+    """
     nr = len(chunks[0])
     chunk_bytes = max(chunks[0]) * max(chunks[1]) * 8
     k = max(1, (BAND_BYTES if target is None else target) // max(chunk_bytes, 1))
@@ -213,8 +250,6 @@ def gather_blocks(
     its blocks on a worker (one more round trip, and the whole array on that
     worker) before sending it.
     """
-    from distributed import futures_of
-
     if not persisted:
         arrays = client.persist(list(arrays))
     futures = [futures_of(a) for a in arrays]
@@ -255,7 +290,7 @@ def _load(path: str) -> FloatArray:
 
 def _load_array(paths: list[str], chunks: Any, name: str | None = None) -> da.Array:
     """The tall array whose block b is the scratch file ``paths[b]`` (lazy)."""
-    lname = name or _name("load")
+    lname = name or task_name("load")
     loads = {(lname, b, 0): (_load, path) for b, path in enumerate(paths)}
     return da.Array(
         layer_graph(lname, loads, dependencies=[]),
@@ -347,10 +382,24 @@ def _scale_from(parts: list[FloatArray], clip_norm: float) -> FloatArray:
     return scale
 
 
-def _tree(
+def add_tree_sum(
     layer: dict[Any, Any], name: str, out_key: Any, leaves: list[Any], index: int | None
 ) -> None:
-    """Add tasks summing ``leaves`` (entry ``index`` of tuples) into ``out_key``."""
+    """Add to ``layer`` the tasks of a fixed tree sum of ``leaves`` into ``out_key``.
+
+    Parameters
+    ----------
+    layer : dict
+        The graph layer the tasks are added to.
+    name : str
+        The layer's name (:func:`task_name`); inner nodes are ``<name>-t<depth>``.
+    out_key : tuple
+        The key of the sum.
+    leaves : list of keys
+        The partials, summed :data:`SPLIT_EVERY` at a time in a fixed order.
+    index : int or None
+        Sum entry ``index`` of each leaf (a tuple), or the leaves themselves.
+    """
     level, depth = leaves, 0
     first = True
     while len(level) > SPLIT_EVERY or first:
@@ -461,7 +510,7 @@ class DaskSource:
             for name, x in tall.items():
                 if x.numblocks[1] != 1:
                     x = x.rechunk({1: -1})
-                sname, lname = _name(f"spill-{name}"), _name(f"load-{name}")
+                sname, lname = task_name(f"spill-{name}"), task_name(f"load-{name}")
                 paths = [
                     os.path.join(self.scratch, f"{sname}-{b}.npy")
                     for b in range(x.numblocks[0])
@@ -498,7 +547,7 @@ class DaskSource:
             )  # fmt: skip
         if b - a == 1:
             return (A.name, a, c)
-        return (_concat_rows, [(A.name, r, c) for r in range(a, b)], a, c)
+        return (concat_rows, [(A.name, r, c) for r in range(a, b)], a, c)
 
     def _scale_keys(
         self,
@@ -518,7 +567,7 @@ class DaskSource:
         axis = {PrivacyUnit.ROW: 1, PrivacyUnit.COLUMN: 0}[clip.unit]
         if (axis == 1 and nc == 1) or (axis == 0 and nb == 1):
             return rows, cols
-        nname, sname = _name("norms"), _name("scales")
+        nname, sname = task_name("norms"), task_name("scales")
         for i, band in enumerate(bands):
             for c in range(nc):
                 where = _band_where(band[0], band[1] - 1, c)
@@ -547,7 +596,7 @@ class DaskSource:
         """One pass task per band and column block; returns their layer name."""
         A = self.A
         roff, coff = _offsets(A.chunks[0]), _offsets(A.chunks[1])
-        pname = _name("partials")
+        pname = task_name("partials")
         for i, (a, b) in enumerate(bands):
             for c in range(A.numblocks[1]):
                 common = (request, scales[0].get(i), scales[1].get(c))
@@ -575,7 +624,7 @@ class DaskSource:
             return {}
         out = {}
         for name, _ in request.right:
-            sname = _name(f"spill-{name}")
+            sname = task_name(f"spill-{name}")
             out[name] = [
                 os.path.join(self.scratch, f"{sname}-{R}.npy") for R in range(n_x_rows)
             ]
@@ -584,8 +633,8 @@ class DaskSource:
     def sketch(self, request: PassRequest) -> dict[str, Any]:
         A = self.A
         tr = request.transpose
-        nr, nc = A.numblocks
-        bands = _bands(A.chunks)
+        nc = A.numblocks[1]
+        bands = row_bands(A.chunks)
         nb = len(bands)
         if request.local_qr and (nb if tr else nc) > 1:
             # a row block of X that spans several bands has its Y rows only after
@@ -594,7 +643,7 @@ class DaskSource:
         layer: dict[Any, Any] = {}
         rkey = None
         if self.reader is not None:
-            rkey = _name("reader")
+            rkey = task_name("reader")
             layer[rkey] = _Holder(self.reader)
         row_keys, col_keys = self._scale_keys(request, layer, bands, rkey)
         brows = tuple(sum(A.chunks[0][a:b]) for a, b in bands)
@@ -618,18 +667,7 @@ class DaskSource:
                 for c in range(nc if not tr else nb)
             ]
 
-        # with a scratch directory, the left and two-sided trees read the chunk
-        # results without their tall entries: a chunk's Y block is then freed as
-        # soon as it has reached the scratch, not when the last sibling of its Z
-        # leaf is done (in worker memory Y stays anyway: no extra tasks there)
-        n_right = len(request.right)
-        if n_right and self.scratch is not None and not spilled:
-            sname = _name("partials-small")
-            for r in range(nb):
-                for c in range(nc):
-                    layer[(sname, r, c)] = (_drop_tall, (pname, r, c), n_right)
-        else:
-            sname = pname
+        sname = self._small_partials(layer, request, pname, (nb, nc), bool(spilled))
 
         def parts_of_x_col(C: int) -> list[Any]:
             return [
@@ -646,7 +684,7 @@ class DaskSource:
         )  # fmt: skip
         if spilled and not (request.left or request.two_sided):
             # nothing gathered depends on every pass task: a token that does
-            oname = _name("spilled")
+            oname = task_name("spilled")
             layer[(oname, 0, 0)] = (_spilled, all_parts)
             out_names["_spilled"] = (oname, ((1,), (1,)))
         self.n_tasks += len(layer)
@@ -655,8 +693,44 @@ class DaskSource:
             graph = layer_graph(oname, layer, dependencies=[A])
             arrays[name] = da.Array(graph, oname, chunks=chunks, dtype=np.float64)
         self.n_passes += 1
+        return self._gather_pass(request, arrays, spilled, tuple(x_row_chunks))
+
+    def _small_partials(
+        self,
+        layer: dict[Any, Any],
+        request: PassRequest,
+        pname: str,
+        blocks: tuple[int, int],
+        spilled: bool,
+    ) -> str:
+        """The name of the chunk results the left and two-sided trees read.
+
+        With a scratch directory, they read the chunk results without their tall
+        entries: a chunk's Y block is then freed as soon as it has reached the
+        scratch, not when the last sibling of its Z leaf is done (in worker
+        memory Y stays anyway: no extra tasks there).
+        """
+        n_right = len(request.right)
+        if not (n_right and self.scratch is not None and not spilled):
+            return pname
+        sname = task_name("partials-small")
+        for r in range(blocks[0]):
+            for c in range(blocks[1]):
+                layer[(sname, r, c)] = (_drop_tall, (pname, r, c), n_right)
+        return sname
+
+    def _gather_pass(
+        self,
+        request: PassRequest,
+        arrays: dict[str, da.Array],
+        spilled: dict[str, list[str]],
+        x_row_chunks: tuple[int, ...],
+    ) -> dict[str, Any]:
+        """The pass's results: the spilled right sketches loaded from the
+        scratch, the others computed (:meth:`_finish_pass`)."""
+        nr, nc = self.A.numblocks
         loaded = {
-            name: _load_array(spilled[name], (tuple(x_row_chunks), (op.dim,)))
+            name: _load_array(spilled[name], (x_row_chunks, (op.dim,)))
             for name, op in request.right
             if spilled
         }
@@ -695,8 +769,8 @@ class DaskSource:
         if Y.numblocks[1] != 1:
             Y = Y.rechunk({1: -1})
         t, nb, offs = int(Y.shape[1]), Y.numblocks[0], _offsets(Y.chunks[0])
-        bname, yname = _name("noise-gram-block"), _name("noisy")
-        gname, lname = _name("noisy-gram"), _name("noisy-left")
+        bname, yname = task_name("noise-gram-block"), task_name("noisy")
+        gname, lname = task_name("noisy-gram"), task_name("noisy-left")
         layer: dict[Any, Any] = {}
         for b in range(nb):
             layer[(bname, b)] = (
@@ -709,9 +783,9 @@ class DaskSource:
             )
             layer[(yname, b, 0)] = (operator.getitem, (bname, b), 0)
         leaves = [(bname, b) for b in range(nb)]
-        _tree(layer, gname, (gname, 0, 0), leaves, 1)
+        add_tree_sum(layer, gname, (gname, 0, 0), leaves, 1)
         if op is not None:
-            _tree(layer, lname, (lname, 0, 0), leaves, 2)
+            add_tree_sum(layer, lname, (lname, 0, 0), leaves, 2)
         graph = layer_graph(yname, layer, dependencies=[Y])
         small = {"G": da.Array(graph, gname, chunks=((t,), (t,)), dtype=np.float64)}
         if op is not None:
@@ -735,7 +809,11 @@ class DaskSource:
         if Y.numblocks[1] != 1:
             Y = Y.rechunk({1: -1})
         t = int(Y.shape[1])
-        qrname, qname, rname = _name("block-qr"), _name("block-q"), _name("block-r")
+        qrname, qname, rname = (
+            task_name("block-qr"),
+            task_name("block-q"),
+            task_name("block-r"),
+        )
         layer: dict[Any, Any] = {}
         for b in range(Y.numblocks[0]):
             layer[(qrname, b)] = (_block_qr, (Y.name, b, 0))
@@ -759,7 +837,7 @@ class DaskSource:
         return (Q_local, R_final) if with_r else Q_local
 
     def tall_left_sketch(self, Q: Any, op: SketchOperator) -> FloatArray:
-        lname, oname = _name("left-partial"), _name("left")
+        lname, oname = task_name("left-partial"), task_name("left")
         local = isinstance(Q, _LocalQ)
         blocks = Q.Q if local else Q
         offs = _offsets(blocks.chunks[0])
@@ -773,7 +851,7 @@ class DaskSource:
                 else (_block_left, (blocks.name, r, 0), *where)
             )
             leaves.append((lname, r))
-        _tree(layer, oname, (oname, 0, 0), leaves, None)
+        add_tree_sum(layer, oname, (oname, 0, 0), leaves, None)
         deps = [blocks, *_q2_deps(Q.blocks)] if local else [blocks]
         graph = layer_graph(oname, layer, dependencies=deps)
         total = da.Array(
@@ -818,7 +896,7 @@ class DaskSource:
         if isinstance(left, np.ndarray):
             d = left.shape[0] // nb
             left = da.from_array(left, chunks=((d,) * nb, (left.shape[1],)))
-        lname, oname = _name("local-qr-left"), _name("local-qr-sum")
+        lname, oname = task_name("local-qr-left"), task_name("local-qr-sum")
         layer: dict[Any, Any] = {}
         for b in range(nb):
             layer[(lname, b)] = (
@@ -826,7 +904,7 @@ class DaskSource:
                 (left.name, b, 0),
                 _q2_ref(blocks, b),
             )
-        _tree(layer, oname, (oname, 0, 0), [(lname, b) for b in range(nb)], None)
+        add_tree_sum(layer, oname, (oname, 0, 0), [(lname, b) for b in range(nb)], None)
         graph = layer_graph(oname, layer, dependencies=[left, *_q2_deps(blocks)])
         d = left.chunks[0][0]
         total = da.Array(graph, oname, chunks=((d,), (t,)), dtype=np.float64)
@@ -852,7 +930,7 @@ class DaskSource:
 
     def tall_matmul(self, Q: Any, M: FloatArray) -> da.Array:
         if isinstance(Q, _LocalQ) and not isinstance(Q.blocks, list):
-            qname = _name("local-q-matmul")
+            qname = task_name("local-q-matmul")
             layer: dict[Any, Any] = {
                 (qname, b, 0): (
                     _block_local_q2,
@@ -867,7 +945,7 @@ class DaskSource:
                 graph, qname, chunks=(Q.Q.chunks[0], (M.shape[1],)), dtype=np.float64
             )
         if isinstance(Q, _LocalQ):
-            qname = _name("local-q-matmul")
+            qname = task_name("local-q-matmul")
             layer = {
                 (qname, b, 0): (_block_local_q, (Q.Q.name, b, 0), q2 @ M)
                 for b, q2 in enumerate(Q.blocks)
@@ -881,7 +959,7 @@ class DaskSource:
             np.ascontiguousarray(M),
             chunks=(Q.chunks[0], (M.shape[1],)),
             dtype=np.float64,
-            name=_name("matmul"),
+            name=task_name("matmul"),
         )
         return product
 
@@ -907,20 +985,20 @@ def _output_trees(
     index = 0
     for name, op in request.right:
         if not spilled:
-            oname = _name(f"sketch-{name}")
+            oname = task_name(f"sketch-{name}")
             for R, parts in enumerate(rows):
-                _tree(layer, oname, (oname, R, 0), parts, index)
+                add_tree_sum(layer, oname, (oname, R, 0), parts, index)
             out[name] = (oname, (tuple(x_row_chunks), (op.dim,)))
         index += 1
     for name, op in request.left:
-        oname = _name(f"sketch-{name}")
+        oname = task_name(f"sketch-{name}")
         for C, parts in enumerate(cols):
-            _tree(layer, oname, (oname, 0, C), parts, index)
+            add_tree_sum(layer, oname, (oname, 0, C), parts, index)
         out[name] = (oname, ((op.dim,), tuple(x_col_chunks)))
         index += 1
     for name, s_op, t_op in request.two_sided:
-        oname = _name(f"sketch-{name}")
-        _tree(layer, oname, (oname, 0, 0), all_parts, index)
+        oname = task_name(f"sketch-{name}")
+        add_tree_sum(layer, oname, (oname, 0, 0), all_parts, index)
         out[name] = (oname, ((s_op.dim,), (t_op.dim,)))
         index += 1
     for rname, _ in request.local_qr:
@@ -930,7 +1008,7 @@ def _output_trees(
         left_dim = dict(request.left)[dict(request.local_qr)[rname]].dim
         heights = tuple(min(c, t) for c in x_row_chunks)
         for suffix, hs in (("R", heights), ("left", (left_dim,) * len(heights))):
-            oname = _name(f"sketch-{rname}-{suffix}")
+            oname = task_name(f"sketch-{rname}-{suffix}")
             for R, parts in enumerate(rows):
                 (part,) = parts
                 layer[(oname, R, 0)] = (operator.getitem, (sname, *part[1:]), index)
@@ -998,7 +1076,11 @@ def _q2_tree(R: da.Array) -> tuple[da.Array, da.Array]:
     Fixed shape for a fixed blocking: the same result on any number of workers.
     """
     t = int(R.shape[1])
-    qname, rname, dname = _name("tsqr-node"), _name("tsqr-r"), _name("tsqr-q2")
+    qname, rname, dname = (
+        task_name("tsqr-node"),
+        task_name("tsqr-r"),
+        task_name("tsqr-q2"),
+    )
     layer: dict[Any, Any] = {}
     level = [((R.name, b, 0), h) for b, h in enumerate(R.chunks[0])]
     levels: list[
@@ -1029,11 +1111,11 @@ def _q2_tree(R: da.Array) -> tuple[da.Array, da.Array]:
                 children.append(ck)
         parents = children
     cols = level[0][1]
-    out = _name("tsqr-q2-blocks")
+    out = task_name("tsqr-q2-blocks")
     for b, key in enumerate(parents):
         layer[(out, b, 0)] = layer.pop(key)
     root = (rname, len(levels) - 1, 0)
-    fname = _name("tsqr-r-final")
+    fname = task_name("tsqr-r-final")
     layer[(fname, 0, 0)] = (np.asarray, root)
     graph = layer_graph(out, layer, dependencies=[R])
     Q2 = da.Array(graph, out, chunks=(R.chunks[0], (cols,)), dtype=np.float64)
@@ -1076,4 +1158,12 @@ class _LocalQ:
     blocks: Any
 
 
-__all__ = ["SPLIT_EVERY", "DaskSource", "gather_blocks"]
+__all__ = [
+    "SPLIT_EVERY",
+    "DaskSource",
+    "add_tree_sum",
+    "concat_rows",
+    "gather_blocks",
+    "row_bands",
+    "task_name",
+]

@@ -7,6 +7,7 @@ release that looks complete: everything is written under a temporary name in the
 destination's directory and renamed into place in one step.
 """
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -58,8 +59,6 @@ _HOME = {
 
 def __getattr__(name: str) -> Any:
     if name in _HOME:
-        import importlib
-
         return getattr(importlib.import_module(f"pipeline.io.{_HOME[name]}"), name)
     raise AttributeError(f"module 'pipeline.io' has no attribute {name!r}")
 

@@ -35,7 +35,7 @@ def store_array(x: Any, z: Any, client: Any) -> None:
     write one chunk). With a client, wait for every chunk write to settle, then
     raise the first failure in block order, if any.
     """
-    import dask.array as da
+    import dask.array as da  # heavy: dask, kept off the stream state's import path
 
     if client is None:
         da.store(x, z, lock=False)  # no cluster: dask's in-process scheduler

@@ -13,6 +13,12 @@ import dask.array as da
 import numpy as np
 import zarr
 from dask.base import tokenize
+from numcodecs import Zstd
+from zarr.codecs import BytesCodec, ZstdCodec
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.chunk_grids import RegularChunkGrid
+from zarr.core.sync import sync
+from zarr.storage import LocalStore
 
 from pipeline.errors import StoreLayoutError
 from pipeline.io import objectstore
@@ -115,10 +121,6 @@ def _plain_layout(z: zarr.Array[Any]) -> _PlainLayout | None:
     order) optionally followed by ``zstd`` -- the common layout, and the one
     ``dplr generate`` writes. Everything else is read through zarr.
     """
-    from zarr.codecs import BytesCodec, ZstdCodec
-    from zarr.core.chunk_grids import RegularChunkGrid
-    from zarr.storage import LocalStore
-
     m = z.metadata
     if (
         m.zarr_format != 3
@@ -275,8 +277,6 @@ def _chunk_bytes(store: Any, key: str) -> memoryview | None:
     view is valid until this thread's next read. Other stores, subclasses of
     ``LocalStore`` included, answer through their ``get``.
     """
-    from zarr.storage import LocalStore
-
     if type(store) is LocalStore:  # a subclass may fetch its bytes otherwise
         path = os.path.join(str(store.root), *key.split("/"))
         try:
@@ -289,17 +289,12 @@ def _chunk_bytes(store: Any, key: str) -> memoryview | None:
             if fh.readinto(raw) != size:
                 raise OSError("short read")
             return raw
-    from zarr.core.buffer import default_buffer_prototype
-    from zarr.core.sync import sync
-
     got = sync(store.get(key, default_buffer_prototype()))
     return None if got is None else memoryview(got.as_numpy_array())
 
 
 def _zstd() -> Any:
-    from numcodecs import Zstd  # the decoder zarr's zstd codec uses
-
-    return Zstd()
+    return Zstd()  # the decoder zarr's zstd codec uses
 
 
 def _band_chunks(

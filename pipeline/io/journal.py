@@ -41,7 +41,7 @@ from pipeline._durable import fsync_path, write_private
 from pipeline._types import FloatArray
 from pipeline.errors import StoreLayoutError
 from pipeline.io._store import store_array
-from pipeline.io.objectstore import local_path
+from pipeline.io.objectstore import is_url, local_path, url_fingerprint
 from pipeline.mechanisms.noise import NoiseKey
 
 __all__ = [
@@ -111,10 +111,8 @@ def input_fingerprint(path: str | None) -> str | None:
     """
     if path is None:
         return None
-    from pipeline.io import objectstore
-
-    if objectstore.is_url(path):
-        return objectstore.url_fingerprint(path)
+    if is_url(path):
+        return url_fingerprint(path)
     h = hashlib.sha256()
     for root, dirs, files in os.walk(path):
         dirs.sort()

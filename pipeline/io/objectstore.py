@@ -178,7 +178,7 @@ def _endpoint(opts: dict[str, Any]) -> str:
 
 def filesystem() -> Any:
     """A synchronous ``s3fs.S3FileSystem`` with :func:`storage_options`."""
-    import s3fs
+    import s3fs  # optional: s3fs, the object-store extra
 
     return s3fs.S3FileSystem(skip_instance_cache=True, **storage_options())
 
@@ -209,7 +209,7 @@ def _check_bucket(fs: Any, url: str, what: str, opts: dict[str, Any]) -> None:
 
 def open_store(url: str, *, read_only: bool, what: str) -> Any:
     """zarr's ``FsspecStore`` for ``url``, after checking that its bucket answers."""
-    from zarr.storage import FsspecStore
+    from zarr.storage import FsspecStore  # heavy: zarr, kept off `dplr --help`
 
     opts = storage_options()
     _check_bucket(filesystem(), url, what, opts)
@@ -232,7 +232,7 @@ def remove_url(url: str) -> None:
 
 def url_fingerprint(url: str) -> str:
     """Names, sizes and ETags of the objects under ``url`` (metadata only)."""
-    import hashlib
+    import hashlib  # heavy: hashlib loads OpenSSL (4 ms), kept off `dplr --help`
 
     h = hashlib.sha256()
     found = filesystem().find(url, detail=True)

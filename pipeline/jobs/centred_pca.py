@@ -43,12 +43,19 @@ from pipeline.io.objectstore import redact
 from pipeline.jobs.engine import (
     InputRef,
     ReleaseJob,
+    ReleaseOptions,
     ReleaseSpec,
     Runtime,
     run_release,
 )
 from pipeline.jobs.hooks import release_hooks
-from pipeline.jobs.pca import PCA_BAND_BYTES, JobJournal, PcaJob, relation_text
+from pipeline.jobs.pca import (
+    PCA_BAND_BYTES,
+    JobJournal,
+    PcaJob,
+    pca_release_spec,
+    relation_text,
+)
 from pipeline.mechanisms.noise import GaussianNoise, NoiseKey
 from pipeline.params import PrivacyUnit
 
@@ -248,7 +255,7 @@ def centred_pca(
     (centring turns a removed zero row into ``-mean``); together
     ``sqrt(mu_m^2 + mu_pca^2)``-GDP, charged once [DRS22, Cor. 3.3].
     """
-    from pipeline.io import open_input
+    from pipeline.io.inputs import open_input  # heavy: zarr, dask
 
     array, info = open_input(X, unit=None, band_bytes=PCA_BAND_BYTES)
     shape = (int(info.shape[0]), int(info.shape[1]))
@@ -291,14 +298,12 @@ def _fit_centred_exactly(
     array: Any, k: int, C: float, kw: dict[str, Any], extra: dict[str, Any]
 ) -> tuple[Any, FloatArray, dict[str, Any]]:
     """The non-private baseline: the exact mean of the raw rows."""
-    from pipeline.api import pca
-
     n = extra["n"]
     if isinstance(array, np.ndarray):
         mean = _row_total(array, None, C, clip=False).value / n
         centred = _centred_rows(array, mean, C, clip=False)
-        return pca(centred, k, **kw), mean, extra
-    from pipeline.execution import cluster_client
+        return _pca(centred, k, kw), mean, extra
+    from pipeline.execution import cluster_client  # heavy: distributed, dask
 
     with cluster_client(kw["scheduler"]) as (client, cinfo):
         run_kw = dict(kw)
@@ -307,7 +312,20 @@ def _fit_centred_exactly(
             run_kw["scheduler"] = cinfo.address  # the client's scheduler address
         mean = _row_total(array, client, C, clip=False).value / n
         centred = _centred_rows(array, mean, C, clip=False)
-        return pca(centred, k, **run_kw), mean, extra
+        return _pca(centred, k, run_kw), mean, extra
+
+
+def _pca(source: Any, k: int, kw: dict[str, Any]) -> Any:
+    """A fixed PCA release of ``source`` with the estimator's parameters ``kw``
+    (those of :func:`pipeline.api.pca`), through the PCA job."""
+    names = {f.name for f in dataclasses.fields(PcaParams)}
+    params = PcaParams(rank=k, **{n: v for n, v in kw.items() if n in names})
+    options = ReleaseOptions(
+        ledger=kw["ledger"], budget=kw["budget"], dataset=kw["dataset"],
+        insecure_noise_seed=kw["insecure_noise_seed"],
+    )  # fmt: skip
+    spec, job = pca_release_spec(params, source, None, options)
+    return run_release(spec, job, Runtime(scheduler=kw["scheduler"]))
 
 
 def centred_plan(

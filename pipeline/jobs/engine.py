@@ -41,6 +41,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TextIO
 
+import numpy as np
+
 from pipeline._validation import check_int_in_range, check_privacy_pair
 from pipeline.accounting.contract import PrivacyContract
 from pipeline.accounting.ledger import (
@@ -172,9 +174,10 @@ class InputRef:
     @classmethod
     def of(cls, info: Any, array: Any) -> InputRef:
         """From :func:`pipeline.io.open_input`'s info and array."""
-        import numpy as np
-
-        from pipeline.io.journal import array_fingerprint, input_fingerprint
+        from pipeline.io.journal import (  # heavy: zarr, dask
+            array_fingerprint,
+            input_fingerprint,
+        )
 
         if info.path is not None:
             fingerprint = input_fingerprint(info.path)
@@ -284,7 +287,7 @@ class ReleaseSpec:
         not show in a directory listing): a retry of the same job finds it, so it
         is charged once; the same job on other data finds it and is refused.
         """
-        from pipeline.io import default_journal_path
+        from pipeline.io import default_journal_path  # heavy: zarr, dask
 
         if self.journal is not None:
             return local_path(self.journal, "journal", "--journal")
@@ -472,7 +475,7 @@ class ReleaseJob:
     # -- plan, refuse, resume: nothing is read before these pass -------------
     def prepare(self) -> bool:
         """Refuse or resume before the first read; True if already published."""
-        from pipeline.io import check_output_path
+        from pipeline.io import check_output_path  # heavy: zarr, dask
 
         spec = self.spec
         jpath = spec.journal_path()
@@ -544,7 +547,7 @@ class ReleaseJob:
 
         It holds the noise key and the sketch seed before any charge or noise.
         """
-        from pipeline.io import FileJournal
+        from pipeline.io import FileJournal  # heavy: zarr, dask
 
         jpath = self.spec.journal_path()
         if self.journal is None and jpath is not None:
@@ -630,7 +633,7 @@ def run_release(
     if algorithm.local:
         with algorithm.open_source(job, None, None) as source:
             return algorithm.publish(job, algorithm.compute(job, source), None)
-    from pipeline.execution import cluster_client
+    from pipeline.execution import cluster_client  # heavy: distributed, dask
 
     with cluster_client(
         runtime.scheduler,
@@ -661,7 +664,10 @@ def _find_journal(jpath: str, header: dict[str, Any]) -> Any:
     A journal of any other job or input is refused (never reused, never
     silently replaced), with what removing it would cost.
     """
-    from pipeline.io.journal import FileJournal, JournalMismatchError
+    from pipeline.io.journal import (  # heavy: zarr, dask
+        FileJournal,
+        JournalMismatchError,
+    )
 
     try:
         return FileJournal.find(jpath, header, strict=True)
@@ -697,8 +703,8 @@ def _in_ledger(ledger: str | None, release_id: str | None) -> bool:
 
 def _published_by(out: str | None, jr: Any) -> bool:
     """True if ``out`` holds the release of the journaled job (then it is finished)."""
-    from pipeline.io import read_group
-    from pipeline.io.release import release_exists
+    from pipeline.io import read_group  # heavy: zarr, dask
+    from pipeline.io.release import release_exists  # heavy: zarr, dask
 
     if out is None or not release_exists(out):
         return False

@@ -166,7 +166,7 @@ def lrf_release_spec(
     params: LrfParams, source: Any, seed: int | None, options: ReleaseOptions
 ) -> tuple[ReleaseSpec, LrfJob]:
     """The release spec and the algorithm hooks of one factorization."""
-    from pipeline.io import open_input
+    from pipeline.io import open_input  # heavy: zarr, dask
 
     scratch_dirs.remove_dead(
         options.scratch, options.out
@@ -253,7 +253,7 @@ class LrfJob:
             self.source = ArraySource(self.array)
             yield self.source
             return
-        from pipeline.execution import DaskSource
+        from pipeline.execution import DaskSource  # heavy: distributed, dask
 
         tmp = scratch_dirs.make_scratch(self.scratch, job.spec.out)
         self.cluster = {**(cluster or {}), "n_graph_tasks_pass": 0}
@@ -286,7 +286,7 @@ class LrfJob:
         return Factorization(U=result.U, S=result.S, V=result.V, report=report)
 
     def publish(self, job: ReleaseJob, staged: Factorization, client: Any) -> Any:
-        from pipeline.io import read_release, write_release
+        from pipeline.io import read_release, write_release  # heavy: zarr, dask
 
         out, total = job.spec.out, job.t0
         if out is None:
@@ -310,7 +310,7 @@ class LrfJob:
         return final
 
     def read(self, out: str) -> Any:
-        from pipeline.io import read_release
+        from pipeline.io import read_release  # heavy: zarr, dask
 
         return read_release(out, load=False)
 
@@ -360,7 +360,7 @@ def _gather(x: Any, client: Any) -> np.ndarray:
     """A (tall) dask array in client memory, its blocks fetched in one gather."""
     if isinstance(x, np.ndarray):
         return x
-    from pipeline.execution.source import gather_blocks
+    from pipeline.execution.source import gather_blocks  # heavy: distributed, dask
 
     (out,) = gather_blocks(client, [x])
     return out

@@ -47,12 +47,22 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline.accounting.ledger import Ledger
 from pipeline.errors import (
     HorizonExceededError,
     InvalidParameterError,
     StoreLayoutError,
 )
 from pipeline.io.objectstore import location
+from pipeline.jobs.engine import crash_point
+from pipeline.jobs.stream import (
+    continue_advice,
+    open_stream,
+    plan_of,
+    read_manifest,
+    stream_ingest,
+    stream_release,
+)
 
 __all__ = ["NightlyConfig", "load_nightly_config", "parse_date", "run_nightly"]
 
@@ -246,8 +256,6 @@ def run_nightly(
         A batch is invalid: nothing of it was applied, earlier dates stay
         released; fix or remove the batch and rerun.
     """
-    from pipeline.jobs.stream import open_stream
-
     cfg = config if isinstance(config, NightlyConfig) else load_nightly_config(config)
     store = open_stream(cfg.state)
     epoch = _epoch_of_day(cfg, store.manifest, day)
@@ -282,8 +290,6 @@ def run_nightly(
 
 def _epoch_of_day(cfg: NightlyConfig, m: dict[str, Any], day: _dt.date) -> int:
     """``day``'s epoch, refused before the stream's start or beyond its horizon."""
-    from pipeline.jobs.stream import continue_advice, plan_of
-
     plan = plan_of(m)
     epoch = cfg.epoch_of(day)
     if epoch < 1:
@@ -311,8 +317,6 @@ def _dry_run(
     say: Callable[[str], None],
 ) -> dict[str, Any]:
     """What a run for ``day`` would do, checked (ledger, output, inbox) but nothing read or written."""
-    from pipeline.jobs.stream import plan_of
-
     horizon = plan_of(m).horizon
     summary: dict[str, Any] = {"dry_run": True, "dates": []}
     if m["ledger"] is not None:
@@ -352,9 +356,6 @@ def _release_date(
     cfg: NightlyConfig, store: Any, e: int, client: Any, say: Callable[[str], None]
 ) -> dict[str, Any]:
     """Ingest epoch ``e``'s batches (unless a crashed run closed it) and release it."""
-    from pipeline.jobs.engine import crash_point
-    from pipeline.jobs.stream import read_manifest, stream_ingest, stream_release
-
     d = cfg.date_of(e)
     out = cfg.release_for(d)
     done: list[str] = []
@@ -434,8 +435,6 @@ def _check_writable(cfg: NightlyConfig) -> None:
 
 
 def _check_ledger(ledger: dict[str, Any]) -> None:
-    from pipeline.accounting.ledger import Ledger
-
     book = Ledger.open(ledger["path"])
     if not any(r["release_id"] == ledger["release_id"] for r in book.releases):
         raise StoreLayoutError(
@@ -450,7 +449,7 @@ def _client(cfg: NightlyConfig) -> Iterator[Any]:
     if cfg.scheduler is None and cfg.cluster_config is None:
         yield None
         return
-    from pipeline.execution import cluster_client
+    from pipeline.execution import cluster_client  # heavy: distributed, dask
 
     with cluster_client(cfg.scheduler, cluster_config=cfg.cluster_config) as (
         client,

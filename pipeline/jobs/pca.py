@@ -20,7 +20,18 @@ from typing import Any
 import numpy as np
 
 from pipeline.accounting.contract import Accountant, PrivacyContract
-from pipeline.algorithms.pca import PcaRelease
+from pipeline.accounting.pca import calibrate_selection
+from pipeline.accounting.pca_selection import calibrate_candidates
+from pipeline.algorithms.pca import (
+    AUTO_ITERATIONS,
+    ArrayRowSource,
+    PcaRelease,
+    auto_radius,
+    default_selection_grids,
+    plan_pca,
+    run_pca,
+    run_selection,
+)
 from pipeline.errors import InvalidParameterError
 from pipeline.io.objectstore import redact
 from pipeline.jobs.engine import (
@@ -96,9 +107,6 @@ class Selection:
 
 def pca_plan(params: Any, shape: tuple[int, int], selection: Selection | None) -> Any:
     """The plan of a fixed run, or of a selection with its calibration."""
-    from pipeline.accounting.pca import calibrate_selection
-    from pipeline.algorithms.pca import default_selection_grids, plan_pca
-
     if selection is None:
         return plan_pca(params, shape)
     # validated as a fixed run first (rank, budget, route, bounds), then calibrated
@@ -134,9 +142,6 @@ def _candidates_of(params: Any, shape: tuple[int, int], selection: Selection) ->
     Default candidates: Analyze Gauss and the power method at the ``auto``
     rule's ``T`` and ``R``; given grids: Analyze Gauss and their product.
     """
-    from pipeline.accounting.pca_selection import calibrate_candidates
-    from pipeline.algorithms.pca import AUTO_ITERATIONS, auto_radius
-
     radii = selection.radii or (auto_radius(shape[0], params.rank),)
     iterations = selection.iterations or (AUTO_ITERATIONS,)
     candidates = [(None, 0)] + [(float(r), int(t)) for t in iterations for r in radii]
@@ -152,7 +157,7 @@ def pca_release_spec(
     params: Any, source: Any, selection: Selection | None, options: ReleaseOptions
 ) -> tuple[ReleaseSpec, PcaJob]:
     """The release spec and the algorithm hooks of one PCA."""
-    from pipeline.io import open_input
+    from pipeline.io import open_input  # heavy: zarr, dask
 
     array, info = open_input(source, unit=None, band_bytes=PCA_BAND_BYTES)
     plan = pca_plan(params, info.shape, selection)
@@ -202,8 +207,6 @@ class PcaJob:
     def open_source(
         self, job: ReleaseJob, client: Any, cluster: dict[str, Any] | None
     ) -> Iterator[Any]:
-        from pipeline.algorithms.pca import ArrayRowSource
-
         p = self.plan.params
         if self.local:
             self.source = ArrayRowSource(
@@ -211,7 +214,7 @@ class PcaJob:
             )
             yield self.source
             return
-        from pipeline.execution.pca import DaskRowSource
+        from pipeline.execution.pca import DaskRowSource  # heavy: distributed, dask
 
         self.source = DaskRowSource(
             self.array, client, row_norm_bound=p.row_norm_bound, clip=p.private,
@@ -222,8 +225,6 @@ class PcaJob:
         yield self.source
 
     def compute(self, job: ReleaseJob, src: Any) -> PcaRelease:
-        from pipeline.algorithms.pca import run_pca, run_selection
-
         p, cal = self.plan.params, self.plan.calibration
         details = {
             "rank": p.rank,
@@ -257,7 +258,7 @@ class PcaJob:
         )
 
     def publish(self, job: ReleaseJob, rel: PcaRelease, client: Any) -> PcaRelease:
-        from pipeline.io import write_group
+        from pipeline.io import write_group  # heavy: zarr, dask
 
         if not self.select:  # the time of a selection would reveal its trials
             rel.report["timings_seconds"]["total"] = round(
@@ -279,7 +280,7 @@ class PcaJob:
         return rel
 
     def read(self, out: str) -> PcaRelease:
-        from pipeline.io import read_group
+        from pipeline.io import read_group  # heavy: zarr, dask
 
         arrays, report = read_group(out, ("components", "eigenvalues"))
         return PcaRelease(

@@ -40,15 +40,17 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import functools
+import glob
 import hashlib
 import math
 import os
 import shlex
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -87,7 +89,14 @@ from pipeline.errors import (
     PrivacyConfigError,
     StoreLayoutError,
 )
+from pipeline.io.batches import UpdateBatch, read_batch
+from pipeline.io.entity_ids import EntityIds
 from pipeline.io.objectstore import local_path
+from pipeline.io.stream_state import (
+    LEGACY_FORMAT,
+    STATE_FORMAT,
+    StreamStore,
+)
 from pipeline.jobs.engine import InputRef, ReleaseJob, ReleaseSpec
 from pipeline.jobs.engine import crash_point as _crash_point
 from pipeline.jobs.reports import OMIT, NonPrivate, StreamPrivacy, StreamReport
@@ -102,10 +111,6 @@ from pipeline.mechanisms.entities import (
 from pipeline.mechanisms.signal import signal_of
 from pipeline.params import Neighboring, PrivacyUnit
 from pipeline.sketches.operators import OperatorKind
-
-if TYPE_CHECKING:
-    from pipeline.io.batches import UpdateBatch
-    from pipeline.io.entity_ids import EntityIds
 
 __all__ = [
     "DuplicateBatchError",
@@ -260,8 +265,6 @@ def _info(store: Any) -> StreamInfo:
 
 def open_stream(state: str | os.PathLike[str]) -> Any:
     """Open a stream state (a :class:`~pipeline.io.stream_state.StreamStore`)."""
-    from pipeline.io.stream_state import StreamStore
-
     return StreamStore.open(state)
 
 
@@ -358,8 +361,6 @@ def stream_init(
     stream (spec 9.18: the tree after a horizon composes with the one before);
     releases are post-processing and are never charged again.
     """
-    from pipeline.io.stream_state import StreamStore
-
     if seed is not None:
         seed = check_int_in_range(seed, "seed", 0, 2**128 - 1)
     params = StreamParams(
@@ -427,7 +428,7 @@ def _created_by(make_spec: Callable[[], ReleaseSpec], state: str) -> bool:
     the ledger, holding the noise key) leaves both; the same command finds the
     journal of the same job naming that stream and finishes the clean-up.
     """
-    from pipeline.io import FileJournal
+    from pipeline.io import FileJournal  # heavy: dask
 
     try:
         spec = make_spec()
@@ -685,8 +686,6 @@ def _legacy_entity_key(manifest: dict[str, Any]) -> bytes:
 
 def _hashes_string_ids(manifest: dict[str, Any]) -> bool:
     """Whether the state's string ids were hashed (format 1), so that two ids may share a key."""
-    from pipeline.io.stream_state import LEGACY_FORMAT
-
     return bool(
         manifest["format"] == LEGACY_FORMAT and manifest["entity_kind"] == "str"
     )
@@ -704,8 +703,6 @@ def _load_entities(store: Any) -> EntityTable:
 
 def _load_entity_ids(store: Any) -> EntityIds:
     """The stream's table of string entity ids (their keys are their positions)."""
-    from pipeline.io.entity_ids import EntityIds
-
     if not store.has("entities/ids_data"):
         return EntityIds.empty()
     return EntityIds.from_arrays(
@@ -721,8 +718,6 @@ def _read_stream_batch(
     The mapping is the stream's id table, or for a format-1 state holding string
     ids the hash it used (only to recognise the batches it already holds).
     """
-    from pipeline.io.batches import read_batch
-
     p = manifest["params"]
     shape = (p["n_rows"], p["n_cols"])
     if _hashes_string_ids(manifest):
@@ -742,8 +737,6 @@ def _entity_id_arrays(b: UpdateBatch, known: int) -> dict[str, np.ndarray | None
 
 
 def _check_entity_kind(manifest: dict[str, Any], b: UpdateBatch) -> None:
-    from pipeline.io.stream_state import LEGACY_FORMAT
-
     if not len(b):
         return
     if manifest["entity_kind"] not in (None, b.entity_kind):
@@ -758,6 +751,63 @@ def _check_entity_kind(manifest: dict[str, Any], b: UpdateBatch) -> None:
             "string ids safely; create a new stream with this version and ingest there. "
             "Nothing was applied."
         )
+
+
+def _known_batch(
+    m: dict[str, Any], fp: str, b: UpdateBatch, skip_known: bool
+) -> dict[str, Any] | None:
+    """The record of a batch of the same content, to skip (``skip_known``), or None.
+
+    Raises :class:`DuplicateBatchError` for a non-empty batch already ingested.
+    """
+    rec: dict[str, Any] | None = next(
+        (r for r in m["batches"] if r["fingerprint"] == fp), None
+    )
+    if rec is not None and skip_known:
+        return rec
+    # an empty batch applies nothing, so it cannot be a harmful replay (quiet
+    # nights deliver empty files with identical content)
+    if rec is not None and len(b):
+        raise DuplicateBatchError(
+            f"this batch's content was already ingested into epoch {rec['epoch']} "
+            f"(as {rec['file']!r}); replaying it would count its updates twice. "
+            "Nothing was applied."
+        )
+    return None
+
+
+def _clipped_cells(
+    st: Any, plan: StreamPlan, p: dict[str, Any], b: UpdateBatch
+) -> tuple[Any, Any, Any, dict[str, Any]]:
+    """The batch's cells ``(rows, cols, vals)``, coalesced, and the entity arrays
+    to commit with them.
+
+    Private streams clip each entity's net contribution against its remaining
+    budget (:func:`clip_updates`): the new budgets are committed with the cells.
+    Non-private streams only zero the entities holding a non-finite value.
+    """
+    if plan.lrf.calibration is None:
+        vals = zero_non_finite_entities(b.entity, b.s)  # as clip_updates does
+        rows, cols, vals = coalesce(b.i, b.j, vals, p["n_cols"])
+        return rows, cols, vals, {}
+    clipped = clip_updates(
+        b.entity,
+        b.i,
+        b.j,
+        b.s,
+        table=_load_entities(st),
+        unit=StreamUnit(p["unit"]),
+        clip_norm=p["clip_norm"],
+        n_cols=p["n_cols"],
+    )
+    budgets: dict[str, Any] = {}
+    if clipped.table is not None and len(b):
+        budgets = {
+            "entities/keys": clipped.table.keys,
+            "entities/spent": clipped.table.spent,
+            "entities/anchor": clipped.table.anchor,
+        }
+    return clipped.rows, clipped.cols, clipped.vals, budgets
 
 
 def stream_ingest(
@@ -809,8 +859,6 @@ def stream_ingest(
     StateLockedError
         Another process is writing the stream.
     """
-    from pipeline.io.stream_state import STATE_FORMAT
-
     t0 = time.perf_counter()
     with _locked(state, store) as st:
         m = st.manifest
@@ -825,8 +873,8 @@ def stream_ingest(
             )
         b, known = _read_stream_batch(st, m, batch)
         fp = b.fingerprint()
-        rec = next((r for r in m["batches"] if r["fingerprint"] == fp), None)
-        if rec is not None and skip_known:
+        rec = _known_batch(m, fp, b, skip_known)
+        if rec is not None:
             return {
                 "fingerprint": fp,
                 "epoch": rec["epoch"],
@@ -834,39 +882,12 @@ def stream_ingest(
                 "skipped": True,
                 "seconds": round(time.perf_counter() - t0, 3),
             }
-        # an empty batch applies nothing, so it cannot be a harmful replay (quiet
-        # nights deliver empty files with identical content)
-        if rec is not None and len(b):
-            raise DuplicateBatchError(
-                f"this batch's content was already ingested into epoch {rec['epoch']} "
-                f"(as {rec['file']!r}); replaying it would count its updates twice. "
-                "Nothing was applied."
-            )
         _check_entity_kind(m, b)
         # the new ids and the budgets they index change in one commit, so a rerun of
         # an ingest that did not commit assigns the same keys again
         arrays = _entity_id_arrays(b, known)
-        if plan.lrf.calibration is not None:
-            clipped = clip_updates(
-                b.entity,
-                b.i,
-                b.j,
-                b.s,
-                table=_load_entities(st),
-                unit=StreamUnit(p["unit"]),
-                clip_norm=p["clip_norm"],
-                n_cols=p["n_cols"],
-            )
-            rows, cols, vals = clipped.rows, clipped.cols, clipped.vals
-            if clipped.table is not None and len(b):
-                arrays |= {
-                    "entities/keys": clipped.table.keys,
-                    "entities/spent": clipped.table.spent,
-                    "entities/anchor": clipped.table.anchor,
-                }
-        else:
-            vals = zero_non_finite_entities(b.entity, b.s)  # as clip_updates does
-            rows, cols, vals = coalesce(b.i, b.j, vals, p["n_cols"])
+        rows, cols, vals, budgets = _clipped_cells(st, plan, p, b)
+        arrays |= budgets
         number = int(m["next_batch"])
         prefix = f"pending/{epoch}/{number:06d}/"
         # the clipped, coalesced cells (24 bytes each): sketched once per epoch, when
@@ -945,7 +966,7 @@ def epoch_sketch(
         else 2 * max(1, len(client.scheduler_info().get("workers", {})))
     )
     parts = partition_cells(rows, cols, vals, n_parts, plan.lrf.params.tile_size)
-    from pipeline.execution.stream import sketch_partitions
+    from pipeline.execution.stream import sketch_partitions  # heavy: distributed
 
     seed, _ = store.secrets()
     return sum_deltas(plan, sketch_partitions(plan, seed, parts, client))
@@ -1131,7 +1152,7 @@ def stream_release(
     Privacy. Post-processing of the tree's noisy p-sums, each noised exactly
     once per node [spec 3.4, 6.3]; nothing is charged.
     """
-    from pipeline.io.release import read_release, write_release
+    from pipeline.io.release import read_release, write_release  # heavy: dask
 
     out = local_path(out, "stream release")  # its publication record needs a rename
     with _locked(state, store) as st:
@@ -1198,9 +1219,6 @@ def stream_release(
 
 def _remove_stale_temporaries(out: str) -> None:
     """Hidden groups a killed publication of ``out`` left beside it (we hold the lock)."""
-    import glob
-    import shutil
-
     parent, base = os.path.split(out)
     for tmp in glob.glob(
         os.path.join(glob.escape(parent), f".{glob.escape(base)}.tmp-*")
@@ -1209,7 +1227,7 @@ def _remove_stale_temporaries(out: str) -> None:
 
 
 def _is_this_release(out: str, m: dict[str, Any], epoch: int) -> bool:
-    from pipeline.io.release import read_release
+    from pipeline.io.release import read_release  # heavy: dask
 
     try:
         rep = read_release(out).report

@@ -22,8 +22,8 @@ References
 .. [NumPy] numpy.org/doc/stable/reference/random/parallel.html (SeedSequence spawning).
 """
 
+from pipeline.linalg.tiles import DEFAULT_TILE_SIZE
 from pipeline.sketches.gaussian import (
-    DEFAULT_TILE_SIZE,
     GaussianOperator,
     OperatorCode,
     operator_block,

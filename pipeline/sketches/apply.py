@@ -20,7 +20,7 @@ import scipy.linalg
 
 from pipeline._types import FloatArray
 from pipeline.errors import NonFiniteInputError
-from pipeline.mechanisms.clipping import (
+from pipeline.linalg.clipping import (
     ClipSpec,
     clip_by_peak,
     scale_factors_from_sumsq,

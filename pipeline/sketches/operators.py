@@ -6,7 +6,8 @@ import enum
 import hashlib
 
 from pipeline._sealed import Sealed
-from pipeline.sketches.gaussian import DEFAULT_TILE_SIZE, GaussianOperator, OperatorCode
+from pipeline.linalg.tiles import DEFAULT_TILE_SIZE
+from pipeline.sketches.gaussian import GaussianOperator, OperatorCode
 from pipeline.sketches.sparse import DEFAULT_NNZ, SparseSignOperator
 
 #: Any sketch operator: both kinds offer ``block``, ``rows``, ``dense``, ``left``

@@ -6,12 +6,14 @@
   ``pipeline.api`` and ``pipeline.cli`` import dask or distributed;
 * ``execution`` never imports ``mechanisms.noise`` (noise is drawn in the core);
 * nothing imports ``pipeline.cli``;
-* the import graph of ``pipeline/`` (every import, module level or function-local,
-  read from the AST) has no cycle, no import from a layer to a layer above it
-  (:data:`LAYERS`), no ``_private`` name taken from another module and no
-  function-local import outside the optional/heavy dependencies of
-  :data:`BOUNDARY`; what remains of the last three is listed exactly
-  (``KNOWN_*``), so it can only shrink. Each checker has a negative control.
+* the import graph of ``pipeline/`` (every import, module level, function-local
+  or under ``TYPE_CHECKING``, read from the AST) has no cycle, no import from a
+  layer to a layer above it (:data:`LAYERS`) and no ``_private`` name taken from
+  another module;
+* a function-local import sits at the dependency boundary: it keeps a heavy or
+  optional third-party module (:data:`BOUNDARY`) off its module's import path,
+  which the graph of runtime module-level imports decides, and its line says
+  why (``# heavy: zarr, ...``). Each checker has a negative control.
 """
 
 from __future__ import annotations
@@ -19,7 +21,11 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import io
 import pathlib
+import re
+import tokenize
+from typing import Any
 
 import pytest
 
@@ -130,40 +136,52 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ),
 )
 RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
-#: Optional or heavy third-party modules: a function-local import of one of them
-#: keeps it off the import path of callers that do not need it.
-BOUNDARY = frozenset({
-    "dask", "distributed", "zarr", "dp_accounting", "s3fs", "matplotlib", "numcodecs",
-    "dask_jobqueue", "dask_kubernetes", "kr8s", "httpx", "fsspec",
-})  # fmt: skip
-#: Imports from a layer to a layer above it that remain (they may only go away).
-KNOWN_UPWARD = frozenset({
-    ("pipeline.jobs.centred_pca", "pipeline.api"),
-    ("pipeline.sketches.apply", "pipeline.mechanisms.clipping"),
-})  # fmt: skip
-#: ``_private`` names still imported across modules (they may only go away).
-KNOWN_PRIVATE = frozenset({
-    ("pipeline.accounting.pca", "pipeline.accounting.pca_paper._paper_constants"),
-    ("pipeline.accounting.pca_paper", "pipeline.accounting.pca_random_stopping._trial_rho"),
-    ("pipeline.execution.pca", "pipeline.execution.source._bands"),
-    ("pipeline.execution.pca", "pipeline.execution.source._concat_rows"),
-    ("pipeline.execution.pca", "pipeline.execution.source._name"),
-    ("pipeline.execution.pca", "pipeline.execution.source._tree"),
-})  # fmt: skip
-#: Function-local imports outside :data:`BOUNDARY` that remain, as (module, target)
-#: pairs: the list may only shrink.
-KNOWN_LOCAL = frozenset({
-    ("pipeline", "pipeline.accounting.ledger"),
-    ("pipeline", "pipeline.algorithms.base"),
-    ("pipeline", "pipeline.api"),
-    ("pipeline", "pipeline.estimators"),
-    ("pipeline", "pipeline.io"),
-    ("pipeline.accounting.gaussian", "scipy"),
-    ("pipeline.accounting.pca_random_stopping", "scipy"),
-    ("pipeline.algorithms.lrf.model", "scipy"),
-    ("pipeline.algorithms.pca.selection", "pipeline.mechanisms.noise"),
+#: The dependency boundary: third-party modules (dotted prefixes) that a module
+#: may import inside a function, so that callers that never need them do not pay
+#: for them, and why. "heavy": import time (``python -X importtime``) on a start-up
+#: path that does not need it; "optional": an extra that may not be installed.
+BOUNDARY: dict[str, str] = {
+    "numpy": "heavy: 0.1 s; `import pipeline` and `dplr --help` import no numpy",
+    "scipy": "heavy: 0.2-0.4 s (sparse, linalg) beyond numpy",
+    "scipy.optimize": "heavy: 0.27 s beyond scipy.sparse/linalg; calibration only",
+    "sklearn": "heavy: 1-2 s; the estimators only",
+    "dask": "heavy: dask.array 0.5-1 s",
+    "distributed": "heavy: 0.5-1 s",
+    "zarr": "heavy: 0.4-0.6 s",
+    "numcodecs": "heavy: zarr's codecs",
+    "fsspec": "heavy: zarr's storage layer",
+    "dp_accounting": "heavy: 2-3 s",
+    "matplotlib": "heavy and optional: `dplr show` only",
+    "s3fs": "optional: object stores",
+    "dask_jobqueue": "optional: batch clusters",
+    "dask_kubernetes": "optional: Kubernetes clusters",
+    "kr8s": "optional: Kubernetes clusters",
+    "httpx": "optional: Kubernetes clusters",
+    "hashlib": "heavy: 4 ms (OpenSSL) on `dplr --help`'s path (pipeline.io.objectstore)",
+}
+#: What importing a boundary module loads with it (read from ``sys.modules``).
+LOADS: dict[str, tuple[str, ...]] = {
+    "scipy": ("numpy",),
+    "scipy.optimize": ("numpy", "scipy"),
+    "sklearn": ("numpy", "scipy", "scipy.optimize"),
+    "dask": ("numpy", "scipy"),  # dask.array, the part the pipeline uses
+    "distributed": ("numpy", "dask"),
+    "zarr": ("numpy", "numcodecs", "fsspec"),
+    "numcodecs": ("numpy",),
+    "dp_accounting": ("numpy", "scipy", "scipy.optimize"),
+    "s3fs": ("fsspec", "httpx"),
+    "dask_jobqueue": ("numpy", "dask", "distributed"),
+    "dask_kubernetes": ("numpy", "dask", "distributed", "kr8s", "httpx"),
+}
+#: The one-word kinds a reason comment starts with (``# heavy: zarr, ...``).
+REASONS = ("heavy", "optional")
+#: Function-local imports of the faces (``cli/``, ``api.py``, ``estimators.py``)
+#: that do not follow the rule yet, as (module, target) pairs: they are converted
+#: with the faces' own rework. Exact (an entry that no longer occurs must leave),
+#: so it can only shrink; it goes when empty. Nothing outside the faces may be added.
+FACES_NOT_YET_CONVERTED: frozenset[tuple[str, str]] = frozenset({
     ("pipeline.api", "pipeline.algorithms.pca"),
-    ("pipeline.api", "pipeline.io"),
+    ("pipeline.api", "pipeline.io.inputs"),
     ("pipeline.cli.budget", "pipeline._validation"),
     ("pipeline.cli.budget", "pipeline.accounting.ledger"),
     ("pipeline.cli.budget", "pipeline.jobs.engine"),
@@ -171,7 +189,7 @@ KNOWN_LOCAL = frozenset({
     ("pipeline.cli.common", "pipeline.io.stream_state"),
     ("pipeline.cli.common", "pipeline.jobs.engine"),
     ("pipeline.cli.data", "pipeline.api"),
-    ("pipeline.cli.data", "pipeline.io"),
+    ("pipeline.cli.data", "pipeline.io.synthetic"),
     ("pipeline.cli.factorize", "pipeline.algorithms.lrf"),
     ("pipeline.cli.factorize", "pipeline.api"),
     ("pipeline.cli.nightly", "pipeline.jobs.nightly"),
@@ -181,52 +199,27 @@ KNOWN_LOCAL = frozenset({
     ("pipeline.cli.stream", "pipeline.accounting.ledger"),
     ("pipeline.cli.stream", "pipeline.execution"),
     ("pipeline.cli.stream", "pipeline.jobs.stream"),
-    ("pipeline.estimators", "pipeline.io"),
-    ("pipeline.execution.client", "importlib"),
-    ("pipeline.io", "importlib"),
-    ("pipeline.io.journal", "pipeline.io.objectstore"),
-    ("pipeline.io.objectstore", "hashlib"),
-    ("pipeline.jobs.centred_pca", "pipeline.api"),
-    ("pipeline.jobs.centred_pca", "pipeline.execution"),
-    ("pipeline.jobs.centred_pca", "pipeline.io"),
-    ("pipeline.jobs.engine", "numpy"),
-    ("pipeline.jobs.engine", "pipeline.execution"),
-    ("pipeline.jobs.engine", "pipeline.io"),
-    ("pipeline.jobs.engine", "pipeline.io.journal"),
-    ("pipeline.jobs.engine", "pipeline.io.release"),
-    ("pipeline.jobs.factorize", "pipeline.execution"),
-    ("pipeline.jobs.factorize", "pipeline.execution.source"),
-    ("pipeline.jobs.factorize", "pipeline.io"),
-    ("pipeline.jobs.nightly", "pipeline.accounting.ledger"),
-    ("pipeline.jobs.nightly", "pipeline.execution"),
-    ("pipeline.jobs.nightly", "pipeline.jobs.engine"),
-    ("pipeline.jobs.nightly", "pipeline.jobs.stream"),
-    ("pipeline.jobs.pca", "pipeline.accounting.pca"),
-    ("pipeline.jobs.pca", "pipeline.accounting.pca_selection"),
-    ("pipeline.jobs.pca", "pipeline.algorithms.pca"),
-    ("pipeline.jobs.pca", "pipeline.execution.pca"),
-    ("pipeline.jobs.pca", "pipeline.io"),
-    ("pipeline.jobs.stream", "glob"),
-    ("pipeline.jobs.stream", "pipeline.execution.stream"),
-    ("pipeline.jobs.stream", "pipeline.io"),
-    ("pipeline.jobs.stream", "pipeline.io.batches"),
-    ("pipeline.jobs.stream", "pipeline.io.entity_ids"),
-    ("pipeline.jobs.stream", "pipeline.io.release"),
-    ("pipeline.jobs.stream", "pipeline.io.stream_state"),
-    ("pipeline.jobs.stream", "shutil"),
+    ("pipeline.estimators", "pipeline.io.inputs"),
 })  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
 class Import:
     """One imported name: ``target`` is the pipeline module it resolves to (None
-    outside pipeline), ``name`` the name taken from it (None for a module)."""
+    outside pipeline), ``name`` the name taken from it (None for a module),
+    ``dotted`` the full dotted name imported (``scipy.optimize`` for ``from scipy
+    import optimize``); ``runtime`` is False under ``if TYPE_CHECKING:``;
+    ``comment`` holds the comments on the statement's lines (or, without one,
+    the comment line just above it)."""
 
     module: str
     target: str | None
     name: str | None
     local: bool
     top: str
+    dotted: str = ""
+    runtime: bool = True
+    comment: str = ""
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -249,38 +242,94 @@ def _base(module: str, is_pkg: bool, node: ast.ImportFrom) -> str:
     return ".".join(pkg + ([node.module] if node.module else []))
 
 
+def _comments(text: str) -> dict[int, str]:
+    """Line number -> the comment on that line."""
+    tokens = tokenize.generate_tokens(io.StringIO(text).readline)
+    return {t.start[0]: t.string for t in tokens if t.type == tokenize.COMMENT}
+
+
+def _statement_comment(node: ast.stmt, notes: dict[int, str], text: str) -> str:
+    """The comments on a statement's lines, or on the comment line just above it."""
+    lines = range(node.lineno, (node.end_lineno or node.lineno) + 1)
+    found = " ".join(notes[n] for n in lines if n in notes)
+    above = text.splitlines()[node.lineno - 2] if node.lineno > 1 else ""
+    if not found and above.strip().startswith("#"):
+        found = notes.get(node.lineno - 1, "")
+    return found
+
+
+def _type_checking(node: ast.AST) -> bool:
+    """``if TYPE_CHECKING:`` (or ``typing.TYPE_CHECKING``)."""
+    if not isinstance(node, ast.If):
+        return False
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def lazy_homes(sources: dict[str, tuple[str, bool]]) -> dict[str, dict[str, str]]:
+    """Package -> {name: module} of each package that imports its names on first
+    use (``pipeline.io``): its module-level ``_HOME`` dict of name -> submodule."""
+    out: dict[str, dict[str, str]] = {}
+    for module, (text, is_pkg) in sources.items():
+        for node in ast.parse(text).body if is_pkg else ():
+            if (
+                isinstance(node, ast.Assign)
+                and [getattr(n, "id", None) for n in node.targets] == ["_HOME"]
+                and isinstance(node.value, ast.Dict)
+            ):
+                out[module] = {
+                    ast.literal_eval(k): f"{module}.{ast.literal_eval(v)}"
+                    for k, v in zip(node.value.keys, node.value.values, strict=True)
+                    if k is not None
+                }
+    return out
+
+
 def import_list(sources: dict[str, tuple[str, bool]]) -> list[Import]:
     """Every import of every module (module level, function-local, under
-    ``TYPE_CHECKING``), each imported name resolved against ``sources``."""
+    ``TYPE_CHECKING``), each imported name resolved against ``sources``; a name
+    of a lazy package (:func:`lazy_homes`) resolves to the module that holds it."""
     mods = set(sources)
+    homes = lazy_homes(sources)
     out: list[Import] = []
 
-    def add(module: str, target: str, name: str | None, local: bool) -> None:
+    def add(target: str, name: str | None, **how: Any) -> None:
         t = target
         while t and t not in mods:
             t = t.rpartition(".")[0]
-        out.append(Import(module, t or None, name, local, target.split(".")[0]))
+        dotted = target if name is None else f"{target}.{name}"
+        out.append(Import(target=t or None, name=name, top=target.split(".")[0],
+                          dotted=dotted, **how))  # fmt: skip
 
-    def visit(module: str, is_pkg: bool, node: ast.AST, local: bool) -> None:
+    def visit(module: str, is_pkg: bool, node: ast.AST, local: bool, runtime: bool,
+              text: str, notes: dict[int, str]) -> None:  # fmt: skip
         for child in ast.iter_child_nodes(node):
             inner = local or isinstance(
                 child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
             )
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                how = {"module": module, "local": inner, "runtime": runtime,
+                       "comment": _statement_comment(child, notes, text)}  # fmt: skip
             if isinstance(child, ast.Import):
                 for a in child.names:
-                    add(module, a.name, None, inner)
+                    add(a.name, None, **how)
             elif isinstance(child, ast.ImportFrom):
                 base = _base(module, is_pkg, child)
                 for a in child.names:
                     full = f"{base}.{a.name}"
                     if full in mods:
-                        add(module, full, None, inner)
+                        add(full, None, **how)
+                    elif a.name in homes.get(base, {}):
+                        add(homes[base][a.name], a.name, **how)
                     else:
-                        add(module, base, a.name, inner)
-            visit(module, is_pkg, child, inner)
+                        add(base, a.name, **how)
+            visit(module, is_pkg, child, inner, runtime and not _type_checking(child),
+                  text, notes)  # fmt: skip
 
     for module, (text, is_pkg) in sources.items():
-        visit(module, is_pkg, ast.parse(text), False)
+        visit(module, is_pkg, ast.parse(text), False, True, text, _comments(text))
     return out
 
 
@@ -357,13 +406,92 @@ def private_imports(imports: list[Import]) -> set[tuple[str, str]]:
     }  # fmt: skip
 
 
+def _boundary(dotted: str) -> str | None:
+    """The :data:`BOUNDARY` entry a third-party name falls under (the longest)."""
+    parts = dotted.split(".")
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in BOUNDARY:
+            return ".".join(parts[:n])
+    return None
+
+
+def _loads(dotted: str) -> frozenset[str]:
+    """The :data:`BOUNDARY` entries importing a third-party name loads."""
+    entry = _boundary(dotted)
+    if entry is None:
+        return frozenset()
+    return frozenset({entry, *LOADS.get(entry, ())})
+
+
+def heavy_sets(imports: list[Import]) -> dict[str, frozenset[str]]:
+    """Module -> the :data:`BOUNDARY` entries importing it loads: its runtime
+    module-level imports and its packages' ``__init__``, followed transitively
+    through pipeline modules (and :data:`LOADS`)."""
+    direct: dict[str, set[str]] = {i.module: set() for i in imports}
+    edges: dict[str, set[str]] = {i.module: set() for i in imports}
+    for i in imports:
+        if i.local or not i.runtime:
+            continue
+        if i.target is None:
+            direct[i.module] |= _loads(i.dotted)
+        elif i.target != i.module:
+            edges[i.module].add(i.target)
+    for m in direct:  # importing a module runs its packages' __init__ first
+        parts = m.split(".")
+        edges[m].update(".".join(parts[:n]) for n in range(1, len(parts)))
+    out: dict[str, frozenset[str]] = {}
+    for m in direct:
+        seen, todo, found = {m}, [m], set()
+        while todo:
+            v = todo.pop()
+            found |= direct.get(v, set())
+            for w in edges.get(v, ()):
+                if w not in seen:
+                    seen.add(w)
+                    todo.append(w)
+        out[m] = frozenset(found)
+    return out
+
+
+def _kept_off(i: Import, heavy: dict[str, frozenset[str]]) -> frozenset[str]:
+    """What a function-local import keeps off its module's import path: the
+    boundary modules it loads that the module does not load already."""
+    if i.target is None:
+        loads = _loads(i.dotted)
+    else:
+        loads = heavy.get(i.target, frozenset())
+    return loads - heavy.get(i.module, frozenset())
+
+
 def local_imports(imports: list[Import]) -> set[tuple[str, str]]:
-    """Function-local imports of anything outside :data:`BOUNDARY`."""
+    """Function-local imports outside the dependency boundary: those that keep
+    no :data:`BOUNDARY` module off their module's import path (a stdlib module,
+    a pipeline module that loads nothing heavy the module does not load already)."""
+    heavy = heavy_sets(imports)
     return {
         (i.module, i.target or i.top)
         for i in imports
-        if i.local and i.top not in BOUNDARY
+        if i.local and not _kept_off(i, heavy)
     }
+
+
+def unexplained_local_imports(imports: list[Import]) -> set[tuple[str, str]]:
+    """Function-local imports at the boundary that give no reason: a
+    ``# heavy: ...`` or ``# optional: ...`` comment, on the statement or on the
+    line above it, naming one of the modules it keeps off the import path."""
+    heavy = heavy_sets(imports)
+    out = set()
+    for i in imports:
+        kept = _kept_off(i, heavy)
+        if not i.local or not kept:
+            continue
+        words = set(re.findall(r"[\w.]+", i.comment))
+        if not (
+            re.match(rf"#\s*({'|'.join(REASONS)}):", i.comment)
+            and any(k in words or k.split(".")[0] in words for k in kept)
+        ):
+            out.add((i.module, i.target or i.top))
+    return out
 
 
 IMPORTS = import_list(_sources())
@@ -376,7 +504,7 @@ def test_no_import_cycle() -> None:
 
 def test_no_import_from_a_layer_above() -> None:
     assert every_module_has_a_layer()
-    assert upward_imports(EDGES) <= KNOWN_UPWARD, upward_imports(EDGES) - KNOWN_UPWARD
+    assert upward_imports(EDGES) == set()
 
 
 def every_module_has_a_layer() -> bool:
@@ -384,21 +512,30 @@ def every_module_has_a_layer() -> bool:
 
 
 def test_no_private_name_imported_across_modules() -> None:
-    assert private_imports(IMPORTS) <= KNOWN_PRIVATE, (
-        private_imports(IMPORTS) - KNOWN_PRIVATE
-    )
+    assert private_imports(IMPORTS) == set()
+
+
+def _not_faces(found: set[tuple[str, str]]) -> list[tuple[str, str]]:
+    return sorted(found - FACES_NOT_YET_CONVERTED)
 
 
 def test_function_local_imports_only_at_the_dependency_boundary() -> None:
-    found = local_imports(IMPORTS)
-    assert found <= KNOWN_LOCAL, sorted(found - KNOWN_LOCAL)
+    assert _not_faces(local_imports(IMPORTS)) == []
 
 
-def test_the_known_lists_hold_no_fixed_entry() -> None:
-    """An entry that no longer occurs leaves its list: the lists only shrink."""
-    assert KNOWN_UPWARD <= upward_imports(EDGES)
-    assert KNOWN_PRIVATE <= private_imports(IMPORTS)
-    assert KNOWN_LOCAL <= local_imports(IMPORTS)
+def test_every_function_local_import_gives_its_reason() -> None:
+    assert _not_faces(unexplained_local_imports(IMPORTS)) == []
+
+
+def _is_face(module: str) -> bool:
+    return module.split(".")[1:2] in (["cli"], ["api"], ["estimators"])
+
+
+def test_the_faces_exceptions_are_exact() -> None:
+    """An entry that no longer occurs leaves the list; only faces are listed."""
+    found = local_imports(IMPORTS) | unexplained_local_imports(IMPORTS)
+    assert FACES_NOT_YET_CONVERTED <= found, sorted(FACES_NOT_YET_CONVERTED - found)
+    assert all(_is_face(m) for m, _ in FACES_NOT_YET_CONVERTED)
 
 
 def _synthetic(**modules: str) -> list[Import]:
@@ -443,11 +580,67 @@ def test_negative_control_a_private_import_is_caught() -> None:
 def test_negative_control_a_local_import_is_caught() -> None:
     imports = _synthetic(
         jobs__engine=(
+            "import numpy\n"
             "def header():\n    from pipeline.algorithms.lrf import seed_fingerprint\n"
-            "def client():\n    import dask.array\n"
+            "def client():\n    import dask.array  # heavy: dask\n"
+            "def store():\n    from pipeline.io.store import open_store  # heavy: zarr\n"
+            "def path():\n    import shutil\n"
         ),
-        algorithms__lrf="",
+        algorithms__lrf="import numpy\n",
+        io__store="import zarr\n",
+        jobs__stream=(
+            "import zarr\n"
+            "def store():\n    from pipeline.io.store import open_store  # heavy: zarr\n"
+        ),
+        jobs__pca=(
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import zarr\n"
+            "def store():\n    from pipeline.io.store import open_store  # heavy: zarr\n"
+        ),
     )
+    # the algorithm loads only numpy, which the engine loads already; shutil
+    # loads nothing heavy; jobs.stream loads zarr already
     assert local_imports(imports) == {
-        ("pipeline.jobs.engine", "pipeline.algorithms.lrf")
+        ("pipeline.jobs.engine", "pipeline.algorithms.lrf"),
+        ("pipeline.jobs.engine", "shutil"),
+        ("pipeline.jobs.stream", "pipeline.io.store"),
+    }
+    assert heavy_sets(imports)["pipeline.jobs.pca"] == frozenset()
+
+
+def test_negative_control_a_lazy_package_name_resolves_to_its_home() -> None:
+    """``from pipeline.io import f`` in a function loads ``pipeline.io.store``."""
+    imports = import_list({
+        "pipeline.io": ("import importlib\n_HOME = {'f': 'store'}\n", True),
+        "pipeline.io.store": ("import zarr\ndef f(): ...\n", False),
+        "pipeline.jobs.a": ("def g():\n    from pipeline.io import f  # heavy: zarr\n", False),
+        "pipeline.jobs.b": ("def g():\n    from pipeline.io import f\n", False),
+    })  # fmt: skip
+    assert graph(imports)["pipeline.jobs.a"] == {"pipeline.io.store"}
+    assert heavy_sets(imports)["pipeline.io"] == frozenset()
+    assert local_imports(imports) == set()
+    assert unexplained_local_imports(imports) == {
+        ("pipeline.jobs.b", "pipeline.io.store")
+    }
+
+
+def test_negative_control_a_local_import_without_its_reason_is_caught() -> None:
+    imports = _synthetic(
+        jobs__engine=(
+            "import numpy\n"
+            "def a():\n    import dask.array  # heavy: dask, one pass only\n"
+            "def b():\n    import distributed\n"
+            "def c():\n    from pipeline.io.store import (  # heavy: zarr\n        f,\n    )\n"
+            "def d():\n    from pipeline.io.other import g  # heavy: numpy\n"
+            "def e():\n    import s3fs  # lazy\n"
+            "def f():\n    # optional: s3fs, object stores\n    import s3fs\n"
+        ),
+        jobs__pca="def g():\n    import zarr  # optional: zarr\n    import s3fs\n",
+        io__store="import zarr\n",
+        io__other="import zarr\n",
+    )
+    assert unexplained_local_imports(imports) == {
+        ("pipeline.jobs.engine", "distributed"),
+        ("pipeline.jobs.engine", "pipeline.io.other"),  # names numpy: loaded already
+        ("pipeline.jobs.engine", "s3fs"),
+        ("pipeline.jobs.pca", "s3fs"),  # the comment above is another import's
     }

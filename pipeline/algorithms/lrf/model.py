@@ -79,6 +79,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from scipy.special import gammaincinv
+
 from pipeline.accounting.gaussian import (
     gaussian_noise_multiplier,
     jl_sensitivity_factor,
@@ -214,8 +216,6 @@ def range_clip_factor(t: int, quantile: float = RANGE_CLIP_QUANTILE) -> float:
     >>> round(range_clip_factor(30), 3), round(range_clip_factor(116), 3)
     (1.302, 1.153)
     """
-    from scipy.special import gammaincinv
-
     return math.sqrt(2.0 * float(gammaincinv(t / 2.0, 1.0 - quantile)) / t)
 
 

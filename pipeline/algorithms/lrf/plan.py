@@ -36,9 +36,10 @@ from pipeline.accounting.calibration import (
     calibrate_release,
 )
 from pipeline.errors import InvalidParameterError, PrivacyConfigError
+from pipeline.linalg.tiles import DEFAULT_TILE_SIZE
 from pipeline.mechanisms.clipping import ClipSpec
 from pipeline.params import Neighboring, PrivacyUnit
-from pipeline.sketches.gaussian import DEFAULT_TILE_SIZE, OperatorCode
+from pipeline.sketches.gaussian import OperatorCode
 from pipeline.sketches.norms import operator_norms
 from pipeline.sketches.operators import (
     OperatorKind,

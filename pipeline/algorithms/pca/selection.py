@@ -37,7 +37,7 @@ from pipeline.algorithms.pca.linalg import (
 )
 from pipeline.algorithms.pca.power import Releases, RowSource
 from pipeline.errors import InvalidParameterError
-from pipeline.mechanisms.noise import NoiseKey
+from pipeline.mechanisms.noise import NoiseKey, secret_generator
 
 # --------------------------------------------------------------------------
 # Private selection of (R, T) [P, Algorithms 4 and 5; spec 2.4, 2.5, 4.6]
@@ -124,8 +124,6 @@ def _draw_trials(key: NoiseKey | None, cal: Any) -> list[tuple[int, int]]:
     cap is charged in the calibration, spec 3.5), drawn by inversion from the
     secret stream; grid points are uniform. All of it is data-independent.
     """
-    from pipeline.mechanisms.noise import secret_generator
-
     if key is None:
         raise InvalidParameterError("private selection needs a noise key.")
     rng = secret_generator(key.derive("pca", "select"))
