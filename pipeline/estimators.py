@@ -52,7 +52,6 @@ from pipeline._validation import (
     check_int_in_range,
     check_privacy_pair,
 )
-from pipeline.algorithms.lrf import LrfParams
 from pipeline.api import pca, release_factorization
 from pipeline.errors import InvalidParameterError
 from pipeline.jobs.centred_pca import (  # noqa: F401 - re-exported for existing callers
@@ -60,11 +59,8 @@ from pipeline.jobs.centred_pca import (  # noqa: F401 - re-exported for existing
     centred_pca,
     split_mean_budget,
 )
-from pipeline.jobs.engine import (
-    ReleaseOptions,
-    Runtime,
-)
 from pipeline.jobs.pca import PCA_BAND_BYTES
+from pipeline.params import LrfParams, ReleaseOptions, Runtime
 
 __all__ = ["DPPCA", "DPLowRank"]
 

@@ -36,19 +36,13 @@ from pipeline.accounting.gaussian import (
     gaussian_epsilon,
     gaussian_noise_multiplier,
 )
-from pipeline.algorithms.pca import PcaParams, Secret, plan_pca, prep_rows
+from pipeline.algorithms.pca import Secret, plan_pca, prep_rows
 from pipeline.errors import PrivacyConfigError
 from pipeline.io.objectstore import redact
-from pipeline.jobs.engine import (
-    InputRef,
-    ReleaseJob,
-    ReleaseSpec,
-    Runtime,
-    run_release,
-)
+from pipeline.jobs.engine import InputRef, ReleaseJob, ReleaseSpec, run_release
 from pipeline.jobs.pca import PCA_BAND_BYTES, JobJournal, PcaJob, relation_text
 from pipeline.mechanisms.noise import GaussianNoise, NoiseKey
-from pipeline.params import PrivacyUnit
+from pipeline.params import PcaParams, PrivacyUnit, Runtime
 
 __all__ = ["MEAN_SENSITIVITY", "centred_pca", "release_mean", "split_mean_budget"]
 

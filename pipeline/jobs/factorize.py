@@ -21,8 +21,6 @@ import numpy as np
 from pipeline.accounting.contract import Accountant, PrivacyContract
 from pipeline.algorithms.base import ArraySource, Factorization
 from pipeline.algorithms.lrf import (
-    Algorithm,
-    LrfParams,
     LrfPlan,
     TwoPassPlan,
     plan_lrf,
@@ -36,10 +34,10 @@ from pipeline.jobs.engine import (
     NON_PRIVATE_REPORT,
     InputRef,
     ReleaseJob,
-    ReleaseOptions,
     ReleaseSpec,
     crash_point,
 )
+from pipeline.params import Algorithm, LrfParams, ReleaseOptions
 
 __all__ = ["LrfJob", "build_report", "lrf_release_spec"]
 

@@ -27,12 +27,11 @@ from pipeline.jobs.engine import (
     NON_PRIVATE_REPORT,
     InputRef,
     ReleaseJob,
-    ReleaseOptions,
     ReleaseSpec,
     crash_point,
     package_versions,
 )
-from pipeline.params import Neighboring, PrivacyUnit
+from pipeline.params import Neighboring, PrivacyUnit, ReleaseOptions
 
 __all__ = [
     "PCA_BAND_BYTES",

@@ -15,8 +15,6 @@ first (:func:`scale_factors_from_sumsq`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from pipeline._types import FloatArray
@@ -213,18 +211,3 @@ def clip_entries(block: FloatArray, clip_norm: float) -> FloatArray:
     (1, 2)
     """
     return np.clip(block, -clip_norm, clip_norm)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ClipSpec:
-    """Clipping applied to the input before any sketch sees it.
-
-    Parameters
-    ----------
-    unit : PrivacyUnit
-    clip_norm : float
-        ``C > 0``.
-    """
-
-    unit: PrivacyUnit
-    clip_norm: float

@@ -23,21 +23,18 @@ References
 """
 
 from pipeline.sketches.gaussian import (
-    DEFAULT_TILE_SIZE,
     GaussianOperator,
     OperatorCode,
     operator_block,
     operator_rows,
     operator_tile,
 )
-from pipeline.sketches.operators import OperatorKind, SketchOperator, make_operator
+from pipeline.sketches.operators import SketchOperator, make_operator
 from pipeline.sketches.sparse import SparseSignOperator
 
 __all__ = [
-    "DEFAULT_TILE_SIZE",
     "GaussianOperator",
     "OperatorCode",
-    "OperatorKind",
     "SketchOperator",
     "SparseSignOperator",
     "make_operator",

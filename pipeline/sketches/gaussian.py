@@ -10,10 +10,7 @@ import numpy as np
 
 from pipeline._sealed import Sealed, derived, unseal
 from pipeline._types import FloatArray, IntArray
-
-#: Rows per generation tile along the data axis; recorded in every report because
-#: changing it changes the operator [Upa18 spec, section 9, item 20].
-DEFAULT_TILE_SIZE = 1024
+from pipeline.params import DEFAULT_TILE_SIZE
 
 
 class OperatorCode(enum.IntEnum):

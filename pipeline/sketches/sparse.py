@@ -45,7 +45,8 @@ import scipy.sparse as sp
 
 from pipeline._sealed import Sealed, unseal
 from pipeline._types import FloatArray, IntArray
-from pipeline.sketches.gaussian import DEFAULT_TILE_SIZE, tile_groups
+from pipeline.params import DEFAULT_TILE_SIZE
+from pipeline.sketches.gaussian import tile_groups
 
 #: Non-zeros per data index [TYUC19, section 3.3 recommends 8].
 DEFAULT_NNZ = 8

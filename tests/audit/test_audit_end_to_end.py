@@ -51,10 +51,10 @@ from audit_cases import (
 from scipy import stats
 
 from pipeline.algorithms import lrf
-from pipeline.algorithms.lrf import Algorithm
 from pipeline.algorithms.pca import MemoryJournal
 from pipeline.algorithms.pca import power as power_pca
 from pipeline.mechanisms.noise import GaussianNoise, NoiseCode, NoiseKey
+from pipeline.params import Algorithm
 
 pytestmark = pytest.mark.audit
 

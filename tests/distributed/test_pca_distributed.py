@@ -36,7 +36,6 @@ import pipeline.jobs.pca
 from pipeline.algorithms.pca import (
     ArrayRowSource,
     MemoryJournal,
-    PcaParams,
     eig_floor_inv_sqrt,
     plan_pca,
     prep_rows,
@@ -46,6 +45,7 @@ from pipeline.api import pca
 from pipeline.execution.pca import DaskRowSource
 from pipeline.io import read_group
 from pipeline.mechanisms.noise import NoiseKey
+from pipeline.params import PcaParams
 
 pytestmark = pytest.mark.distributed
 

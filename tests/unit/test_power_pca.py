@@ -29,7 +29,6 @@ import pytest
 from pipeline.algorithms.pca import (
     ArrayRowSource,
     MemoryJournal,
-    PcaParams,
     PcaPlan,
     PcaResult,
     Secret,
@@ -46,6 +45,7 @@ from pipeline.algorithms.pca import (
 )
 from pipeline.errors import InvalidParameterError
 from pipeline.mechanisms.noise import GaussianNoise, NoiseKey
+from pipeline.params import PcaParams
 
 #: Exact-arithmetic identities in float64 (tests/conftest.py RTOL; spec 5.3 A1, A3, A4).
 EXACT = 1e-10

@@ -21,8 +21,6 @@ from pipeline.algorithms.base import Factorization, MatrixSource, complete_from_
 from pipeline.algorithms.lrf.kernels import low_space_post, spectral_post
 from pipeline.algorithms.lrf.model import choose_private_sizes
 from pipeline.algorithms.lrf.plan import (
-    Algorithm,
-    LrfParams,
     LrfPlan,
     Reach,
     calibrate_plan,
@@ -37,6 +35,7 @@ from pipeline.algorithms.lrf.two_pass import TwoPassPlan, plan_two_pass, run_two
 from pipeline.errors import InvalidParameterError
 from pipeline.linalg.core import one_blas_thread
 from pipeline.mechanisms.noise import NoiseKey
+from pipeline.params import Algorithm, LrfParams
 from pipeline.sketches.apply import PassRequest
 from pipeline.sketches.operators import seed_fingerprint
 
