@@ -266,6 +266,13 @@ def _checked(obj: Any, *names: str, write: bool = True) -> None:
             object.__setattr__(obj, name, out)
 
 
+def _check_others(obj: Any, done: tuple[str, ...], *, write: bool = True) -> None:
+    """Run the checks of the fields that ``__post_init__`` did not validate by hand
+    (``done``): a new field's ``check`` runs here with no edit of its class."""
+    rest = [f.name for f in dataclasses.fields(obj) if f.metadata.get("check")]
+    _checked(obj, *(name for name in rest if name not in done), write=write)
+
+
 def _int(low: int, high: int | None = None) -> Check:
     return lambda v, n: check_int_in_range(v, n, low, high)
 
@@ -465,6 +472,8 @@ class LrfParams:
                 )
             set_(self, "range_weight", check_float_in_interval(
                 self.range_weight, "range_weight", 0.0, 1.0))  # fmt: skip
+        _check_others(self, ("rank", "sketch_size", "core_size", "private", "padded",
+                             "range_clip", "neighboring"))  # fmt: skip
 
     def _algorithm(self) -> Algorithm:
         """``algorithm``, with ``"auto"`` resolved (docs/algorithms.md, "Which algorithm").
@@ -521,6 +530,14 @@ _NESTED: dict[str, type] = {"clip": ClipSpec}
 # ---------------------------------------------------------------------------
 def _flag(section: str, *names: str, **kw: Any) -> Flag:
     return Flag(names=names, section=section, **kw)
+
+
+#: The fields of :class:`PcaParams` its ``__post_init__`` validates by hand.
+_PCA_BY_HAND = (
+    "private", "method", "route", "neighboring", "accounting", "sensitivity",
+    "row_norm_bound", "init_fraction", "h_fraction", "beta", "gamma_scale",
+    "clip_radius", "rank", "iterations",
+)  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -580,7 +597,7 @@ class PcaParams:
     iterations: int | None = field(default=None, metadata=meta(check=_int(1), flag=_flag(
         "method", "--iterations", "-T", parse=int,
         help="public number of power iterations T (required for power)")))  # fmt: skip
-    clip_radius: float | None = field(default=None, metadata=meta(flag=_flag(
+    clip_radius: float | None = field(default=None, metadata=meta(check=_positive(privacy=True), flag=_flag(
         "method", "--clip-radius", "-R", parse=float,
         help="public clip radius R of the power iterations (required for power; "
         "about 2*sqrt(k*log(n)/n) for incoherent data)")))  # fmt: skip
@@ -629,6 +646,8 @@ class PcaParams:
         if self.clip_radius is not None:
             check_float_in_interval(self.clip_radius, "clip_radius", 0.0, math.inf,
                                     privacy=self.private)  # fmt: skip
+        # rank and iterations are checked against the shape and the method (plan_pca)
+        _check_others(self, _PCA_BY_HAND, write=False)
 
 
 # ---------------------------------------------------------------------------
@@ -698,6 +717,8 @@ class StreamParams:
                 "a non-private stream takes no epsilon or delta."
             )
         _checked(self, "clip_norm")
+        _check_others(self, ("unit", "neighboring", "rank", "horizon", "n_rows",
+                             "n_cols", "private", "clip_norm", "algorithm"))  # fmt: skip
 
     def to_manifest(self) -> dict[str, Any]:
         """The parameters as the stream's manifest records them (JSON-ready).
