@@ -288,10 +288,9 @@ def kernel_breakdown(
     """
     import inspect
 
-    from pipeline.algorithms.lrf import Algorithm, LrfParams, pass_request, plan_lrf
-    from pipeline.params import PrivacyUnit
+    from pipeline.algorithms.lrf import pass_request, plan_lrf
+    from pipeline.params import Algorithm, LrfParams, OperatorKind, PrivacyUnit
     from pipeline.sketches.apply import block_partials, check_finite_block, clip_block
-    from pipeline.sketches.operators import OperatorKind
     from pipeline.sketches.sparse import SparseSignOperator
 
     # mirror the kernel as it is now: since 2026-11-29 14:41 block_partials clips the

@@ -93,8 +93,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # -- the bound ----------------------------------------------------------------------------
 def bound_bytes(method: str, rank: int, m: int, n: int, rows_c: int) -> dict[str, Any]:
     """chunk bytes and sketch bytes of one task of the pass, from the public plan."""
-    from pipeline.algorithms.lrf import Algorithm, LrfParams, plan_lrf
-    from pipeline.sketches.gaussian import DEFAULT_TILE_SIZE as b
+    from pipeline.algorithms.lrf import plan_lrf
+    from pipeline.params import DEFAULT_TILE_SIZE as b
+    from pipeline.params import Algorithm, LrfParams
 
     f8, f4 = 8, 4
     if method in ("svdc", "read"):

@@ -135,8 +135,9 @@ def factorize_graph(
 
     source_module.gather_blocks = _gather_placeholders  # nothing runs: nothing to gather
 
-    from pipeline.algorithms.lrf import Algorithm, LrfParams, pass_request, plan_lrf
+    from pipeline.algorithms.lrf import pass_request, plan_lrf
     from pipeline.execution.source import DaskSource
+    from pipeline.params import Algorithm, LrfParams
 
     m = n_chunks * rows
     A = da.zeros((m, cols), chunks=(rows, cols), dtype=np.float32)
@@ -222,8 +223,9 @@ def _best(fn: Any, reps: int) -> list[float]:
 def chunk_costs(reps: int) -> dict[str, Any]:
     from threadpoolctl import threadpool_limits
 
-    from pipeline.algorithms.lrf import Algorithm, LrfParams, pass_request, plan_lrf
+    from pipeline.algorithms.lrf import pass_request, plan_lrf
     from pipeline.algorithms.pca import band_pass
+    from pipeline.params import Algorithm, LrfParams
     from pipeline.sketches.apply import block_partials
 
     rng = np.random.default_rng(0)
@@ -354,11 +356,12 @@ def versus_dask(
     import dask
     import dask.array as da
 
-    from pipeline.algorithms.lrf import Algorithm, LrfParams, pass_request, plan_lrf
+    from pipeline.algorithms.lrf import pass_request, plan_lrf
     from pipeline.api import PCA_BAND_BYTES
     from pipeline.execution.pca import DaskRowSource
     from pipeline.execution.source import DaskSource
     from pipeline.io import open_input
+    from pipeline.params import Algorithm, LrfParams
 
     path = _tiny_store(os.path.join(workdir, f"tiny_{n_chunks}x{rows}x{cols}.zarr"),
                        n_chunks, rows, cols)  # fmt: skip

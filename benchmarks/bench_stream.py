@@ -212,7 +212,8 @@ def ingest_pieces(state: str, path: str, epoch: int) -> dict[str, float]:
         open_stream,
         plan_of,
     )
-    from pipeline.mechanisms.entities import StreamUnit, clip_updates
+    from pipeline.mechanisms.entities import clip_updates
+    from pipeline.params import StreamUnit
 
     out: dict[str, float] = {}
     st = open_stream(state)
@@ -333,7 +334,8 @@ def sketch_detail(state: str, path: str) -> dict[str, float]:
 
     from pipeline.algorithms.continual import _compact, operators
     from pipeline.jobs.stream import _read_stream_batch, open_stream, plan_of
-    from pipeline.mechanisms.entities import EntityTable, StreamUnit, clip_updates
+    from pipeline.mechanisms.entities import EntityTable, clip_updates
+    from pipeline.params import StreamUnit
 
     st = open_stream(state)
     m = st.manifest
@@ -605,12 +607,10 @@ def part_continual(args: argparse.Namespace) -> dict[str, Any]:
         sketch_cells,
         sum_deltas,
     )
-    from pipeline.algorithms.lrf import Algorithm, LrfParams
     from pipeline.linalg.stream_synthetic import entity_budget_spent, turnstile_updates
-    from pipeline.mechanisms.clipping import ClipSpec
-    from pipeline.mechanisms.entities import EntityTable, StreamUnit, clip_updates
+    from pipeline.mechanisms.entities import EntityTable, clip_updates
     from pipeline.mechanisms.noise import NoiseKey
-    from pipeline.params import PrivacyUnit
+    from pipeline.params import Algorithm, ClipSpec, LrfParams, PrivacyUnit, StreamUnit
 
     m, n, k, horizon, upe = (
         (400, 100, 3, 16, 200) if args.quick else (2000, 500, 5, 64, 1000)

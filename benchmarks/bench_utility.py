@@ -318,7 +318,7 @@ def gm_noise_std(epsilon: float, delta: float, clip: float, neighboring: str) ->
 
 def available_algorithms(names: list[str]) -> tuple[list[str], dict[str, str]]:
     """The names ``pipeline.algorithms.lrf.Algorithm`` knows, and a note for each other one."""
-    from pipeline.algorithms.lrf import Algorithm
+    from pipeline.params import Algorithm
 
     ok, skipped = [], {}
     for nm in names:

@@ -70,9 +70,10 @@ def full_gm_error(A: np.ndarray, eps: float, tail: float, seed: int) -> float:
 def one_pass_error(A: np.ndarray, eps: float, t: int, v: int, w: float, tail: float, seed: int) -> tuple[float, float]:
     """(measured error, model ratio) of one Spectral-LRF release."""
     from pipeline.algorithms.base import ArraySource, ReleaseHooks
-    from pipeline.algorithms.lrf import LrfParams, plan_lrf, run_lrf
     from pipeline.algorithms.lrf import model as lrf_model
+    from pipeline.algorithms.lrf import plan_lrf, run_lrf
     from pipeline.mechanisms.noise import NoiseKey
+    from pipeline.params import LrfParams
 
     params = LrfParams.of(
         RANK, epsilon=eps, delta=DELTA, unit="entry", algorithm="spectral",

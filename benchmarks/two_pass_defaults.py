@@ -18,9 +18,9 @@ import numpy as np
 
 from pipeline.accounting.gaussian import gaussian_noise_multiplier
 from pipeline.algorithms.base import ArraySource, ReleaseHooks
-from pipeline.algorithms.lrf import LrfParams
 from pipeline.algorithms.lrf.two_pass import plan_two_pass, run_two_pass
 from pipeline.mechanisms.noise import NoiseKey
+from pipeline.params import LrfParams
 
 
 def strong_low_rank(m: int, n: int, k: int, seed: int) -> np.ndarray:

@@ -23,25 +23,14 @@ from pipeline._validation import (
 )
 from pipeline.accounting.ledger import Ledger
 from pipeline.algorithms.base import Factorization
-from pipeline.algorithms.lrf import (
-    Algorithm,
-    LrfParams,
-    TwoPassPlan,
-    plan_lrf,
-    plan_noise_level,
-)
+from pipeline.algorithms.lrf import TwoPassPlan, plan_lrf, plan_noise_level
 from pipeline.algorithms.lrf import model as lrf_model
 from pipeline.algorithms.pca import PcaRelease
 from pipeline.errors import (
     InvalidParameterError,
     PrivacyConfigError,
 )
-from pipeline.jobs.engine import (
-    ReleaseOptions,
-    Runtime,
-    package_versions,
-    run_release,
-)
+from pipeline.jobs.engine import package_versions, run_release
 from pipeline.jobs.factorize import build_report, lrf_release_spec
 from pipeline.jobs.pca import (
     PCA_BAND_BYTES,
@@ -49,8 +38,16 @@ from pipeline.jobs.pca import (
     build_pca_report,
     pca_release_spec,
 )
-from pipeline.params import Neighboring, PrivacyUnit
-from pipeline.sketches.operators import OperatorKind
+from pipeline.params import (
+    Algorithm,
+    LrfParams,
+    Neighboring,
+    OperatorKind,
+    PcaParams,
+    PrivacyUnit,
+    ReleaseOptions,
+    Runtime,
+)
 
 __all__ = [
     "PCA_BAND_BYTES",
@@ -513,12 +510,6 @@ def pca(
     >>> r.components.shape
     (8, 2)
     """
-    from pipeline.algorithms.pca import PcaParams
-
-    if not isinstance(private, bool):
-        raise InvalidParameterError(
-            f"private must be True or False, got private={private!r}."
-        )
     params = PcaParams(
         rank=rank, epsilon=epsilon, delta=delta, method=method, iterations=iterations,
         clip_radius=clip_radius, accounting=accounting, sensitivity=sensitivity,
@@ -541,7 +532,7 @@ def pca(
 
 def release_pca(
     source: Any,
-    params: Any,
+    params: PcaParams,
     options: ReleaseOptions | None = None,
     runtime: Runtime | None = None,
     *,
@@ -555,7 +546,7 @@ def release_pca(
     Examples
     --------
     >>> import numpy as np
-    >>> from pipeline.algorithms.pca import PcaParams
+    >>> from pipeline.params import PcaParams
     >>> A = np.random.default_rng(0).normal(size=(500, 6)) / 6
     >>> r = release_pca(A, PcaParams(rank=2, iterations=2, private=False))
     >>> r.components.shape

@@ -34,7 +34,6 @@ References
 from __future__ import annotations
 
 import inspect
-import math
 import os
 import sys
 from typing import Any
@@ -52,7 +51,6 @@ from pipeline._validation import (
     check_int_in_range,
     check_privacy_pair,
 )
-from pipeline.algorithms.lrf import LrfParams
 from pipeline.api import pca, release_factorization
 from pipeline.errors import InvalidParameterError
 from pipeline.jobs.centred_pca import (  # noqa: F401 - re-exported for existing callers
@@ -60,11 +58,8 @@ from pipeline.jobs.centred_pca import (  # noqa: F401 - re-exported for existing
     centred_pca,
     split_mean_budget,
 )
-from pipeline.jobs.engine import (
-    ReleaseOptions,
-    Runtime,
-)
 from pipeline.jobs.pca import PCA_BAND_BYTES
+from pipeline.params import LrfParams, PcaParams, ReleaseOptions, Runtime, check_param
 
 __all__ = ["DPPCA", "DPLowRank"]
 
@@ -85,14 +80,6 @@ def _input_kind(X: Any) -> str:
     if zarr is not None and isinstance(X, zarr.Array):
         return "zarr"
     return "memory"
-
-
-def _choice(value: Any, name: str, allowed: tuple[str, ...]) -> str:
-    if not isinstance(value, str) or value not in allowed:
-        raise InvalidParameterError(
-            f"{name} must be one of {', '.join(map(repr, allowed))}, got {name}={value!r}."
-        )
-    return value
 
 
 def _check_bool(value: Any, name: str) -> bool:
@@ -432,17 +419,17 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):  
     def _pca_kwargs(self) -> dict[str, Any]:
         """Validate the parameters (no data) into keyword arguments of :func:`pca`."""
         if self.n_components is not None:
-            check_int_in_range(self.n_components, "n_components", 1)
+            check_param(PcaParams, "rank", self.n_components, label="n_components")
         private = _check_bool(self.private, "private")
         insecure = _check_bool(self.insecure_noise, "insecure_noise")
         _check_bool(self.centre, "centre")
-        _choice(self.accounting, "accounting", ("gdp", "paper"))
-        _choice(self.sensitivity, "sensitivity", ("tight", "paper"))
-        _choice(self.neighboring, "neighboring", ("add-remove", "replace"))
-        for name in ("init_fraction", "h_fraction", "beta", "mean_fraction"):
-            check_float_in_interval(getattr(self, name), name, 0.0, 1.0)
+        # the checks of PcaParams' fields, under the estimator's names
+        for name in ("accounting", "sensitivity", "neighboring", "init_fraction",
+                     "h_fraction", "beta"):  # fmt: skip
+            check_param(PcaParams, name, getattr(self, name))
+        check_float_in_interval(self.mean_fraction, "mean_fraction", 0.0, 1.0)
         for name in ("gamma_scale", "row_norm_bound"):
-            check_float_in_interval(getattr(self, name), name, 0.0, math.inf)
+            check_param(PcaParams, name, getattr(self, name))
         seed = _check_random_state(self.random_state, high=2**63 - 1)
         kw: dict[str, Any] = {
             "method": self.method,
@@ -474,13 +461,11 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):  
 
     def _check_iterations(self) -> bool:
         """Check ``method``, ``select``, ``n_iter``, ``clip_radius``; True to select."""
-        method = _choice(self.method, "method", ("auto", "power", "analyze-gauss"))
+        method = check_param(PcaParams, "method", self.method)
         if self.n_iter is not None:
-            check_int_in_range(self.n_iter, "n_iter", 1)
+            check_param(PcaParams, "iterations", self.n_iter, label="n_iter")
         if self.clip_radius is not None:
-            check_float_in_interval(
-                self.clip_radius, "clip_radius", 0.0, math.inf, privacy=True
-            )
+            check_param(PcaParams, "clip_radius", self.clip_radius)
         given = f"n_iter={self.n_iter!r}, clip_radius={self.clip_radius!r}"
         if _check_bool(self.select, "select"):
             if not _pca_accepts("select"):
@@ -770,7 +755,7 @@ class DPLowRank(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
 
     def _release_values(self) -> tuple[LrfParams, ReleaseOptions, Runtime, int | None]:
         """Validate every parameter (no data) into the release's value objects."""
-        check_int_in_range(self.n_components, "n_components", 1)
+        check_param(LrfParams, "rank", self.n_components, label="n_components")
         private = _check_bool(self.private, "private")
         insecure = _check_bool(self.insecure_noise, "insecure_noise")
         seed = _check_random_state(self.random_state, high=2**128 - 1)

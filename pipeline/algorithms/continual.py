@@ -57,8 +57,6 @@ from pipeline._validation import check_int_in_range
 from pipeline.algorithms.base import ArraySource, Factorization
 from pipeline.algorithms.lrf.kernels import low_space_post, spectral_post
 from pipeline.algorithms.lrf.plan import (
-    Algorithm,
-    LrfParams,
     LrfPlan,
     Reach,
     calibrate_plan,
@@ -68,6 +66,7 @@ from pipeline.algorithms.lrf.plan import (
 from pipeline.algorithms.lrf.run import plan_lrf
 from pipeline.errors import EpochError, HorizonExceededError, InvalidParameterError
 from pipeline.mechanisms.noise import GaussianNoise, NoiseCode, NoiseKey
+from pipeline.params import Algorithm, LrfParams
 from pipeline.sketches.operators import SketchOperator
 
 __all__ = [

@@ -17,6 +17,7 @@ from typing import Any
 
 from pipeline.errors import InvalidParameterError
 from pipeline.io.objectstore import redact
+from pipeline.params import ReleaseOptions, Runtime, assemble, flag_fields
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_BUDGET = 0, 1, 2, 3
 EXIT_LOCKED = 75  # EX_TEMPFAIL: a concurrent run holds the lock; try again later
@@ -53,41 +54,46 @@ def ints(text: str) -> tuple[int, ...]:
         ) from None
 
 
-def add_privacy(p: argparse.ArgumentParser, *, lrf: bool = True) -> None:
-    """The ``privacy`` option group: epsilon, delta, --non-private and the ledger;
-    with ``lrf``, also the clip norm, the unit and the neighbouring relation."""
+def add_params(p: Any, cls: type, section: str) -> None:
+    """Add the flags of the fields of the parameter set ``cls`` listed in ``section``
+    to the parser or group ``p``, in the order of the fields.
+
+    The flags come from the fields' metadata (:class:`pipeline.params.Flag`): a new
+    field with a flag in an existing section needs no edit here or in a verb.
+    """
+    for _, flag, _path in flag_fields(cls):
+        if flag.section != section:
+            continue
+        if flag.switch or flag.negate:
+            p.add_argument(*flag.names, action="store_true", help=flag.help)
+            continue
+        p.add_argument(
+            *flag.names, type=flag.parse, choices=flag.choices, default=flag.default,
+            required=flag.required, metavar=flag.metavar, help=flag.help,
+        )  # fmt: skip
+
+
+def params_kwargs(cls: type, args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments of ``cls`` read from the parsed flags of its fields
+    (nested parameter sets built from theirs); fields without a flag are left out."""
+    values = {}
+    for _, flag, path in flag_fields(cls):
+        value = getattr(args, flag.dest)
+        values[path] = (not value) if flag.negate else value
+    return assemble(cls, values)
+
+
+def params_of(cls: type, args: argparse.Namespace, **overrides: Any) -> Any:
+    """The parameter set ``cls`` built (and so validated) from the parsed flags."""
+    return cls(**{**params_kwargs(cls, args), **overrides})
+
+
+def add_privacy(p: argparse.ArgumentParser, cls: type) -> None:
+    """The ``privacy`` option group: the ``privacy`` section of ``cls`` (epsilon,
+    delta, --non-private, ...), then the ledger's options."""
     g = p.add_argument_group("privacy")
-    g.add_argument("--epsilon", type=float, help="epsilon of this release (> 0)")
-    g.add_argument("--delta", type=float, help="delta of this release, in (0, 1)")
-    g.add_argument(
-        "--non-private",
-        action="store_true",
-        help="no clipping, no noise, no ledger: NOT PRIVATE (for comparison)",
-    )
-    if lrf:
-        _add_lrf_privacy(g)
+    add_params(g, cls, "privacy")
     add_ledger(g)
-
-
-def _add_lrf_privacy(g: Any) -> None:
-    g.add_argument(
-        "--clip-norm",
-        type=float,
-        default=1.0,
-        help="C: each individual's contribution is clipped to norm <= C (default 1)",
-    )
-    g.add_argument(
-        "--unit",
-        choices=("row", "column", "entry"),
-        default="row",
-        help="who one individual is (default: row)",
-    )
-    g.add_argument(
-        "--neighboring",
-        choices=("add-remove", "replace"),
-        default="add-remove",
-        help="Delta_F = C (add-remove) or 2C (replace)",
-    )
 
 
 def add_ledger(g: Any) -> None:
@@ -237,7 +243,6 @@ def factorize_summary(report: dict[str, Any], out: str) -> str:
 
 def options_of(args: argparse.Namespace) -> Any:
     """Where a release of ``dplr factorize`` or ``dplr pca`` goes and is charged."""
-    from pipeline.jobs.engine import ReleaseOptions
 
     return ReleaseOptions(
         out=args.out, overwrite=args.overwrite, ledger=args.ledger,
@@ -250,7 +255,6 @@ def options_of(args: argparse.Namespace) -> Any:
 def runtime_of(args: argparse.Namespace) -> Any:
     """Where a release runs: the scheduler or cluster file; progress on stderr
     unless ``--quiet``."""
-    from pipeline.jobs.engine import Runtime
 
     return Runtime(
         scheduler=args.scheduler, cluster_config=cluster_of(args),

@@ -9,13 +9,16 @@ from typing import Any
 from pipeline.cli.common import (
     EXIT_OK,
     add_cluster,
+    add_params,
     add_privacy,
     factorize_summary,
     options_of,
+    params_of,
     runtime_of,
     warn_signal,
 )
 from pipeline.errors import InvalidParameterError
+from pipeline.params import LrfParams
 
 
 def add_parser(sub: Any) -> None:
@@ -27,7 +30,7 @@ def add_parser(sub: Any) -> None:
         "twice (the default two-pass release) or once (--algorithm spectral|low-space).",
     )
     f.add_argument("input", metavar="INPUT", help="path of a 2-D Zarr array")
-    f.add_argument("--rank", "-k", type=int, required=True, help="target rank k")
+    add_params(f, LrfParams, "target")
     f.add_argument(
         "--out",
         "-o",
@@ -41,42 +44,7 @@ def add_parser(sub: Any) -> None:
         "charged or written",
     )
     f.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
-    f.add_argument(
-        "--algorithm",
-        choices=("auto", "spectral", "low-space", "two-pass"),
-        default="auto",
-        help="default auto: two-pass for a private release (reads the store twice, "
-        "exact sensitivities, both charged once before any noise; the most accurate), "
-        "spectral (one pass) when --sketch-size or --operator gaussian asks for one "
-        "pass, or with --non-private; low-space with --padded",
-    )
-    f.add_argument(
-        "--padded",
-        action="store_true",
-        help="low-space only: the paper's padded construction (comparison)",
-    )
-    f.add_argument(
-        "--operator",
-        choices=("auto", "gaussian", "sparse-sign"),
-        default="auto",
-        help="distribution of the co-range sketch S (default auto: sparse-sign, 8 "
-        "non-zeros per row, wherever its sensitivity is exact; gaussian where one "
-        "individual spans a column of the sketched matrix)",
-    )
-    f.add_argument(
-        "--sketch-size",
-        "-t",
-        type=int,
-        help="range sketch size t of a one-pass algorithm (default: the error model's, "
-        "see --plan, when private; max(3k, k+20) with --non-private)",
-    )
-    f.add_argument(
-        "--core-size",
-        "-v",
-        type=int,
-        help="co-range/core sketch size v (default: one pass, the planned v, see --plan, "
-        "or 2t for a larger --sketch-size; two-pass, max(10k, 100); 6t+1 with --non-private)",
-    )
+    add_params(f, LrfParams, "method")
     f.add_argument(
         "--seed",
         type=int,
@@ -98,21 +66,13 @@ def add_parser(sub: Any) -> None:
     add_cluster(f)
     f.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
     f.add_argument("--json", action="store_true", help="print the full report as JSON")
-    add_privacy(f)
+    add_privacy(f, LrfParams)
     f.set_defaults(handler=run)
 
 
-def _lrf_params_of(args: argparse.Namespace) -> Any:
+def _lrf_params_of(args: argparse.Namespace) -> LrfParams:
     """The parameters of ``dplr factorize`` (what is released), validated."""
-    from pipeline.algorithms.lrf import LrfParams
-
-    return LrfParams.of(
-        args.rank, epsilon=args.epsilon, delta=args.delta,  # refused with --non-private
-        algorithm=args.algorithm, private=not args.non_private,
-        sketch_size=args.sketch_size, core_size=args.core_size, clip_norm=args.clip_norm,
-        unit=args.unit, neighboring=args.neighboring, padded=args.padded,
-        operator=args.operator,
-    )  # fmt: skip
+    return params_of(LrfParams, args)  # type: ignore[no-any-return]
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,21 +4,27 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.cli.common import (
     EXIT_OK,
     add_cluster,
+    add_params,
     add_privacy,
     floats,
     ints,
     ledger_lines,
     options_of,
+    params_of,
     runtime_of,
     signal_lines,
     warn_signal,
 )
 from pipeline.io.objectstore import redact
+from pipeline.params import PcaParams
+
+if TYPE_CHECKING:
+    from pipeline.jobs.pca import Selection
 
 
 def add_parser(sub: Any) -> None:
@@ -35,13 +41,7 @@ def add_parser(sub: Any) -> None:
     pc.add_argument(
         "input", metavar="INPUT", help="path of a 2-D Zarr array (rows = individuals)"
     )
-    pc.add_argument(
-        "--rank",
-        "-k",
-        type=int,
-        required=True,
-        help="number of components k (<= columns)",
-    )
+    add_params(pc, PcaParams, "target")
     pc.add_argument(
         "--out",
         "-o",
@@ -49,27 +49,23 @@ def add_parser(sub: Any) -> None:
         help="Zarr group to publish components and the report to",
     )
     pc.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
+    add_params(pc, PcaParams, "method")
+    _add_selection(pc)
+    add_params(pc, PcaParams, "input")
+    add_params(pc, PcaParams, "model")
     pc.add_argument(
-        "--method",
-        choices=("auto", "power", "analyze-gauss"),
-        default="auto",
-        help="auto (default): Analyze Gauss, or the power method (T=3, R=sqrt(k/n)) "
-        "when n/d exceeds 8 eigenvalue floors, from public quantities only; power: Analyze "
-        "Gauss start + T clipped power iterations",
+        "--journal",
+        help="release journal for crash recovery (default: .OUT.dplr-journal beside OUT)",
     )
-    pc.add_argument(
-        "--iterations",
-        "-T",
-        type=int,
-        help="public number of power iterations T (required for power)",
-    )
-    pc.add_argument(
-        "--clip-radius",
-        "-R",
-        type=float,
-        help="public clip radius R of the power iterations (required for power; "
-        "about 2*sqrt(k*log(n)/n) for incoherent data)",
-    )
+    add_cluster(pc)
+    pc.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
+    pc.add_argument("--json", action="store_true", help="print the full report as JSON")
+    add_privacy(pc, PcaParams)
+    pc.set_defaults(handler=run)
+
+
+def _add_selection(pc: Any) -> None:
+    """The flags of a private selection of ``(R, T)`` (:class:`Selection`)."""
     pc.add_argument(
         "--select",
         action="store_true",
@@ -93,47 +89,6 @@ def add_parser(sub: Any) -> None:
         help="with --select: random stopping over the grids with this expected number of "
         "trials (default: none; every candidate then runs once)",
     )
-    pc.add_argument(
-        "--row-norm-bound",
-        type=float,
-        default=1.0,
-        help="public C: rows are divided by C, then clipped to norm 1 (default 1)",
-    )
-    pc.add_argument(
-        "--accounting",
-        choices=("gdp", "paper"),
-        default="gdp",
-        help="gdp: exact Gaussian calibration (default); paper: the paper's constants",
-    )
-    pc.add_argument(
-        "--sensitivity",
-        choices=("tight", "paper"),
-        default="tight",
-        help="tight: exact sensitivities (default); paper: the paper's constants "
-        "(Gram 2 instead of sqrt(2) under --neighboring replace)",
-    )
-    pc.add_argument(
-        "--neighboring",
-        choices=("add-remove", "replace"),
-        default="add-remove",
-        help="one row present or a zero row, n public (default, as factorize), "
-        "or one row replaced",
-    )
-    pc.add_argument(
-        "--route",
-        choices=("auto", "gram", "two-pass"),
-        default="auto",
-        help="H from the client's Gram matrix (1+T passes) or from the data (1+2T)",
-    )
-    pc.add_argument(
-        "--journal",
-        help="release journal for crash recovery (default: .OUT.dplr-journal beside OUT)",
-    )
-    add_cluster(pc)
-    pc.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
-    pc.add_argument("--json", action="store_true", help="print the full report as JSON")
-    add_privacy(pc, lrf=False)
-    pc.set_defaults(handler=run)
 
 
 def _summary(report: dict[str, Any], out: str) -> str:
@@ -179,18 +134,11 @@ def _summary(report: dict[str, Any], out: str) -> str:
     return "\n".join(lines)
 
 
-def _params_of(args: argparse.Namespace) -> tuple[Any, Any]:
+def _params_of(args: argparse.Namespace) -> tuple[PcaParams, Selection | None]:
     """The parameters of ``dplr pca`` (what is released), validated; and its selection."""
-    from pipeline.algorithms.pca import PcaParams
     from pipeline.api import Selection
 
-    params = PcaParams(
-        rank=args.rank, epsilon=args.epsilon, delta=args.delta, method=args.method,
-        iterations=args.iterations, clip_radius=args.clip_radius,
-        accounting=args.accounting, sensitivity=args.sensitivity,
-        neighboring=args.neighboring, row_norm_bound=args.row_norm_bound, route=args.route,
-        private=not args.non_private,
-    )  # fmt: skip
+    params = params_of(PcaParams, args)
     selection = Selection.of(params, args.select, args.radius_grid,
                              args.iterations_grid, args.expected_trials)  # fmt: skip
     return params, selection

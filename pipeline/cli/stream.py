@@ -12,12 +12,15 @@ import json
 from typing import Any
 
 from pipeline.cli.common import (
+    add_params,
     budget_of,
     cluster_of,
+    params_kwargs,
     signal_lines,
     unless_locked,
     warn_signal,
 )
+from pipeline.params import StreamParams
 
 
 def add_parser(sub: Any) -> None:
@@ -39,40 +42,7 @@ def add_parser(sub: Any) -> None:
 
     i = ss.add_parser("init", help="create a stream state and charge its budget once")
     i.add_argument("state", metavar="STATE", help="stream state directory to create")
-    i.add_argument("--rows", type=int, required=True, help="number of rows m (public)")
-    i.add_argument(
-        "--cols", type=int, required=True, help="number of columns n (public)"
-    )
-    i.add_argument("--rank", "-k", type=int, required=True, help="target rank k")
-    i.add_argument(
-        "--horizon",
-        type=int,
-        required=True,
-        help="number of epochs T the budget covers",
-    )
-    i.add_argument("--epsilon", type=float, help="epsilon of the whole stream")
-    i.add_argument("--delta", type=float, help="delta of the whole stream")
-    i.add_argument(
-        "--non-private", action="store_true", help="no clipping, no noise (NOT PRIVATE)"
-    )
-    i.add_argument("--algorithm", choices=("spectral", "low-space"), default="spectral")
-    i.add_argument(
-        "--clip-norm",
-        type=float,
-        default=1.0,
-        help="C: an entity's total contribution over the stream has Frobenius norm <= C",
-    )
-    i.add_argument(
-        "--unit",
-        choices=("general", "row", "column", "entry"),
-        default="general",
-        help="what one entity may touch (default: general)",
-    )
-    i.add_argument(
-        "--neighboring", choices=("add-remove", "replace"), default="add-remove"
-    )
-    i.add_argument("--sketch-size", "-t", type=int, help="t (default: max(4k, k + 20))")
-    i.add_argument("--core-size", "-v", type=int, help="v (default: 4t)")
+    add_params(i, StreamParams, "stream")
     i.add_argument(
         "--ledger",
         metavar="PATH",
@@ -139,27 +109,13 @@ def run(args: argparse.Namespace) -> int:
 def _init(a: argparse.Namespace) -> int:
     from pipeline.jobs.stream import stream_init
 
-    private = not a.non_private
+    kw = params_kwargs(StreamParams, a)
+    if not kw["private"]:  # a non-private stream ignores a given budget
+        kw["epsilon"] = kw["delta"] = None
     info = stream_init(
-        a.state,
-        n_rows=a.rows,
-        n_cols=a.cols,
-        rank=a.rank,
-        horizon=a.horizon,
-        epsilon=a.epsilon if private else None,
-        delta=a.delta if private else None,
-        algorithm=a.algorithm,
-        private=private,
-        clip_norm=a.clip_norm,
-        unit=a.unit,
-        neighboring=a.neighboring,
-        sketch_size=a.sketch_size,
-        core_size=a.core_size,
-        ledger=a.ledger,
-        budget=budget_of(a),
-        seed=a.seed,
+        a.state, **kw, ledger=a.ledger, budget=budget_of(a), seed=a.seed,
         insecure_noise_seed=a.insecure_noise_seed,
-    )
+    )  # fmt: skip
     what = (
         f"(epsilon={info.epsilon:g}, delta={info.delta:g})-DP over all {info.horizon} epochs"
         if info.private

@@ -37,17 +37,10 @@ from pipeline.accounting.gaussian import (
     gaussian_noise_multiplier,
 )
 from pipeline.algorithms.base import ReleaseHooks
-from pipeline.algorithms.pca import PcaParams, Secret, plan_pca, prep_rows
+from pipeline.algorithms.pca import Secret, plan_pca, prep_rows
 from pipeline.errors import PrivacyConfigError
 from pipeline.io.objectstore import redact
-from pipeline.jobs.engine import (
-    InputRef,
-    ReleaseJob,
-    ReleaseOptions,
-    ReleaseSpec,
-    Runtime,
-    run_release,
-)
+from pipeline.jobs.engine import InputRef, ReleaseJob, ReleaseSpec, run_release
 from pipeline.jobs.hooks import release_hooks
 from pipeline.jobs.pca import (
     PCA_BAND_BYTES,
@@ -57,7 +50,7 @@ from pipeline.jobs.pca import (
     relation_text,
 )
 from pipeline.mechanisms.noise import GaussianNoise, NoiseKey
-from pipeline.params import PrivacyUnit
+from pipeline.params import PcaParams, PrivacyUnit, ReleaseOptions, Runtime
 
 __all__ = ["MEAN_SENSITIVITY", "centred_pca", "release_mean", "split_mean_budget"]
 

@@ -39,11 +39,11 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TextIO
+from typing import Any, Protocol
 
 import numpy as np
 
-from pipeline._validation import check_int_in_range, check_privacy_pair
+from pipeline._validation import check_privacy_pair
 from pipeline.accounting.contract import PrivacyContract
 from pipeline.accounting.ledger import (
     InProcessLedger,
@@ -59,6 +59,7 @@ from pipeline.errors import (
 )
 from pipeline.io.objectstore import is_url, local_path, location, redact
 from pipeline.mechanisms.noise import NoiseKey
+from pipeline.params import Runtime, check_dataset_name
 
 __all__ = [
     "CRASH_ENV",
@@ -66,10 +67,7 @@ __all__ = [
     "InputRef",
     "ReleaseAlgorithm",
     "ReleaseJob",
-    "ReleaseOptions",
     "ReleaseSpec",
-    "Runtime",
-    "check_dataset_name",
     "crash_point",
     "default_ledger_of",
     "package_versions",
@@ -333,97 +331,6 @@ class ReleaseSpec:
         }
         # as the journal will read it back: tuples become lists, keys strings
         return json.loads(json.dumps(header, allow_nan=False))  # type: ignore[no-any-return]
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ReleaseOptions:
-    """Where a release is published and charged (never what is released).
-
-    Attributes
-    ----------
-    out : path or None
-        Zarr v3 group to publish to (atomically); None returns arrays only.
-    overwrite : bool
-        Replace an existing ``out``.
-    ledger : path, Ledger or None
-        The dataset's privacy ledger (default: beside a Zarr input; this
-        process's accountant for in-memory and dask inputs).
-    budget : (epsilon, delta) or None
-        Lifetime budget declared when the ledger does not exist yet.
-    journal : path or None
-        The crash-recovery journal (default beside ``out``, else beside the ledger).
-    scratch : path or None
-        Where a factorization's tall intermediates wait between steps.
-    insecure_noise_seed : int or None
-        Test only: reproducible noise; the release says NOT PRIVATE.
-    dataset : str or None
-        Without a persistent ledger: a public label of the population the
-        input holds, whose in-process accountant is charged (one per name).
-        None (default): the one accountant of every in-memory input of the
-        process, which cannot tell whether two arrays hold the same people
-        and so composes them all. Refused where a persistent ledger takes the
-        charge (the ledger is the dataset's account).
-    """
-
-    out: str | None = None
-    overwrite: bool = False
-    ledger: Any = None
-    budget: tuple[float, float] | None = None
-    journal: str | None = None
-    scratch: str | None = None
-    insecure_noise_seed: int | None = None
-    dataset: str | None = None
-
-    def __post_init__(self) -> None:
-        set_ = object.__setattr__
-        for name in ("out", "journal", "scratch"):
-            value = getattr(self, name)
-            if value is not None:
-                set_(self, name, os.fspath(value))
-        if not isinstance(self.overwrite, bool):
-            raise InvalidParameterError(
-                f"overwrite must be True or False, got overwrite={self.overwrite!r}."
-            )
-        if self.budget is not None:
-            if not isinstance(self.budget, tuple | list) or len(self.budget) != 2:
-                raise InvalidParameterError(
-                    f"budget must be a pair (epsilon, delta), got budget={self.budget!r}."
-                )
-            set_(self, "budget", check_privacy_pair(*self.budget))
-        if self.insecure_noise_seed is not None:
-            set_(self, "insecure_noise_seed", check_int_in_range(
-                self.insecure_noise_seed, "insecure_noise_seed", 0))  # fmt: skip
-        check_dataset_name(self.dataset)
-
-    def spec_fields(self) -> dict[str, Any]:
-        """The fields a :class:`ReleaseSpec` takes from these options."""
-        return {
-            "out": self.out, "overwrite": self.overwrite, "ledger": self.ledger,
-            "budget": self.budget, "journal": self.journal,
-            "insecure_noise_seed": self.insecure_noise_seed, "dataset": self.dataset,
-        }  # fmt: skip
-
-
-def check_dataset_name(dataset: object) -> None:
-    """``dataset`` is None or a non-empty string (a public label), else raise."""
-    if dataset is not None and (not isinstance(dataset, str) or not dataset):
-        raise InvalidParameterError(
-            "dataset must be None or a non-empty string (a public label of the "
-            f"population), got dataset={dataset!r}."
-        )
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Runtime:
-    """Where and how a job runs (never part of what is released)."""
-
-    scheduler: str | None = None
-    cluster_config: Any = None
-    progress: TextIO | None = None
-
-    def say(self, msg: str) -> None:
-        if self.progress is not None:
-            print(msg, file=self.progress, flush=True)
 
 
 class ReleaseAlgorithm(Protocol):

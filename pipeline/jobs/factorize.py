@@ -22,8 +22,6 @@ from pipeline.accounting.contract import Accountant, PrivacyContract
 from pipeline.algorithms.base import ArraySource, Factorization
 from pipeline.algorithms.lrf import (
     SKETCHES,
-    Algorithm,
-    LrfParams,
     LrfPlan,
     TwoPassPlan,
     plan_lrf,
@@ -37,7 +35,6 @@ from pipeline.io.objectstore import redact
 from pipeline.jobs.engine import (
     InputRef,
     ReleaseJob,
-    ReleaseOptions,
     ReleaseSpec,
     crash_point,
 )
@@ -50,6 +47,7 @@ from pipeline.jobs.reports import (
     ReleaseCore,
 )
 from pipeline.mechanisms.signal import signal_of
+from pipeline.params import Algorithm, LrfParams, ReleaseOptions
 
 __all__ = ["LrfJob", "SketchJournal", "build_report", "lrf_release_spec"]
 

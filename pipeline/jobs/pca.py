@@ -37,14 +37,13 @@ from pipeline.io.objectstore import redact
 from pipeline.jobs.engine import (
     InputRef,
     ReleaseJob,
-    ReleaseOptions,
     ReleaseSpec,
     crash_point,
 )
 from pipeline.jobs.hooks import release_hooks
 from pipeline.jobs.reports import NonPrivate, PcaPrivacy, PcaReport, ReleaseCore
 from pipeline.mechanisms.signal import Signal, signal_of, symmetric_norm_bound
-from pipeline.params import Neighboring, PrivacyUnit
+from pipeline.params import Neighboring, PrivacyUnit, ReleaseOptions
 
 __all__ = [
     "PCA_BAND_BYTES",

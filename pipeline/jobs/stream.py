@@ -42,7 +42,6 @@ import datetime as _dt
 import functools
 import glob
 import hashlib
-import math
 import os
 import shlex
 import shutil
@@ -56,9 +55,7 @@ import numpy as np
 
 from pipeline._validation import (
     check_enum,
-    check_float_in_interval,
     check_int_in_range,
-    check_privacy_pair,
 )
 from pipeline._version import __version__
 from pipeline.accounting.contract import Accountant, EntityUnit, PrivacyContract
@@ -74,13 +71,7 @@ from pipeline.algorithms.continual import (
     sum_deltas,
     tree_nodes,
 )
-from pipeline.algorithms.lrf import (
-    Algorithm,
-    LrfParams,
-    default_operator,
-    noise_level,
-    seed_fingerprint,
-)
+from pipeline.algorithms.lrf import noise_level, seed_fingerprint
 from pipeline.errors import (
     EpochError,
     HorizonExceededError,
@@ -100,17 +91,23 @@ from pipeline.io.stream_state import (
 from pipeline.jobs.engine import InputRef, ReleaseJob, ReleaseSpec
 from pipeline.jobs.engine import crash_point as _crash_point
 from pipeline.jobs.reports import OMIT, NonPrivate, StreamPrivacy, StreamReport
-from pipeline.mechanisms.clipping import ClipSpec
 from pipeline.mechanisms.entities import (
     EntityTable,
-    StreamUnit,
     clip_updates,
     coalesce,
     zero_non_finite_entities,
 )
 from pipeline.mechanisms.signal import signal_of
-from pipeline.params import Neighboring, PrivacyUnit
-from pipeline.sketches.operators import OperatorKind
+from pipeline.params import (
+    Algorithm,
+    ClipSpec,
+    LrfParams,
+    Neighboring,
+    OperatorKind,
+    PrivacyUnit,
+    StreamParams,
+    StreamUnit,
+)
 
 __all__ = [
     "DuplicateBatchError",
@@ -446,79 +443,6 @@ def _created_by(make_spec: Callable[[], ReleaseSpec], state: str) -> bool:
         return False
     jr.remove()
     return True
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class StreamParams:
-    """Public parameters of a stream, fixed at its creation (validated here).
-
-    The fields are :func:`stream_init`'s; :meth:`to_manifest` is what the
-    stream's manifest records, and every later step plans from that.
-
-    Examples
-    --------
-    >>> p = StreamParams(n_rows=40, n_cols=10, rank=2, horizon=4, epsilon=1.0,
-    ...                  delta=1e-6, unit="row")
-    >>> p.unit.value, p.neighboring.value, p.to_manifest()["operator"]
-    ('row', 'add-remove', 'gaussian')
-    """
-
-    n_rows: int
-    n_cols: int
-    rank: int
-    horizon: int
-    epsilon: float | None = None
-    delta: float | None = None
-    algorithm: Algorithm = Algorithm.SPECTRAL
-    private: bool = True
-    clip_norm: float = 1.0
-    unit: StreamUnit = StreamUnit.GENERAL
-    neighboring: Neighboring = Neighboring.ADD_REMOVE
-    sketch_size: int | None = None
-    core_size: int | None = None
-
-    def __post_init__(self) -> None:
-        set_ = object.__setattr__
-        set_(self, "algorithm", check_enum(Algorithm, self.algorithm, "algorithm"))
-        if self.algorithm is Algorithm.TWO_PASS:
-            raise InvalidParameterError(
-                "a stream is read once, so algorithm='two-pass' (stored matrices only) "
-                "does not apply; use 'spectral' or 'low-space'."
-            )
-        set_(self, "unit", check_enum(StreamUnit, self.unit, "unit"))
-        set_(
-            self,
-            "neighboring",
-            check_enum(Neighboring, self.neighboring, "neighboring"),
-        )
-        for name, low in (("rank", 1), ("horizon", 1), ("n_rows", 1), ("n_cols", 1)):
-            set_(self, name, check_int_in_range(getattr(self, name), name, low))
-        if not isinstance(self.private, bool):
-            raise InvalidParameterError(
-                f"private must be True or False, got private={self.private!r}."
-            )
-        if self.private:
-            eps, dlt = check_privacy_pair(self.epsilon, self.delta)
-            set_(self, "epsilon", eps)
-            set_(self, "delta", dlt)
-        elif self.epsilon is not None or self.delta is not None:
-            raise InvalidParameterError(
-                "a non-private stream takes no epsilon or delta."
-            )
-        set_(self, "clip_norm", check_float_in_interval(
-            self.clip_norm, "clip_norm", 0.0, math.inf, privacy=True))  # fmt: skip
-
-    def to_manifest(self) -> dict[str, Any]:
-        """The parameters as the stream's manifest records them (JSON-ready)."""
-        return {
-            "n_rows": self.n_rows, "n_cols": self.n_cols, "rank": self.rank,
-            "horizon": self.horizon, "algorithm": self.algorithm.value,
-            "private": self.private, "epsilon": self.epsilon, "delta": self.delta,
-            "clip_norm": self.clip_norm, "unit": self.unit.value,
-            "neighboring": self.neighboring.value, "sketch_size": self.sketch_size,
-            "core_size": self.core_size, "delta_jl_fraction": 0.5,
-            "operator": default_operator(private=self.private).value,
-        }  # fmt: skip
 
 
 def _init_spec(

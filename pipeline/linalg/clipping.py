@@ -11,29 +11,12 @@ row, so callers reduce sums of squares across column chunks first
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from pipeline._types import FloatArray
-from pipeline.params import PrivacyUnit
+from pipeline.params import ClipSpec, PrivacyUnit
 
 __all__ = ["ClipSpec", "clip_by_peak", "scale_factors_from_sumsq", "zero_non_finite"]
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ClipSpec:
-    """Clipping applied to the input before any sketch sees it.
-
-    Parameters
-    ----------
-    unit : PrivacyUnit
-    clip_norm : float
-        ``C > 0``.
-    """
-
-    unit: PrivacyUnit
-    clip_norm: float
 
 
 def scale_factors_from_sumsq(sumsq: FloatArray, clip_norm: float) -> FloatArray:

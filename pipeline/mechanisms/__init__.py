@@ -13,16 +13,11 @@ References
 .. [Upa18] J. Upadhyay, arXiv:1612.04740, as corrected by spec sketch-lrf.md.
 """
 
-from pipeline.mechanisms.clipping import (
-    ClipSpec,
-    clip_entries,
-    scale_factors_from_sumsq,
-)
+from pipeline.mechanisms.clipping import clip_entries, scale_factors_from_sumsq
 from pipeline.mechanisms.noise import GaussianNoise, NoiseCode, NoiseKey
 from pipeline.params import Neighboring, PrivacyUnit
 
 __all__ = [
-    "ClipSpec",
     "GaussianNoise",
     "Neighboring",
     "NoiseCode",

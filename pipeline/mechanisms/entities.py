@@ -33,13 +33,13 @@ References
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
 import numpy as np
 
 from pipeline._types import FloatArray, IntArray
 from pipeline.errors import PrivacyUnitError
+from pipeline.params import StreamUnit
 
 __all__ = [
     "ClippedBatch",
@@ -53,15 +53,6 @@ __all__ = [
 # Contributions are clipped to (1 - 1e-9) C, so rounding in the norms (a few ulps
 # per epoch) can never push a stream-long total above C.
 _CLIP_MARGIN = 1.0 - 1e-9
-
-
-class StreamUnit(enum.Enum):
-    """Who one individual of a stream is [spec 1.3, rule 1]."""
-
-    GENERAL = "general"  # any set of cells, e.g. a document's co-occurrences
-    ROW = "row"
-    COLUMN = "column"
-    ENTRY = "entry"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

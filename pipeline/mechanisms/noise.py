@@ -32,7 +32,7 @@ from randomgen import ChaCha
 
 from pipeline._sealed import Sealed, unseal
 from pipeline._types import FloatArray
-from pipeline.linalg.tiles import DEFAULT_TILE_SIZE
+from pipeline.params import DEFAULT_TILE_SIZE
 
 
 class NoiseCode(enum.IntEnum):

@@ -22,7 +22,6 @@ References
 .. [NumPy] numpy.org/doc/stable/reference/random/parallel.html (SeedSequence spawning).
 """
 
-from pipeline.linalg.tiles import DEFAULT_TILE_SIZE
 from pipeline.sketches.gaussian import (
     GaussianOperator,
     OperatorCode,
@@ -30,14 +29,12 @@ from pipeline.sketches.gaussian import (
     operator_rows,
     operator_tile,
 )
-from pipeline.sketches.operators import OperatorKind, SketchOperator, make_operator
+from pipeline.sketches.operators import SketchOperator, make_operator
 from pipeline.sketches.sparse import SparseSignOperator
 
 __all__ = [
-    "DEFAULT_TILE_SIZE",
     "GaussianOperator",
     "OperatorCode",
-    "OperatorKind",
     "SketchOperator",
     "SparseSignOperator",
     "make_operator",

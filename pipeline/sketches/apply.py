@@ -21,12 +21,11 @@ import scipy.linalg
 from pipeline._types import FloatArray
 from pipeline.errors import NonFiniteInputError
 from pipeline.linalg.clipping import (
-    ClipSpec,
     clip_by_peak,
     scale_factors_from_sumsq,
     zero_non_finite,
 )
-from pipeline.params import PrivacyUnit
+from pipeline.params import ClipSpec, PrivacyUnit
 from pipeline.sketches.operators import SketchOperator
 from pipeline.sketches.sparse import SparseSignOperator
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from pipeline._sealed import Sealed, derived, unseal
 from pipeline._types import FloatArray, IntArray
-from pipeline.linalg.tiles import DEFAULT_TILE_SIZE
+from pipeline.params import DEFAULT_TILE_SIZE
 
 
 class OperatorCode(enum.IntEnum):

@@ -2,29 +2,16 @@
 
 from __future__ import annotations
 
-import enum
 import hashlib
 
 from pipeline._sealed import Sealed
-from pipeline.linalg.tiles import DEFAULT_TILE_SIZE
+from pipeline.params import DEFAULT_TILE_SIZE, OperatorKind
 from pipeline.sketches.gaussian import GaussianOperator, OperatorCode
 from pipeline.sketches.sparse import DEFAULT_NNZ, SparseSignOperator
 
 #: Any sketch operator: both kinds offer ``block``, ``rows``, ``dense``, ``left``
 #: and ``right`` with the same meaning.
 SketchOperator = GaussianOperator | SparseSignOperator
-
-
-class OperatorKind(enum.Enum):
-    """The distribution of the co-range and core operators (``S``, ``T``).
-
-    Range operators (``Phi``, ``Phi_c``, ``Psi``) are always Gaussian: they are
-    t columns wide, so a dense product is as cheap as a sparse one, and the
-    Gaussian range finder has the best constants [HMT11, section 10].
-    """
-
-    GAUSSIAN = "gaussian"
-    SPARSE_SIGN = "sparse-sign"
 
 
 _SPARSE_CODE = {

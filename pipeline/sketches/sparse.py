@@ -45,7 +45,7 @@ import scipy.sparse as sp
 
 from pipeline._sealed import Sealed, unseal
 from pipeline._types import FloatArray, IntArray
-from pipeline.linalg.tiles import DEFAULT_TILE_SIZE
+from pipeline.params import DEFAULT_TILE_SIZE
 from pipeline.sketches.gaussian import tile_groups
 
 #: Non-zeros per data index [TYUC19, section 3.3 recommends 8].

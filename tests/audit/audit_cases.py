@@ -55,19 +55,11 @@ from pipeline.algorithms.continual_factorization import (
     continual_mechanism,
     fit_blt,
 )
-from pipeline.algorithms.lrf import (
-    Algorithm,
-    LrfParams,
-    LrfPlan,
-    pass_request,
-    plan_lrf,
-    run_lrf,
-)
+from pipeline.algorithms.lrf import LrfPlan, pass_request, plan_lrf, run_lrf
 from pipeline.algorithms.lrf import kernels as lrf_module
 from pipeline.algorithms.pca import (
     ArrayRowSource,
     MemoryJournal,
-    PcaParams,
     PcaPlan,
     Secret,
     band_update,
@@ -78,11 +70,19 @@ from pipeline.algorithms.pca import (
     sym,
     topk_eig,
 )
-from pipeline.mechanisms.clipping import ClipSpec, clip_rows
-from pipeline.mechanisms.entities import EntityTable, StreamUnit, clip_updates
+from pipeline.mechanisms.clipping import clip_rows
+from pipeline.mechanisms.entities import EntityTable, clip_updates
 from pipeline.mechanisms.noise import NoiseKey
-from pipeline.params import Neighboring, PrivacyUnit
-from pipeline.sketches.operators import OperatorKind
+from pipeline.params import (
+    Algorithm,
+    ClipSpec,
+    LrfParams,
+    Neighboring,
+    OperatorKind,
+    PcaParams,
+    PrivacyUnit,
+    StreamUnit,
+)
 from pipeline.sketches.sparse import DEFAULT_NNZ
 from pipeline.testing.audit import (
     GaussianBlock,

@@ -52,10 +52,10 @@ from scipy import stats
 
 from pipeline.algorithms import lrf
 from pipeline.algorithms.base import ReleaseHooks
-from pipeline.algorithms.lrf import Algorithm
 from pipeline.algorithms.pca import MemoryJournal
 from pipeline.algorithms.pca import power as power_pca
 from pipeline.mechanisms.noise import GaussianNoise, NoiseCode, NoiseKey
+from pipeline.params import Algorithm
 
 pytestmark = pytest.mark.audit
 

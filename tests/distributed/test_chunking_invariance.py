@@ -318,7 +318,8 @@ def test_sketch_space_clip_is_chunk_invariant_where_it_binds(
     them (checked on the exact sketch: the fault lands where it says), and the release is
     still the same for the in-memory array, row bands and column-split blocks."""
     from pipeline.algorithms.base import ArraySource
-    from pipeline.algorithms.lrf import LrfParams, pass_request, plan_lrf
+    from pipeline.algorithms.lrf import pass_request, plan_lrf
+    from pipeline.params import LrfParams
 
     plan = plan_lrf(
         LrfParams.of(RANK, **PRIVACY, algorithm="spectral"), (M, N), public_seed=SKETCH_SEED

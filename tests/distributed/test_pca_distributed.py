@@ -37,7 +37,6 @@ from pipeline.algorithms.base import ReleaseHooks
 from pipeline.algorithms.pca import (
     ArrayRowSource,
     MemoryJournal,
-    PcaParams,
     eig_floor_inv_sqrt,
     plan_pca,
     prep_rows,
@@ -47,6 +46,7 @@ from pipeline.api import pca
 from pipeline.execution.pca import DaskRowSource
 from pipeline.io import read_group
 from pipeline.mechanisms.noise import NoiseKey
+from pipeline.params import PcaParams
 
 pytestmark = pytest.mark.distributed
 

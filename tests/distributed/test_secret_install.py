@@ -29,10 +29,10 @@ from distributed import Client
 from distributed.comm import CommClosedError
 
 from pipeline.algorithms.continual import partition_cells, plan_stream, sum_deltas
-from pipeline.algorithms.lrf import Algorithm, LrfParams
 from pipeline.execution import secrets
 from pipeline.execution import stream as exec_stream
 from pipeline.execution.stream import sketch_partitions
+from pipeline.params import Algorithm, LrfParams
 
 pytestmark = pytest.mark.distributed
 

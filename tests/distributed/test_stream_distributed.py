@@ -23,7 +23,6 @@ from pipeline.algorithms.continual import (
     sketch_cells,
     sum_deltas,
 )
-from pipeline.algorithms.lrf import Algorithm, LrfParams
 from pipeline.execution.stream import sketch_partitions
 from pipeline.io.batches import write_batch
 from pipeline.jobs.stream import (
@@ -34,6 +33,7 @@ from pipeline.jobs.stream import (
     stream_init,
     stream_release,
 )
+from pipeline.params import Algorithm, LrfParams
 
 pytestmark = pytest.mark.distributed
 

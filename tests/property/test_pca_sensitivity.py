@@ -38,7 +38,6 @@ from hypothesis import strategies as st
 
 from pipeline.accounting.pca_sensitivity import pca_sensitivities
 from pipeline.algorithms.pca import (
-    PcaParams,
     Secret,
     band_gram,
     band_products,
@@ -51,6 +50,7 @@ from pipeline.algorithms.pca import (
     score_basis,
     sym,
 )
+from pipeline.params import PcaParams
 
 pytestmark = pytest.mark.property
 

@@ -15,11 +15,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline.algorithms.base import ArraySource
-from pipeline.algorithms.lrf import Algorithm, pass_request, plan_lrf
+from pipeline.algorithms.lrf import pass_request, plan_lrf
 from pipeline.api import make_params
 from pipeline.errors import InvalidParameterError
-from pipeline.mechanisms.clipping import ClipSpec
-from pipeline.params import PrivacyUnit
+from pipeline.params import Algorithm, ClipSpec, PrivacyUnit
 from pipeline.sketches.apply import clip_block
 
 pytestmark = pytest.mark.property

@@ -22,11 +22,11 @@ from pipeline.accounting.calibration import SketchRequest, calibrate_release
 from pipeline.accounting.contract import PrivacyContract, gdp_scale
 from pipeline.accounting.gaussian import gaussian_noise_multiplier
 from pipeline.algorithms.base import ArraySource
-from pipeline.algorithms.lrf import LrfParams, pass_request, plan_lrf
+from pipeline.algorithms.lrf import pass_request, plan_lrf
 from pipeline.errors import InvalidParameterError
-from pipeline.params import Neighboring, PrivacyUnit
+from pipeline.params import LrfParams, Neighboring, OperatorKind, PrivacyUnit
 from pipeline.sketches.gaussian import OperatorCode
-from pipeline.sketches.operators import OperatorKind, make_operator
+from pipeline.sketches.operators import make_operator
 
 pytestmark = pytest.mark.property
 

@@ -19,8 +19,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline.algorithms.base import ArraySource
-from pipeline.algorithms.lrf import LrfParams
 from pipeline.algorithms.lrf.two_pass import co_range_operator, plan_two_pass
+from pipeline.params import LrfParams
 from pipeline.sketches.apply import PassRequest
 from pipeline.sketches.dense import DenseOperator
 

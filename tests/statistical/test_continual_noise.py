@@ -13,8 +13,8 @@ from pipeline.algorithms.continual import (
     noisy_sketches,
     plan_stream,
 )
-from pipeline.algorithms.lrf import Algorithm, LrfParams
 from pipeline.mechanisms.noise import NoiseKey
+from pipeline.params import Algorithm, LrfParams
 
 T = 16
 SHAPE = (400, 120)

@@ -19,13 +19,12 @@ import pytest
 from scipy import stats
 
 from pipeline.algorithms.base import ArraySource, ReleaseHooks
-from pipeline.algorithms.lrf import Algorithm, LrfParams, LrfPlan, plan_lrf, run_lrf
+from pipeline.algorithms.lrf import LrfPlan, plan_lrf, run_lrf
 from pipeline.algorithms.lrf import kernels as lrf
 from pipeline.linalg.metrics import spectral_error
 from pipeline.linalg.synthetic import low_rank_matrix
-from pipeline.mechanisms.clipping import ClipSpec
 from pipeline.mechanisms.noise import GaussianNoise, NoiseCode, NoiseKey
-from pipeline.params import PrivacyUnit
+from pipeline.params import Algorithm, ClipSpec, LrfParams, PrivacyUnit
 
 pytestmark = pytest.mark.statistical
 

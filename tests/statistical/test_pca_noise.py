@@ -27,15 +27,10 @@ import pytest
 from scipy import stats
 
 from pipeline.algorithms.base import ReleaseHooks
-from pipeline.algorithms.pca import (
-    ArrayRowSource,
-    MemoryJournal,
-    PcaParams,
-    plan_pca,
-    run_pca,
-)
+from pipeline.algorithms.pca import ArrayRowSource, MemoryJournal, plan_pca, run_pca
 from pipeline.algorithms.pca import power as power_pca
 from pipeline.mechanisms.noise import GaussianNoise, NoiseKey
+from pipeline.params import PcaParams
 
 pytestmark = pytest.mark.statistical
 

@@ -35,7 +35,6 @@ from pipeline.algorithms.base import ReleaseHooks
 from pipeline.algorithms.pca import (
     ArrayRowSource,
     MemoryJournal,
-    PcaParams,
     plan_pca,
     prep_rows,
     qr_pos,
@@ -49,6 +48,7 @@ from pipeline.api import pca
 from pipeline.linalg.metrics import sin_theta
 from pipeline.linalg.synthetic import CoherentMatrix, coherent_matrix
 from pipeline.mechanisms.noise import GaussianNoise, NoiseKey
+from pipeline.params import PcaParams
 
 pytestmark = pytest.mark.statistical
 

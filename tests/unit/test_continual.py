@@ -25,15 +25,10 @@ from pipeline.algorithms.continual import (
     tree_levels,
     tree_nodes,
 )
-from pipeline.algorithms.lrf import (
-    Algorithm,
-    LrfParams,
-    pass_request,
-    plan_lrf,
-    run_lrf,
-)
+from pipeline.algorithms.lrf import pass_request, plan_lrf, run_lrf
 from pipeline.errors import EpochError, HorizonExceededError, InvalidParameterError
 from pipeline.mechanisms.noise import NoiseKey
+from pipeline.params import Algorithm, LrfParams
 
 SEED = 20261129
 # Linearity is exact in real arithmetic; the float64 sums of ~1e4 terms in another

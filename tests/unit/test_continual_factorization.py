@@ -34,10 +34,10 @@ from pipeline.algorithms.continual_factorization import (
     sqrt_coefficients,
     toeplitz_lower,
 )
-from pipeline.algorithms.lrf import Algorithm, LrfParams
 from pipeline.errors import InvalidParameterError
 from pipeline.mechanisms.entities import EntityTable, StreamUnit, clip_updates
 from pipeline.mechanisms.noise import GaussianNoise, NoiseKey
+from pipeline.params import Algorithm, LrfParams
 
 U = 2.0**-53  # unit roundoff of float64
 HORIZONS = (1, 2, 3, 7, 8, 9, 64, 366)

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.errors import PrivacyUnitError
-from pipeline.mechanisms.entities import EntityTable, StreamUnit, clip_updates, coalesce
+from pipeline.mechanisms.entities import EntityTable, clip_updates, coalesce
+from pipeline.params import StreamUnit
 
 # clip target is (1 - 1e-9) C; rounding of the norms adds a few ulps
 _MARGIN = 1.0 - 1e-9

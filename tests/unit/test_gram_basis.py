@@ -15,19 +15,11 @@ import numpy as np
 import pytest
 
 from pipeline.algorithms.base import ArraySource, ReleaseHooks
-from pipeline.algorithms.lrf import (
-    Algorithm,
-    LrfParams,
-    gram_basis,
-    gram_svd,
-    plan_lrf,
-    run_lrf,
-)
+from pipeline.algorithms.lrf import gram_basis, gram_svd, plan_lrf, run_lrf
 from pipeline.algorithms.lrf import kernels as lrf
 from pipeline.algorithms.lrf.kernels import GRAM_MIN_RATIO
-from pipeline.mechanisms.clipping import ClipSpec
 from pipeline.mechanisms.noise import NoiseKey
-from pipeline.params import PrivacyUnit
+from pipeline.params import Algorithm, ClipSpec, LrfParams, PrivacyUnit
 
 #: Orthonormality of ``Y B`` from the Gram matrix: about eps * s_1^2 / s_r^2
 #: (gram_svd's docstring); the test matrices have s_1 / s_r <= 1e2, so 1e-11.

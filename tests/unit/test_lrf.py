@@ -15,19 +15,12 @@ import pytest
 
 from pipeline.algorithms import lrf
 from pipeline.algorithms.base import ArraySource, Factorization, ReleaseHooks
-from pipeline.algorithms.lrf import (
-    Algorithm,
-    LrfParams,
-    default_sketch_sizes,
-    kernels,
-    plan_lrf,
-    run_lrf,
-)
+from pipeline.algorithms.lrf import default_sketch_sizes, kernels, plan_lrf, run_lrf
 from pipeline.linalg.metrics import hmt_bound, spectral_error
 from pipeline.linalg.synthetic import low_rank_matrix, orthonormal_columns
-from pipeline.mechanisms.clipping import ClipSpec, scale_factors_from_sumsq
+from pipeline.mechanisms.clipping import scale_factors_from_sumsq
 from pipeline.mechanisms.noise import NoiseKey
-from pipeline.params import PrivacyUnit
+from pipeline.params import Algorithm, ClipSpec, LrfParams, PrivacyUnit
 from pipeline.sketches.apply import PassRequest, block_partials
 from pipeline.sketches.gaussian import GaussianOperator, OperatorCode
 

@@ -13,11 +13,10 @@ import pytest
 from randomgen import ChaCha
 
 from pipeline.algorithms.base import ArraySource, ReleaseHooks
-from pipeline.algorithms.lrf import Algorithm, LrfParams, plan_lrf, run_lrf
+from pipeline.algorithms.lrf import plan_lrf, run_lrf
 from pipeline.errors import InvalidParameterError
-from pipeline.mechanisms.clipping import ClipSpec
 from pipeline.mechanisms.noise import GaussianNoise, NoiseCode, NoiseKey
-from pipeline.params import PrivacyUnit
+from pipeline.params import Algorithm, ClipSpec, LrfParams, PrivacyUnit
 
 
 def _spellings(secret: bytes) -> list[str]:

@@ -21,6 +21,7 @@ from pipeline.errors import BudgetExceededError, InvalidParameterError
 from pipeline.io import default_journal_path, read_group
 from pipeline.jobs import pca as pca_job
 from pipeline.linalg.synthetic import coherent_matrix
+from pipeline.params import PcaParams
 
 N, D, K = 4096, 16, 2
 
@@ -61,7 +62,7 @@ def test_executed_ledger_equals_the_plan(
         data, K, epsilon=1.0, delta=1e-6, iterations=3, clip_radius=0.05, ledger=book
     )
     plan = power_pca.plan_pca(
-        power_pca.PcaParams(
+        PcaParams(
             rank=K, epsilon=1.0, delta=1e-6, iterations=3, clip_radius=0.05
         ),
         data.shape,
@@ -329,7 +330,7 @@ def test_auto_picks_the_power_method_when_n_over_d_is_large() -> None:
     from pipeline.algorithms.pca import AUTO_ITERATIONS, auto_radius
 
     plan = power_pca.plan_pca(
-        power_pca.PcaParams(rank=2, epsilon=1.0, delta=1e-6), (2**19, 64)
+        PcaParams(rank=2, epsilon=1.0, delta=1e-6), (2**19, 64)
     )
     assert plan.params.method == "power"
     assert plan.auto["chosen"] == "power"
@@ -338,7 +339,7 @@ def test_auto_picks_the_power_method_when_n_over_d_is_large() -> None:
     assert plan.auto["n_over_d_gamma"] >= plan.auto["margin"]
     # the rule reads public values only: it is the same for any data of that shape
     given = power_pca.plan_pca(
-        power_pca.PcaParams(rank=2, epsilon=1.0, delta=1e-6, iterations=5), (4096, 16)
+        PcaParams(rank=2, epsilon=1.0, delta=1e-6, iterations=5), (4096, 16)
     )
     assert given.params.method == "power"
     assert given.iterations == 5
@@ -366,7 +367,7 @@ def test_default_selection_runs_every_candidate_once_composed_exactly(
     sel = rel.report["selection"]
     assert sel["selected_iterations"] in (0, AUTO_ITERATIONS)
     plan = pca_job.pca_plan(
-        power_pca.PcaParams(rank=K, epsilon=1.0, delta=1e-6), (N, D), api.Selection()
+        PcaParams(rank=K, epsilon=1.0, delta=1e-6), (N, D), api.Selection()
     )
     assert isinstance(plan.calibration, CandidateSelection)
 

@@ -8,16 +8,10 @@ import math
 import numpy as np
 import pytest
 
-from pipeline.algorithms.lrf import (
-    Algorithm,
-    LrfParams,
-    default_sketch_sizes,
-    plan_lrf,
-)
+from pipeline.algorithms.lrf import default_sketch_sizes, plan_lrf
 from pipeline.algorithms.lrf import model as lrf_model
 from pipeline.errors import InvalidParameterError, PrivacyConfigError
-from pipeline.mechanisms.clipping import ClipSpec
-from pipeline.params import Neighboring, PrivacyUnit
+from pipeline.params import Algorithm, ClipSpec, LrfParams, Neighboring, PrivacyUnit
 
 SPECTRAL, LOW_SPACE = Algorithm.SPECTRAL, Algorithm.LOW_SPACE
 

@@ -30,7 +30,6 @@ from pipeline.algorithms.base import ReleaseHooks
 from pipeline.algorithms.pca import (
     ArrayRowSource,
     MemoryJournal,
-    PcaParams,
     PcaPlan,
     PcaResult,
     Secret,
@@ -47,6 +46,7 @@ from pipeline.algorithms.pca import (
 )
 from pipeline.errors import InvalidParameterError
 from pipeline.mechanisms.noise import GaussianNoise, NoiseKey
+from pipeline.params import PcaParams
 
 #: Exact-arithmetic identities in float64 (tests/conftest.py RTOL; spec 5.3 A1, A3, A4).
 EXACT = 1e-10

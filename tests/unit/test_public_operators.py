@@ -32,9 +32,7 @@ from scipy.stats import norm
 from pipeline.algorithms.base import ArraySource, ReleaseHooks
 from pipeline.algorithms.continual import plan_stream
 from pipeline.algorithms.lrf import (
-    Algorithm,
     ClippedNoise,
-    LrfParams,
     LrfPlan,
     pass_request,
     plan_lrf,
@@ -43,9 +41,8 @@ from pipeline.algorithms.lrf import (
 from pipeline.algorithms.lrf import model as lrf_model
 from pipeline.api import factorize
 from pipeline.errors import InvalidParameterError, PrivacyConfigError
-from pipeline.mechanisms.clipping import ClipSpec
 from pipeline.mechanisms.noise import GaussianNoise, NoiseKey
-from pipeline.params import Neighboring, PrivacyUnit
+from pipeline.params import Algorithm, ClipSpec, LrfParams, Neighboring, PrivacyUnit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))
 from cli_util import leading_json, run_dplr

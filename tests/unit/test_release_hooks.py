@@ -34,15 +34,10 @@ import pytest
 import pipeline.mechanisms.noise as noise_module
 from pipeline.accounting.pca import calibrate_selection
 from pipeline.algorithms.base import ArraySource, ReleaseHooks
-from pipeline.algorithms.lrf import LrfParams, plan_lrf, run_lrf
-from pipeline.algorithms.pca import (
-    ArrayRowSource,
-    PcaParams,
-    plan_pca,
-    run_pca,
-    run_selection,
-)
+from pipeline.algorithms.lrf import plan_lrf, run_lrf
+from pipeline.algorithms.pca import ArrayRowSource, plan_pca, run_pca, run_selection
 from pipeline.mechanisms.noise import NoiseKey
+from pipeline.params import LrfParams, PcaParams
 
 M, N, RANK = 240, 10, 2
 ENGINE = Path(__file__).parents[2] / "pipeline" / "jobs" / "engine.py"

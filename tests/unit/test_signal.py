@@ -11,7 +11,7 @@ import zarr
 
 import pipeline
 from pipeline.algorithms.continual import noise_std
-from pipeline.algorithms.lrf import Algorithm, noise_level
+from pipeline.algorithms.lrf import noise_level
 from pipeline.io.batches import write_batch
 from pipeline.io.release import read_release
 from pipeline.io.synthetic import generate_store
@@ -19,6 +19,7 @@ from pipeline.jobs import stream
 from pipeline.jobs.pca import pca_signal
 from pipeline.jobs.reports import FactorizeReport, PcaReport, load_report
 from pipeline.mechanisms.signal import Signal, signal_of
+from pipeline.params import Algorithm
 
 #: the in-memory releases here charge an accountant of their own, not the process's
 #: shared one (their epsilon = 1000 would dominate what other tests compose)

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from pipeline.errors import NonFiniteInputError
-from pipeline.mechanisms.clipping import ClipSpec, clip_rows, scale_factors_from_sumsq
-from pipeline.params import PrivacyUnit
+from pipeline.mechanisms.clipping import clip_rows, scale_factors_from_sumsq
+from pipeline.params import ClipSpec, PrivacyUnit
 from pipeline.sketches.apply import PassRequest, block_partials, clip_block
 from pipeline.sketches.gaussian import (
     GaussianOperator,

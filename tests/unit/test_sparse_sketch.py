@@ -16,11 +16,12 @@ import pytest
 from scipy import stats
 
 from pipeline.algorithms.base import ArraySource, ReleaseHooks
-from pipeline.algorithms.lrf import Algorithm, LrfParams, plan_lrf, run_lrf
+from pipeline.algorithms.lrf import plan_lrf, run_lrf
 from pipeline.errors import InvalidParameterError
+from pipeline.params import Algorithm, LrfParams, OperatorKind
 from pipeline.sketches.apply import PassRequest, block_partials
 from pipeline.sketches.gaussian import GaussianOperator, OperatorCode
-from pipeline.sketches.operators import OperatorKind, make_operator
+from pipeline.sketches.operators import make_operator
 from pipeline.sketches.sparse import SparseSignOperator, sparse_tile
 
 ROOT = 0x51F15EED5EED5EED0123456789ABCDEF
@@ -249,8 +250,7 @@ def test_local_qr_partials(rng: np.random.Generator, rows: int) -> None:
 
 def test_local_qr_is_refused_for_a_clipped_pass() -> None:
     """A private range sketch is noised after the global sum, before any QR."""
-    from pipeline.mechanisms.clipping import ClipSpec
-    from pipeline.params import PrivacyUnit
+    from pipeline.params import ClipSpec, PrivacyUnit
 
     Phi = GaussianOperator(root=ROOT, code=1, length=30, dim=4)
     S = GaussianOperator(root=ROOT, code=2, length=30, dim=9)

@@ -11,7 +11,8 @@ from pipeline.linalg.stream_synthetic import (
     turnstile_matrix,
     turnstile_updates,
 )
-from pipeline.mechanisms.entities import EntityTable, StreamUnit, clip_updates
+from pipeline.mechanisms.entities import EntityTable, clip_updates
+from pipeline.params import StreamUnit
 
 SHAPE = (40, 25)
 KW = {

@@ -17,7 +17,7 @@ import pytest
 from pipeline.accounting.calibration import pld_epsilon
 from pipeline.accounting.gaussian import gaussian_noise_multiplier
 from pipeline.algorithms.base import ArraySource, ReleaseHooks
-from pipeline.algorithms.lrf import SKETCHES, LrfParams, plan_lrf, run_lrf
+from pipeline.algorithms.lrf import SKETCHES, plan_lrf, run_lrf
 from pipeline.algorithms.lrf.two_pass import (
     DEFAULT_WEIGHT_Z,
     TwoPassPlan,
@@ -28,6 +28,7 @@ from pipeline.algorithms.lrf.two_pass import (
 from pipeline.api import factorize
 from pipeline.errors import InvalidParameterError
 from pipeline.mechanisms.noise import NoiseKey
+from pipeline.params import LrfParams
 
 EPS, DELTA = 2.0, 1e-6
 
@@ -153,7 +154,7 @@ def test_bad_parameters_are_refused_with_one_sentence(kw: dict[str, Any], match:
 
 
 def test_a_stream_refuses_two_pass_before_anything_is_written(tmp_path: Any) -> None:
-    from pipeline.jobs.stream import StreamParams
+    from pipeline.params import StreamParams
 
     with pytest.raises(InvalidParameterError, match="a stream is read once") as info:
         StreamParams(n_rows=50, n_cols=20, rank=2, horizon=4, epsilon=1.0, delta=1e-6,

@@ -49,9 +49,6 @@ from pipeline.algorithms.lrf.kernels import (
 )
 from pipeline.algorithms.lrf.model import choose_private_sizes
 from pipeline.algorithms.lrf.plan import (
-    AUTO,
-    Algorithm,
-    LrfParams,
     LrfPlan,
     Reach,
     calibrate_plan,
@@ -70,11 +67,8 @@ from pipeline.sketches.operators import seed_fingerprint
 
 # callers plan and run through this package
 __all__ = [
-    "AUTO",
     "SKETCHES",
-    "Algorithm",
     "ClippedNoise",
-    "LrfParams",
     "LrfPlan",
     "Reach",
     "TwoPassPlan",

@@ -85,12 +85,8 @@ from pipeline.accounting.gaussian import (
     gaussian_noise_multiplier,
     jl_sensitivity_factor,
 )
-from pipeline.algorithms.lrf.plan import (
-    Algorithm,
-    LrfPlan,
-    default_sketch_sizes,
-    resolve_sizes,
-)
+from pipeline.algorithms.lrf.plan import LrfPlan, default_sketch_sizes, resolve_sizes
+from pipeline.params import Algorithm
 
 if TYPE_CHECKING:  # annotations only: two_pass does not import this module
     from pipeline.algorithms.lrf.two_pass import TwoPassPlan

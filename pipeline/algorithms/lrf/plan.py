@@ -19,44 +19,28 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from pipeline._sealed import Sealed
 from pipeline._types import Shape2D
 from pipeline._validation import (
-    check_enum,
-    check_float_in_interval,
     check_int_in_range,
-    check_privacy_pair,
 )
 from pipeline.accounting.calibration import (
     ReleaseCalibration,
     SketchRequest,
     calibrate_release,
 )
-from pipeline.errors import InvalidParameterError, PrivacyConfigError
-from pipeline.linalg.tiles import DEFAULT_TILE_SIZE
-from pipeline.mechanisms.clipping import ClipSpec
-from pipeline.params import Neighboring, PrivacyUnit
+from pipeline.errors import InvalidParameterError
+from pipeline.params import (
+    Algorithm,
+    LrfParams,
+    OperatorKind,
+    PrivacyUnit,
+)
 from pipeline.sketches.gaussian import OperatorCode
 from pipeline.sketches.norms import operator_norms
-from pipeline.sketches.operators import (
-    OperatorKind,
-    SketchOperator,
-    make_operator,
-)
-
-#: The algorithm name that :class:`LrfParams` resolves by its other parameters.
-AUTO = "auto"
-
-
-class Algorithm(enum.Enum):
-    """The factorizations: two one-pass, one two-pass (stored matrices only)."""
-
-    SPECTRAL = "spectral"
-    LOW_SPACE = "low-space"
-    TWO_PASS = "two-pass"  # pipeline.algorithms.lrf.two_pass
+from pipeline.sketches.operators import SketchOperator, make_operator
 
 
 class Reach(enum.Enum):
@@ -113,162 +97,6 @@ def default_sketch_sizes(rank: int, *, private: bool) -> tuple[int, int]:
         return t, 4 * t
     t = max(3 * rank, rank + 20)
     return t, 6 * t + 1
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class LrfParams:
-    """Public parameters of one factorization release (never chosen from data).
-
-    Parameters
-    ----------
-    algorithm : Algorithm or "auto"
-        ``"auto"`` is resolved at construction (:meth:`_algorithm`): two-pass
-        for a private release, Spectral-LRF otherwise.
-    rank : int
-        Target rank k.
-    sketch_size, core_size : int or None
-        ``t`` and ``v``; None picks :func:`default_sketch_sizes` (clamped to the
-        shape when the matrix is small).
-    private : bool
-        False gives the non-private variant [spec 3.5]: no clipping, no noise.
-    epsilon, delta : float or None
-        The release's budget (required when private).
-    clip : ClipSpec
-        Privacy unit and clip norm C.
-    neighboring : Neighboring
-        add/remove (``Delta_F = C``) or replace-one (``Delta_F = 2C``).
-    padded : bool
-        Low-Space-LRF only: the paper's padded construction (comparison mode).
-    delta_jl_fraction : float
-        Share of delta charged to the sketch-norm failure events [spec 2.2].
-    tile_size : int
-        Rows per RNG tile.
-    operator : OperatorKind or None
-        Distribution of the co-range operator ``S`` (and of the core operator
-        ``T`` of a non-private run). None picks by :func:`default_operator`:
-        sparse sign wherever its sensitivity is exact, Gaussian otherwise.
-    range_weight : float or None
-        Private releases: the share ``w`` of the budget (in ``mu^2`` of the joint
-        Gaussian mechanism) spent on the range sketch(es); None picks it by the
-        public error model (:mod:`pipeline.algorithms.lrf.model`).
-    range_clip : bool
-        Private Spectral-LRF where one individual is one row of the sketched
-        matrix: clip the rows of ``Y = X Phi`` to ``rho(t) C`` before the noise
-        (sensitivity exactly ``rho Delta_F``, :func:`clips_range`). False keeps
-        the Gaussian tail bound ``Delta_JL(t, beta)`` (comparison mode).
-    """
-
-    algorithm: Algorithm
-    rank: int
-    sketch_size: int | None = None
-    core_size: int | None = None
-    private: bool = True
-    epsilon: float | None = None
-    delta: float | None = None
-    clip: ClipSpec = field(
-        default_factory=lambda: ClipSpec(unit=PrivacyUnit.ROW, clip_norm=1.0)
-    )
-    neighboring: Neighboring = Neighboring.ADD_REMOVE
-    padded: bool = False
-    delta_jl_fraction: float = 0.5
-    tile_size: int = DEFAULT_TILE_SIZE
-    operator: OperatorKind | None = None
-    range_weight: float | None = None
-    range_clip: bool = True
-
-    def __post_init__(self) -> None:
-        """Validate every field and turn names into enums (no data needed)."""
-        set_ = object.__setattr__
-        set_(self, "rank", check_int_in_range(self.rank, "rank", 1))
-        if self.sketch_size is not None:
-            check_int_in_range(self.sketch_size, "sketch_size", 2)
-        if self.core_size is not None:
-            check_int_in_range(self.core_size, "core_size", 3)
-        for name in ("private", "padded", "range_clip"):
-            if not isinstance(getattr(self, name), bool):
-                raise InvalidParameterError(
-                    f"{name} must be True or False, got {name}={getattr(self, name)!r}."
-                )
-        if self.private:
-            if self.epsilon is None or self.delta is None:
-                raise InvalidParameterError(
-                    "a private release needs epsilon and delta, got "
-                    f"epsilon={self.epsilon!r}, delta={self.delta!r}; pass both, or "
-                    "private=False for the non-private variant."
-                )
-            eps, dlt = check_privacy_pair(self.epsilon, self.delta)
-            set_(self, "epsilon", eps)
-            set_(self, "delta", dlt)
-        elif self.epsilon is not None or self.delta is not None:
-            raise PrivacyConfigError(
-                "a non-private run takes no epsilon or delta; drop them or drop non-private."
-            )
-        set_(
-            self,
-            "neighboring",
-            check_enum(Neighboring, self.neighboring, "neighboring"),
-        )
-        if self.operator is not None:
-            set_(self, "operator", check_enum(OperatorKind, self.operator, "operator"))
-        set_(self, "algorithm", self._algorithm())
-        if self.range_weight is not None:
-            if not self.private:
-                raise InvalidParameterError(
-                    "range_weight splits a privacy budget; a non-private run has none, "
-                    "drop it."
-                )
-            set_(self, "range_weight", check_float_in_interval(
-                self.range_weight, "range_weight", 0.0, 1.0))  # fmt: skip
-
-    def _algorithm(self) -> Algorithm:
-        """``algorithm``, with ``"auto"`` resolved (docs/algorithms.md, "Which algorithm").
-
-        ``"auto"``: the two-pass algorithm for a private release (the most
-        accurate, at comparable time: ``benchmarks/bench_utility.py``,
-        ``benchmarks/bench_lrf.py``), unless a one-pass option is set
-        (``sketch_size``, a Gaussian ``operator``: Spectral-LRF; ``padded``:
-        Low-Space-LRF, the only algorithm with the paper's padding); Spectral-LRF
-        for a non-private run, where one pass is as accurate and reads A once.
-        """
-        if not (isinstance(self.algorithm, str) and self.algorithm == AUTO):
-            return check_enum(Algorithm, self.algorithm, "algorithm")
-        if self.padded:
-            return Algorithm.LOW_SPACE
-        one_pass_only = (
-            self.sketch_size is not None or self.operator is OperatorKind.GAUSSIAN
-        )
-        if self.private and not one_pass_only:
-            return Algorithm.TWO_PASS
-        return Algorithm.SPECTRAL
-
-    @classmethod
-    def of(
-        cls,
-        rank: int,
-        *,
-        clip_norm: float = 1.0,
-        unit: str | PrivacyUnit = "row",
-        operator: str | OperatorKind | None = None,
-        **kw: Any,
-    ) -> LrfParams:
-        """From user-facing names: ``clip_norm`` and ``unit`` make the ClipSpec,
-        ``operator="auto"`` means None.
-
-        Examples
-        --------
-        >>> p = LrfParams.of(5, epsilon=1.0, delta=1e-6, algorithm="low-space")
-        >>> p.algorithm.value, p.clip.unit.value, p.neighboring.value
-        ('low-space', 'row', 'add-remove')
-        """
-        clip = ClipSpec(
-            unit=check_enum(PrivacyUnit, unit, "unit"),
-            clip_norm=check_float_in_interval(
-                clip_norm, "clip_norm", 0.0, math.inf, privacy=True
-            ),
-        )
-        kw.setdefault("algorithm", AUTO)
-        op = None if operator in (None, "auto") else operator
-        return cls(rank=rank, clip=clip, operator=op, **kw)  # type: ignore[arg-type]
 
 
 def sparse_is_exact(unit: PrivacyUnit, transpose: bool, *, public_seed: bool) -> bool:

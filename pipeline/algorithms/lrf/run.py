@@ -25,8 +25,6 @@ from pipeline.algorithms.base import (
 from pipeline.algorithms.lrf.kernels import low_space_post, spectral_post
 from pipeline.algorithms.lrf.model import choose_private_sizes
 from pipeline.algorithms.lrf.plan import (
-    Algorithm,
-    LrfParams,
     LrfPlan,
     Reach,
     calibrate_plan,
@@ -45,6 +43,7 @@ from pipeline.algorithms.lrf.two_pass import (
 )
 from pipeline.errors import InvalidParameterError
 from pipeline.linalg.core import one_blas_thread
+from pipeline.params import Algorithm, LrfParams
 from pipeline.sketches.apply import PassRequest
 from pipeline.sketches.operators import seed_fingerprint
 

@@ -39,8 +39,9 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from pipeline.algorithms.lrf.plan import Algorithm, LrfPlan
+from pipeline.algorithms.lrf.plan import LrfPlan
 from pipeline.mechanisms.signal import CONFIDENCE, gaussian_norm_bound
+from pipeline.params import Algorithm
 
 if TYPE_CHECKING:  # annotations only
     from pipeline.algorithms.lrf.two_pass import TwoPassPlan

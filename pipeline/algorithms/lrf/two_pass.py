@@ -97,20 +97,14 @@ from pipeline.accounting.calibration import (
 )
 from pipeline.algorithms.base import Factorization, MatrixSource, ReleaseHooks
 from pipeline.algorithms.lrf.kernels import gram_svd, row_noise
-from pipeline.algorithms.lrf.plan import Algorithm, LrfParams
 from pipeline.errors import InvalidParameterError
 from pipeline.linalg.core import one_blas_thread, sign_convention
 from pipeline.mechanisms.noise import GaussianNoise, NoiseCode, NoiseKey
-from pipeline.params import PrivacyUnit
+from pipeline.params import Algorithm, LrfParams, OperatorKind, PrivacyUnit
 from pipeline.sketches.apply import PassRequest
 from pipeline.sketches.dense import DenseOperator
 from pipeline.sketches.gaussian import OperatorCode
-from pipeline.sketches.operators import (
-    OperatorKind,
-    SketchOperator,
-    make_operator,
-    seed_fingerprint,
-)
+from pipeline.sketches.operators import SketchOperator, make_operator, seed_fingerprint
 
 __all__ = [
     "DEFAULT_OVERSAMPLE",

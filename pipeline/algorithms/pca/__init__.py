@@ -84,10 +84,7 @@ from pipeline.algorithms.pca.linalg import (
 )
 from pipeline.algorithms.pca.plan import (
     GRAM_CLIENT_BYTES,
-    METHODS,
     NONPRIVATE_GAMMA,
-    ROUTES,
-    PcaParams,
     PcaPlan,
     plan_pca,
 )
@@ -115,16 +112,13 @@ __all__ = [
     "AUTO_MARGIN",
     "GRAM_CLIENT_BYTES",
     "MAX_CONCURRENT_TRIALS",
-    "METHODS",
     "NONPRIVATE_GAMMA",
     "RADIUS_SLACK",
-    "ROUTES",
     "ROW_CLIP",
     "SUB_BLOCK_BYTES",
     "ArrayRowSource",
     "AutoChoice",
     "MemoryJournal",
-    "PcaParams",
     "PcaPlan",
     "PcaRelease",
     "PcaResult",

@@ -114,7 +114,7 @@ def choose_method(params: Any, shape: tuple[int, int]) -> AutoChoice:
 
     Examples
     --------
-    >>> from pipeline.algorithms.pca import PcaParams
+    >>> from pipeline.params import PcaParams
     >>> p = PcaParams(rank=2, epsilon=1.0, delta=1e-6, method="auto")
     >>> choose_method(p, (1797, 64)).method
     'analyze-gauss'

@@ -10,82 +10,25 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pipeline._types import Shape2D
-from pipeline._validation import check_float_in_interval, check_int_in_range
+from pipeline._validation import check_int_in_range
 from pipeline.accounting.pca import calibrate_pca
 from pipeline.algorithms.pca.auto import choose_method
-from pipeline.errors import InvalidParameterError, PrivacyConfigError
+from pipeline.errors import InvalidParameterError
+from pipeline.params import PcaParams
 
 #: Eigenvalue floor of the non-private variant (only keeps B finite).
 NONPRIVATE_GAMMA = 1e-12
 #: Client memory allowed for the d x d Gram matrix before the two-pass route is used.
 GRAM_CLIENT_BYTES = 4 * 2**30
 
-METHODS = ("auto", "power", "analyze-gauss")
-ROUTES = ("auto", "gram", "two-pass")
-
 
 # --------------------------------------------------------------------------
 # Parameters and plan
 # --------------------------------------------------------------------------
-@dataclass(frozen=True, kw_only=True, slots=True)
-class PcaParams:
-    """Public parameters of one private PCA (all fixed before the data is read).
-
-    Attributes
-    ----------
-    rank : int
-        ``k``, ``1 <= k <= d``.
-    epsilon, delta : float or None
-        Budget (None only when ``private`` is False).
-    method : {"auto", "power", "analyze-gauss"}
-        ``"auto"`` picks one of the two (and ``T``, ``R``) from public
-        quantities (:mod:`pipeline.algorithms.pca.auto`).
-    iterations : int or None
-        ``T`` for the power method (required; never chosen from the data).
-    clip_radius : float or None
-        ``R`` for the power method (required when private).
-    accounting : {"gdp", "paper"}
-        Exact Gaussian (GDP) calibration, or the paper's literal constants.
-    sensitivity : {"tight", "paper"}
-        The exact sensitivities (default) or [P]'s (Gram and ``H``: 2 instead
-        of sqrt(2) under replacement; the same under add/remove).
-    neighboring : {"add-remove", "replace"}
-        One row present or zero (default, as ``factorize``), or replaced.
-    init_fraction, h_fraction : float
-        Budget split: initialisation vs iterations, ``H`` vs ``Z`` (spec 3.4).
-    beta : float
-        Failure probability of the utility analysis (sets ``gamma`` only).
-    gamma_scale : float
-        Public multiplier of the eigenvalue floor ``gamma``.
-    row_norm_bound : float
-        Public ``C``: rows are divided by it, then clipped to norm 1.
-    route : {"auto", "gram", "two-pass"}
-    private : bool
-        False: no clipping, no noise, ``gamma`` tiny, ``R`` infinite unless
-        given -- the classical block power method, for comparison only.
-    """
-
-    rank: int
-    epsilon: float | None = None
-    delta: float | None = None
-    method: str = "auto"
-    iterations: int | None = None
-    clip_radius: float | None = None
-    accounting: str = "gdp"
-    sensitivity: str = "tight"
-    neighboring: str = "add-remove"
-    init_fraction: float = 0.5
-    h_fraction: float = 0.5
-    beta: float = 0.1
-    gamma_scale: float = 1.0
-    row_norm_bound: float = 1.0
-    route: str = "auto"
-    private: bool = True
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -115,14 +58,6 @@ class PcaPlan:
             if self.params.method == "analyze-gauss"
             else int(self.params.iterations or 0)
         )
-
-
-def _choice(value: Any, name: str, allowed: Sequence[str]) -> str:
-    if value not in allowed:
-        raise InvalidParameterError(
-            f"{name} must be one of {', '.join(map(repr, allowed))}, got {name}={value!r}."
-        )
-    return str(value)
 
 
 def _iterations(method: str, iterations: Any) -> int:
@@ -160,30 +95,17 @@ def plan_pca(params: PcaParams, shape: Shape2D) -> PcaPlan:
     # k = d is allowed: the components are then an orthonormal basis ordered
     # by the released eigenvalues (eigenvalues has d entries, not k + 1)
     k = check_int_in_range(params.rank, "rank", 1, d, what="[1, n_features]")
-    if _choice(params.method, "method", METHODS) == "auto":
+    # the fields on their own (choices, bounds, budget) are PcaParams' checks
+    if params.method == "auto":
         params, auto = _resolve_auto(params, (n, d))
         return dataclasses.replace(plan_pca(params, shape), auto=auto)
-    method = params.method
-    route = _choice(params.route, "route", ROUTES)
-    _choice(params.neighboring, "neighboring", ("add-remove", "replace"))
-    check_float_in_interval(params.row_norm_bound, "row_norm_bound", 0.0, math.inf)
+    method, route = params.method, params.route
     if route == "auto":
         route = "gram" if 8 * d * d <= GRAM_CLIENT_BYTES else "two-pass"
     T = _iterations(method, params.iterations)
     passes = 1 + (T if route == "gram" else 2 * T)
-    if not params.private and (params.epsilon is not None or params.delta is not None):
-        raise PrivacyConfigError(
-            "a non-private run takes no epsilon or delta; drop them or drop non-private "
-            f"(got epsilon={params.epsilon!r}, delta={params.delta!r})."
-        )
     if not params.private:
-        R = (
-            math.inf
-            if params.clip_radius is None
-            else check_float_in_interval(
-                params.clip_radius, "clip_radius", 0.0, math.inf
-            )
-        )
+        R = math.inf if params.clip_radius is None else float(params.clip_radius)
         return PcaPlan(
             params=params,
             shape=(n, d),
@@ -196,11 +118,9 @@ def plan_pca(params: PcaParams, shape: Shape2D) -> PcaPlan:
             clip_radius=R,
             n_passes=passes,
         )
-    if params.epsilon is None or params.delta is None:
-        raise InvalidParameterError(
-            "epsilon and delta are required for a private PCA "
-            f"(got epsilon={params.epsilon!r}, delta={params.delta!r})."
-        )
+    # PcaParams refuses a private run without epsilon and delta
+    assert params.epsilon is not None
+    assert params.delta is not None
     cal = calibrate_pca(
         epsilon=params.epsilon,
         delta=params.delta,
@@ -240,11 +160,6 @@ def _resolve_auto(
         method = "analyze-gauss" if params.iterations is None else "power"
         out = dataclasses.replace(params, method=method)
         return out, {"chosen": method, "rule": "non-private run"}
-    if params.epsilon is None or params.delta is None:
-        raise InvalidParameterError(
-            "epsilon and delta are required for a private PCA "
-            f"(got epsilon={params.epsilon!r}, delta={params.delta!r})."
-        )
     choice = choose_method(params, shape)
     out = dataclasses.replace(
         params, method=choice.method, iterations=choice.iterations,
