@@ -122,14 +122,17 @@ def add_cluster(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--cluster",
-        metavar="FILE",
-        help="cluster configuration to start or connect to (cluster/*.yaml: "
-        "local, scheduler, ssh, slurm, pbs or a Kubernetes DaskCluster)",
+        metavar="NAME|FILE",
+        help="cluster configuration to start or connect to: an installed one by "
+        "name (local, processes, ssh, slurm, pbs, kubernetes; `dplr cluster "
+        "list`) or a file of your own (kinds local, scheduler, ssh, slurm, pbs, "
+        "or a Kubernetes DaskCluster)",
     )
 
 
 def cluster_of(args: argparse.Namespace) -> Any:
-    """The validated --cluster file, or None: checked before anything starts."""
+    """The validated --cluster file or installed name, or None: checked before
+    anything starts."""
     if args.cluster is None:
         return None
     from pipeline.execution.clusters import load_cluster_config

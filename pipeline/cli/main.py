@@ -13,7 +13,7 @@ import traceback
 from collections.abc import Callable, Sequence
 
 from pipeline._version import __version__
-from pipeline.cli import budget, data, factorize, nightly, pca, stream
+from pipeline.cli import budget, cluster, data, factorize, nightly, pca, stream
 from pipeline.cli.common import EXIT_BUDGET, EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from pipeline.errors import BudgetExceededError, PipelineError
 from pipeline.io.objectstore import redact
@@ -35,6 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     budget.add_parser(sub)
     stream.add_parser(sub)
     nightly.add_parser(sub)
+    cluster.add_parser(sub)
     return ap
 
 

@@ -112,7 +112,7 @@ def test_privacy_paragraph(obj: object) -> None:
 # --------------------------------------------------------------------------
 #: The layers, lowest first; a module imports only its own layer and those below.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "_types", "_validation", "_sealed", "_durable", "_version"),
+    ("errors", "_types", "_validation", "_sealed", "_durable", "_version", "_shipped"),
     ("params",),
     ("linalg",),
     ("sketches",),
