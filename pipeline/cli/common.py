@@ -11,8 +11,9 @@ nothing here imports another module of :mod:`pipeline.cli`.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from pipeline.errors import InvalidParameterError
@@ -20,6 +21,57 @@ from pipeline.io.objectstore import redact
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_BUDGET = 0, 1, 2, 3
 EXIT_LOCKED = 75  # EX_TEMPFAIL: a concurrent run holds the lock; try again later
+
+
+#: Python advice with no flag of the same name: its words on the command line.
+_CLI_PHRASES = (
+    ("with private=True", "without --non-private"),
+    ("private=True", "no --non-private"),
+    ("private=False", "--non-private"),
+)
+_ASSIGNMENT = re.compile(r"\b([a-z][a-z0-9_]*)=(True|'[^']*')")
+# not inside a path or a file name (a/b_c/d, b_c.zarr)
+_SNAKE = re.compile(r"(?<![\w/.-])[a-z][a-z0-9]*(?:_[a-z0-9]+)+(?![\w/-]|\.\w)")
+
+
+def cli_words(message: str, flags: Iterable[str]) -> str:
+    """An error of the Python layers in the words of the command line.
+
+    The layers below the CLI speak Python (``pass private=False``,
+    ``radius_grid ... apply to select=True only``), which is right for a caller
+    of the Python API. On the command line each parameter that is one of
+    ``flags`` becomes its flag: ``name=True`` -> ``--name``, ``name='v'`` ->
+    ``--name v``, a bare ``snake_name`` -> ``--snake-name``; ``private=False``
+    becomes ``--non-private``; ``--x (--x)`` collapses to ``--x``. Anything
+    else is left as it is.
+    """
+    known = set(flags)
+    for python, cli in _CLI_PHRASES:
+        message = message.replace(python, cli)
+
+    def assignment(m: re.Match[str]) -> str:
+        flag = "--" + m[1].replace("_", "-")
+        if flag not in known:
+            return m[0]
+        return flag if m[2] == "True" else f"{flag} {m[2].strip(chr(39))}"
+
+    def snake(m: re.Match[str]) -> str:
+        flag = "--" + m[0].replace("_", "-")
+        return flag if flag in known else m[0]
+
+    message = _SNAKE.sub(snake, _ASSIGNMENT.sub(assignment, message))
+    return re.sub(r"(--[a-z][a-z0-9-]*) \(\1\)", r"\1", message)
+
+
+def option_strings(parser: argparse.ArgumentParser) -> set[str]:
+    """Every ``--flag`` of ``parser`` and of its subcommands, recursively."""
+    found: set[str] = set()
+    for action in parser._actions:  # argparse keeps no public list of them
+        found.update(s for s in action.option_strings if s.startswith("--"))
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found |= option_strings(sub)
+    return found
 
 
 def pair(text: str) -> tuple[int, int]:
@@ -187,6 +239,13 @@ def ledger_lines(report: dict[str, Any]) -> list[str]:
     ]
 
 
+def time_field(report: dict[str, Any]) -> str:
+    """`` time=1.23s`` from the report's total time, or nothing when the report
+    has none (a private selection withholds it: it would reveal its trials)."""
+    total = report.get("timings_seconds", {}).get("total")
+    return "" if total is None else f" time={total:.2f}s"
+
+
 def factorize_summary(report: dict[str, Any], out: str) -> str:
     """The human summary of a factorization's report (``dplr factorize``
     without ``--json``, and ``dplr demo``)."""
@@ -207,8 +266,8 @@ def factorize_summary(report: dict[str, Any], out: str) -> str:
             lines.append("  NOT PRIVATE: noise drawn from --insecure-noise-seed")
     p = report["parameters"]
     lines.append(
-        f"  algorithm={report['algorithm']} t={p['sketch_size']} v={p['core_size']} passes={report['n_passes']} "
-        f"time={report['timings_seconds'].get('total', float('nan')):.2f}s"
+        f"  algorithm={report['algorithm']} t={p['sketch_size']} v={p['core_size']} passes={report['n_passes']}"
+        + time_field(report)
     )
     if report.get("resumed_from_journal"):
         lines.append(

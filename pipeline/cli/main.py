@@ -14,7 +14,14 @@ from collections.abc import Callable, Sequence
 
 from pipeline._version import __version__
 from pipeline.cli import budget, cluster, data, factorize, nightly, pca, stream
-from pipeline.cli.common import EXIT_BUDGET, EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from pipeline.cli.common import (
+    EXIT_BUDGET,
+    EXIT_FAILURE,
+    EXIT_OK,
+    EXIT_USAGE,
+    cli_words,
+    option_strings,
+)
 from pipeline.errors import BudgetExceededError, PipelineError
 from pipeline.io.objectstore import redact
 
@@ -45,16 +52,19 @@ def _version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``dplr``; returns the exit code."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
     # each verb's add_parser set its handler
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return handler(args)
     except BudgetExceededError as exc:
-        print(f"dplr: refused: {redact(str(exc))}", file=sys.stderr)
+        text = cli_words(str(exc), option_strings(parser))
+        print(f"dplr: refused: {redact(text)}", file=sys.stderr)
         return EXIT_BUDGET
     except PipelineError as exc:
-        print(f"dplr: error: {redact(str(exc))}", file=sys.stderr)
+        text = cli_words(str(exc), option_strings(parser))
+        print(f"dplr: error: {redact(text)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("dplr: interrupted; nothing was published.", file=sys.stderr)

@@ -15,6 +15,7 @@ from pipeline.cli.common import (
     ledger_lines,
     options_of,
     runtime_of,
+    time_field,
 )
 from pipeline.io.objectstore import redact
 
@@ -160,7 +161,11 @@ def _summary(report: dict[str, Any], out: str) -> str:
     sel = report.get("selection")
     if sel:
         if not sel["warm_start_gap_test_passed"]:
-            chosen = "warm-start gap test failed, Analyze Gauss estimate released"
+            chosen = (
+                "released the Analyze Gauss estimate: the released eigenvalues "
+                "show no eigengap above the noise between the k-th and the "
+                "(k+1)-th, so the candidates could not be compared"
+            )
         elif sel["selected_iterations"] == 0:
             chosen = "selected Analyze Gauss"
         else:
@@ -171,7 +176,7 @@ def _summary(report: dict[str, Any], out: str) -> str:
     radius = p["clip_radius"]
     lines.append(
         f"  T={p['iterations']} R={'none' if radius is None else f'{radius:.4g}'} route={p['route']} "
-        f"passes={report['n_passes']} time={report['timings_seconds'].get('total', float('nan')):.2f}s"
+        f"passes={report['n_passes']}" + time_field(report)
     )
     return "\n".join(lines)
 

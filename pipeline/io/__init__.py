@@ -10,6 +10,7 @@ destination's directory and renamed into place in one step.
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from pipeline.io.batches import generate_batch
     from pipeline.io.inputs import InputInfo, open_input
     from pipeline.io.journal import (
         FileJournal,
@@ -43,6 +44,7 @@ _HOME = {
     "write_release": "release",
     "generate_pca_store": "synthetic",
     "generate_store": "synthetic",
+    "generate_batch": "batches",
 }
 
 
@@ -60,6 +62,7 @@ __all__ = [
     "PendingJournal",
     "check_output_path",
     "default_journal_path",
+    "generate_batch",
     "generate_pca_store",
     "generate_store",
     "input_fingerprint",
