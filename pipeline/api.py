@@ -196,8 +196,9 @@ def factorize(
     scheduler : str or None
         Dask scheduler address.
     cluster_config : path, ClusterConfig or None
-        A cluster configuration file (``cluster/*.yaml``) to start or connect
-        to instead; not together with ``scheduler``.
+        A cluster configuration file (``cluster/*.yaml``), or the name of one
+        installed with the package (``"local"``, ``"slurm"``, ...), to start or
+        connect to instead; not together with ``scheduler``.
     journal : path or None
         The crash-recovery journal (trusted zone: it holds the exact sketches
         of the pass, the noise key and the sketch seed). Default

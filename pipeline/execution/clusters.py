@@ -4,7 +4,9 @@ Problem. A user names a YAML file (``dplr factorize ... --cluster FILE``) that
 says *where* the job runs -- an embedded LocalCluster, a running scheduler, SSH
 hosts, a Slurm or PBS queue, or a Kubernetes ``DaskCluster`` -- and this module
 turns it into a connected :class:`distributed.Client`. The files are data (the
-``cluster/`` folder holds commented examples); every rule about them lives here.
+``cluster/`` folder holds commented examples, installed with the package and
+addressable by name: ``--cluster slurm``, :func:`resolve_cluster_config`); every
+rule about them lives here.
 
 Schema. A mapping with ``kind`` (one of :data:`KINDS`) and the keys of that kind
 (:data:`FIELDS`); keys mirror the arguments of the class that starts the cluster
