@@ -4,7 +4,7 @@ the release options and runtime built from parsed arguments, and report lines.
 Used by :mod:`pipeline.cli.main` (the parser and ``main``) and by the verbs'
 modules (:mod:`pipeline.cli.factorize`, :mod:`pipeline.cli.budget`,
 :mod:`pipeline.cli.pca`, :mod:`pipeline.cli.data`, :mod:`pipeline.cli.stream`,
-:mod:`pipeline.cli.nightly`);
+:mod:`pipeline.cli.nightly`, :mod:`pipeline.cli.cluster`);
 nothing here imports another module of :mod:`pipeline.cli`.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from pipeline.errors import InvalidParameterError
@@ -63,15 +63,22 @@ def cli_words(message: str, flags: Iterable[str]) -> str:
     return re.sub(r"(--[a-z][a-z0-9-]*) \(\1\)", r"\1", message)
 
 
-def option_strings(parser: argparse.ArgumentParser) -> set[str]:
-    """Every ``--flag`` of ``parser`` and of its subcommands, recursively."""
+def option_strings(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[str]:
+    """The ``--flags`` of the command ``argv`` invoked: of ``parser`` and of each
+    subcommand on the way (``dplr stream init``: dplr's, stream's and init's)."""
     found: set[str] = set()
-    for action in parser._actions:  # argparse keeps no public list of them
-        found.update(s for s in action.option_strings if s.startswith("--"))
-        if isinstance(action, argparse._SubParsersAction):
-            for sub in action.choices.values():
-                found |= option_strings(sub)
-    return found
+    while True:
+        found.update(
+            s for a in parser._actions for s in a.option_strings if s.startswith("--")
+        )
+        # argparse keeps no public list of a parser's actions or subcommands
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        chosen = next(
+            (s.choices[w] for s in subs for w in argv if w in s.choices), None
+        )
+        if chosen is None:
+            return found
+        parser = chosen
 
 
 def pair(text: str) -> tuple[int, int]:

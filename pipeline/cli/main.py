@@ -53,17 +53,18 @@ def _version() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``dplr``; returns the exit code."""
     parser = _parser()
-    args = parser.parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    args = parser.parse_args(words)
     # each verb's add_parser set its handler
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return handler(args)
     except BudgetExceededError as exc:
-        text = cli_words(str(exc), option_strings(parser))
+        text = cli_words(str(exc), option_strings(parser, words))
         print(f"dplr: refused: {redact(text)}", file=sys.stderr)
         return EXIT_BUDGET
     except PipelineError as exc:
-        text = cli_words(str(exc), option_strings(parser))
+        text = cli_words(str(exc), option_strings(parser, words))
         print(f"dplr: error: {redact(text)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
