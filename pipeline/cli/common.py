@@ -29,9 +29,9 @@ _CLI_PHRASES = (
     ("private=True", "no --non-private"),
     ("private=False", "--non-private"),
 )
-_ASSIGNMENT = re.compile(r"\b([a-z][a-z0-9_]*)=(True|'[^']*')")
+_ASSIGNMENT = re.compile(r"(?<![\w/.-])([a-z][a-z0-9_]*)=(True|False|None|'[^']*')")
 # not inside a path or a file name (a/b_c/d, b_c.zarr)
-_SNAKE = re.compile(r"(?<![\w/.-])[a-z][a-z0-9]*(?:_[a-z0-9]+)+(?![\w/-]|\.\w)")
+_SNAKE = re.compile(r"(?<![\w/.-])[a-z][a-z0-9]*(?:_[a-z0-9]+)+(?![\w/=-]|\.\w)")
 
 
 def cli_words(message: str, flags: Iterable[str]) -> str:
@@ -40,10 +40,11 @@ def cli_words(message: str, flags: Iterable[str]) -> str:
     The layers below the CLI speak Python (``pass private=False``,
     ``radius_grid ... apply to select=True only``), which is right for a caller
     of the Python API. On the command line each parameter that is one of
-    ``flags`` becomes its flag: ``name=True`` -> ``--name``, ``name='v'`` ->
-    ``--name v``, a bare ``snake_name`` -> ``--snake-name``; ``private=False``
-    becomes ``--non-private``; ``--x (--x)`` collapses to ``--x``. Anything
-    else is left as it is.
+    ``flags`` becomes its flag: ``name=True`` -> ``--name``, ``name=None`` (or
+    False) -> ``no --name``, ``name='v'`` -> ``--name v``, a bare ``snake_name``
+    -> ``--snake-name``; ``private=False`` becomes ``--non-private``; ``--x
+    (--x)`` collapses to ``--x``. A reported value (``got rank=600``), a file's
+    key and a name that is no flag of this command are left as they are.
     """
     known = set(flags)
     for python, cli in _CLI_PHRASES:
@@ -53,7 +54,9 @@ def cli_words(message: str, flags: Iterable[str]) -> str:
         flag = "--" + m[1].replace("_", "-")
         if flag not in known:
             return m[0]
-        return flag if m[2] == "True" else f"{flag} {m[2].strip(chr(39))}"
+        if m[2] in ("True", "False", "None"):
+            return flag if m[2] == "True" else f"no {flag}"
+        return f"{flag} {m[2].strip(chr(39))}"
 
     def snake(m: re.Match[str]) -> str:
         flag = "--" + m[0].replace("_", "-")
