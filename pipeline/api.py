@@ -194,8 +194,9 @@ def factorize(
     scheduler : str or None
         Dask scheduler address.
     cluster_config : path, ClusterConfig or None
-        A cluster configuration file (``cluster/*.yaml``) to start or connect
-        to instead; not together with ``scheduler``.
+        A cluster configuration file (``cluster/*.yaml``), or the name of one
+        installed with the package (``"local"``, ``"slurm"``, ...), to start or
+        connect to instead; not together with ``scheduler``.
     journal : path or None
         The crash-recovery journal (trusted zone: it holds the exact sketches
         of the pass, the noise key and the sketch seed). Default
@@ -310,7 +311,7 @@ def plan_factorization(source: Any, params: LrfParams) -> list[dict[str, Any]]:
     >>> [(r["algorithm"], r["passes"]) for r in rows]
     [('spectral', 1), ('low-space', 1), ('two-pass', 2)]
     """
-    from pipeline.io import open_input
+    from pipeline.io import open_input  # heavy: zarr
 
     if not params.private:
         raise PrivacyConfigError(

@@ -9,6 +9,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pipeline._validation import check_privacy_pair
 from pipeline.cli.common import EXIT_OK
 from pipeline.io.objectstore import local_path
 
@@ -51,7 +52,10 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """``dplr budget init|show``: declare or show a dataset's lifetime budget."""
+    # heavy: scipy, kept off the import path of `dplr --help`
     from pipeline.accounting.ledger import Ledger
+
+    # heavy: scipy, kept off the import path of `dplr --help`
     from pipeline.jobs.engine import default_ledger_of
 
     # beside a local store; an object-store dataset must name its ledger
@@ -61,8 +65,6 @@ def run(args: argparse.Namespace) -> int:
         else default_ledger_of(args.dataset)
     )
     if args.budget_command == "init":
-        from pipeline._validation import check_privacy_pair
-
         eps, dlt = check_privacy_pair(args.epsilon, args.delta)
         Ledger.create(
             path,

@@ -4,15 +4,16 @@ the release options and runtime built from parsed arguments, and report lines.
 Used by :mod:`pipeline.cli.main` (the parser and ``main``) and by the verbs'
 modules (:mod:`pipeline.cli.factorize`, :mod:`pipeline.cli.budget`,
 :mod:`pipeline.cli.pca`, :mod:`pipeline.cli.data`, :mod:`pipeline.cli.stream`,
-:mod:`pipeline.cli.nightly`);
+:mod:`pipeline.cli.nightly`, :mod:`pipeline.cli.cluster`);
 nothing here imports another module of :mod:`pipeline.cli`.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from pipeline.errors import InvalidParameterError
@@ -21,6 +22,67 @@ from pipeline.params import ReleaseOptions, Runtime, assemble, flag_fields
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_BUDGET = 0, 1, 2, 3
 EXIT_LOCKED = 75  # EX_TEMPFAIL: a concurrent run holds the lock; try again later
+
+
+#: Python advice with no flag of the same name: its words on the command line.
+_CLI_PHRASES = (
+    ("with private=True", "without --non-private"),
+    ("private=True", "no --non-private"),
+    ("private=False", "--non-private"),
+)
+_ASSIGNMENT = re.compile(r"(?<![\w/.-])([a-z][a-z0-9_]*)=(True|False|None|'[^']*')")
+# not inside a path or a file name (a/b_c/d, b_c.zarr)
+_SNAKE = re.compile(r"(?<![\w/.-])[a-z][a-z0-9]*(?:_[a-z0-9]+)+(?![\w/=-]|\.\w)")
+
+
+def cli_words(message: str, flags: Iterable[str]) -> str:
+    """An error of the Python layers in the words of the command line.
+
+    The layers below the CLI speak Python (``pass private=False``,
+    ``radius_grid ... apply to select=True only``), which is right for a caller
+    of the Python API. On the command line each parameter that is one of
+    ``flags`` becomes its flag: ``name=True`` -> ``--name``, ``name=None`` (or
+    False) -> ``no --name``, ``name='v'`` -> ``--name v``, a bare ``snake_name``
+    -> ``--snake-name``; ``private=False`` becomes ``--non-private``; ``--x
+    (--x)`` collapses to ``--x``. A reported value (``got rank=600``), a file's
+    key and a name that is no flag of this command are left as they are.
+    """
+    known = set(flags)
+    for python, cli in _CLI_PHRASES:
+        message = message.replace(python, cli)
+
+    def assignment(m: re.Match[str]) -> str:
+        flag = "--" + m[1].replace("_", "-")
+        if flag not in known:
+            return m[0]
+        if m[2] in ("True", "False", "None"):
+            return flag if m[2] == "True" else f"no {flag}"
+        return f"{flag} {m[2].strip(chr(39))}"
+
+    def snake(m: re.Match[str]) -> str:
+        flag = "--" + m[0].replace("_", "-")
+        return flag if flag in known else m[0]
+
+    message = _SNAKE.sub(snake, _ASSIGNMENT.sub(assignment, message))
+    return re.sub(r"(--[a-z][a-z0-9-]*) \(\1\)", r"\1", message)
+
+
+def option_strings(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[str]:
+    """The ``--flags`` of the command ``argv`` invoked: of ``parser`` and of each
+    subcommand on the way (``dplr stream init``: dplr's, stream's and init's)."""
+    found: set[str] = set()
+    while True:
+        found.update(
+            s for a in parser._actions for s in a.option_strings if s.startswith("--")
+        )
+        # argparse keeps no public list of a parser's actions or subcommands
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        chosen = next(
+            (s.choices[w] for s in subs for w in argv if w in s.choices), None
+        )
+        if chosen is None:
+            return found
+        parser = chosen
 
 
 def pair(text: str) -> tuple[int, int]:
@@ -128,16 +190,20 @@ def add_cluster(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--cluster",
-        metavar="FILE",
-        help="cluster configuration to start or connect to (cluster/*.yaml: "
-        "local, scheduler, ssh, slurm, pbs or a Kubernetes DaskCluster)",
+        metavar="NAME|FILE",
+        help="cluster configuration to start or connect to: an installed one by "
+        "name (local, processes, ssh, slurm, pbs, kubernetes; `dplr cluster "
+        "list`) or a file of your own (kinds local, scheduler, ssh, slurm, pbs, "
+        "or a Kubernetes DaskCluster)",
     )
 
 
 def cluster_of(args: argparse.Namespace) -> Any:
-    """The validated --cluster file, or None: checked before anything starts."""
+    """The validated --cluster file or installed name, or None: checked before
+    anything starts."""
     if args.cluster is None:
         return None
+    # heavy: zarr, kept off the import path of `dplr --help`
     from pipeline.execution.clusters import load_cluster_config
 
     return load_cluster_config(args.cluster)
@@ -148,7 +214,7 @@ def unless_locked(
 ) -> int:
     """``handler(args)``, or exit code 75 (retry later) when another run holds the
     stream's lock; any other error propagates to main()."""
-    # zarr is behind pipeline.io: kept off the import path of ``dplr --help``
+    # heavy: zarr, behind pipeline.io: kept off the import path of ``dplr --help``
     from pipeline.io.stream_state import StateLockedError
 
     try:
@@ -210,6 +276,13 @@ def warn_signal(report: dict[str, Any]) -> None:
         print(f"dplr: warning: {sig['advice']}", file=sys.stderr)
 
 
+def time_field(report: dict[str, Any]) -> str:
+    """`` time=1.23s`` from the report's total time, or nothing when the report
+    has none (a private selection withholds it: it would reveal its trials)."""
+    total = report.get("timings_seconds", {}).get("total")
+    return "" if total is None else f" time={total:.2f}s"
+
+
 def factorize_summary(report: dict[str, Any], out: str) -> str:
     """The human summary of a factorization's report (``dplr factorize``
     without ``--json``, and ``dplr demo``)."""
@@ -231,8 +304,8 @@ def factorize_summary(report: dict[str, Any], out: str) -> str:
         lines.extend(signal_lines(report))
     p = report["parameters"]
     lines.append(
-        f"  algorithm={report['algorithm']} t={p['sketch_size']} v={p['core_size']} passes={report['n_passes']} "
-        f"time={report['timings_seconds'].get('total', float('nan')):.2f}s"
+        f"  algorithm={report['algorithm']} t={p['sketch_size']} v={p['core_size']} passes={report['n_passes']}"
+        + time_field(report)
     )
     if report.get("resumed_from_journal"):
         lines.append(

@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import sys
 import tempfile
 from typing import Any
@@ -63,15 +64,28 @@ def _add_generate_parser(sub: Any) -> None:
             "SUPPORT). The exact ground truth is stored in the array attributes."
         ),
     )
-    g.add_argument("out", metavar="OUT", help="path of the new Zarr array")
+    g.add_argument(
+        "out",
+        metavar="OUT",
+        help="path of the new Zarr array (stream-batch: a .parquet, .csv, .npz "
+        "or .zarr batch file)",
+    )
     g.add_argument("--rows", type=int, required=True)
     g.add_argument("--cols", type=int, required=True)
     g.add_argument(
         "--kind",
-        choices=("lowrank", "pca-coherent"),
+        choices=("lowrank", "pca-coherent", "stream-batch"),
         default="lowrank",
         help="lowrank (default): prescribed decay; pca-coherent: chosen "
-        "coherence and eigengap, built in memory (ROWS * COLS <= 2^26)",
+        "coherence and eigengap, built in memory (ROWS * COLS <= 2^26); "
+        "stream-batch: a batch of --updates random updates (entity, i, j, s) "
+        "for `dplr stream ingest`, each entity a row (entity = i)",
+    )
+    g.add_argument(
+        "--updates",
+        type=int,
+        default=10000,
+        help="stream-batch: number of updates (default 10000)",
     )
     _add_coherent_options(g.add_argument_group("pca-coherent"))
     g.add_argument(
@@ -126,10 +140,19 @@ def _add_demo_parser(sub: Any) -> None:
         help="generate a sample matrix and factorize it on an embedded cluster",
         description="Generate a 20000 x 2000 sample matrix with entries of order 1 and a rank-2 signal, "
         "declare a lifetime budget, release a (2, 1e-6)-DP rank-2 factorization with "
-        "entry-level privacy on an embedded LocalCluster, and print the report.",
+        "entry-level privacy on an embedded LocalCluster, and print its summary "
+        "(--json: the full report). The files go to a temporary directory that is "
+        "removed at the end, or to --dir, which is kept.",
     )
     d.add_argument(
-        "--dir", help="working directory (default: a new temporary directory)"
+        "--dir",
+        help="working directory, kept afterwards (default: a new temporary "
+        "directory, removed at the end)",
+    )
+    d.add_argument(
+        "--json",
+        action="store_true",
+        help="print the release's full privacy report (JSON) instead of its summary",
     )
     d.add_argument("--rows", type=int, default=20000)
     d.add_argument("--cols", type=int, default=2000)
@@ -144,7 +167,7 @@ def _add_demo_parser(sub: Any) -> None:
 
 def run_generate(args: argparse.Namespace) -> int:
     """``dplr generate``: a synthetic store with its ground truth in the attributes."""
-    from pipeline.io import generate_store
+    from pipeline.io import generate_store  # heavy: zarr
 
     def bar(done: int, total: int) -> None:
         sys.stderr.write(
@@ -155,6 +178,8 @@ def run_generate(args: argparse.Namespace) -> int:
 
     if args.kind == "pca-coherent":
         return _generate_pca(args, bar)
+    if args.kind == "stream-batch":
+        return _generate_batch(args)
     given = [
         f"--{name.replace('_', '-')}"
         for name in ("rank", "support", "top", "bottom", "head_ratio")
@@ -198,8 +223,30 @@ def _wrote(args: argparse.Namespace, detail: str) -> int:
     return EXIT_OK
 
 
+def _generate_batch(args: argparse.Namespace) -> int:
+    """``--kind stream-batch``: uniform cells, standard normal values, entity = row."""
+    from pipeline.io import generate_batch  # heavy: zarr
+
+    if os.path.lexists(args.out) and not args.overwrite:
+        raise InvalidParameterError(
+            f"{args.out!r} exists; pass --overwrite to replace it."
+        )
+    generate_batch(
+        args.out,
+        (args.rows, args.cols),
+        args.updates,
+        seed=args.seed,
+        overwrite=args.overwrite,
+    )
+    print(
+        f"wrote a batch of {args.updates} updates (entity, i, j, s) of a "
+        f"{args.rows} x {args.cols} stream to {args.out}"
+    )
+    return EXIT_OK
+
+
 def _generate_pca(args: argparse.Namespace, bar: Any) -> int:
-    from pipeline.io import generate_pca_store
+    from pipeline.io import generate_pca_store  # heavy: zarr
 
     missing = [
         f"--{name}"
@@ -231,20 +278,48 @@ def _generate_pca(args: argparse.Namespace, bar: Any) -> int:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    """``dplr demo``: generate a sample store, declare its budget, release, print the report."""
-    from pipeline.api import factorize, make_params
-    from pipeline.io import generate_store
+    """``dplr demo``: generate a sample store, declare its budget, release, print
+    the summary (``--json``: the report); a temporary directory is removed."""
+    # heavy: scipy, kept off the import path of `dplr --help`
+    from pipeline.api import make_params
 
     # the release's parameters are checked before anything is written
     params = make_params(
         args.rank, epsilon=args.epsilon, delta=args.delta, unit="entry"
     )
-    work = args.dir or tempfile.mkdtemp(prefix="dplr-demo-")
-    os.makedirs(work, exist_ok=True)
+    if args.dir is not None:
+        os.makedirs(args.dir, exist_ok=True)
+        _demo(args, params, args.dir)
+        _say(args, f"the demo's files are in {args.dir} (kept)")
+        return EXIT_OK
+    work = tempfile.mkdtemp(prefix="dplr-demo-")
+    try:
+        _demo(args, params, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    _say(
+        args,
+        f"removed the demo's temporary directory {work} (--dir DIR keeps the files)",
+    )
+    return EXIT_OK
+
+
+def _say(args: argparse.Namespace, line: str) -> None:
+    """A line of the demo's story: stdout, or stderr when stdout is --json's."""
+    print(line, file=sys.stderr if args.json else sys.stdout, flush=True)
+
+
+def _demo(args: argparse.Namespace, params: Any, work: str) -> None:
+    # heavy: scipy, kept off the import path of `dplr --help`
+    from pipeline.api import factorize
+    from pipeline.io import generate_store  # heavy: zarr
+
     store = os.path.join(work, "sample.zarr")
     out = os.path.join(work, "release.zarr")
-    print(
-        f"1/3 generating a {args.rows} x {args.cols} matrix with a rank-{args.rank} signal, entries of order 1, at {store}"
+    _say(
+        args,
+        f"1/3 generating a {args.rows} x {args.cols} matrix with a rank-{args.rank} "
+        f"signal, entries of order 1, at {store}",
     )
     # entry-level privacy: one individual owns one cell (|a_ij| <= C = 1 after clipping);
     # a released U is per-row output, so row-level privacy would drown it in noise
@@ -264,10 +339,13 @@ def run_demo(args: argparse.Namespace) -> int:
     for stale in (ledger, ledger + ".lock"):
         if os.path.exists(stale):
             os.remove(stale)  # the demo's store is new, so is its budget
-    print(f"2/3 declaring a lifetime budget of (epsilon=10, delta=1e-5) in {ledger}")
-    print(
-        f"3/3 releasing a rank-{args.rank} ({args.epsilon:g}, {args.delta:g})-DP factorization "
-        f"({params.algorithm.value}, unit=entry, C=1)"
+    _say(
+        args, f"2/3 declaring a lifetime budget of (epsilon=10, delta=1e-5) in {ledger}"
+    )
+    _say(
+        args,
+        f"3/3 releasing a rank-{args.rank} ({args.epsilon:g}, {args.delta:g})-DP "
+        f"factorization ({params.algorithm.value}, unit=entry, C=1)",
     )
     result = factorize(
         store,
@@ -282,11 +360,12 @@ def run_demo(args: argparse.Namespace) -> int:
         scheduler=args.scheduler,
         progress=sys.stderr,
     )
-    print(json.dumps(result.report, indent=2))
+    if args.json:
+        print(json.dumps(result.report, indent=2), flush=True)
+        return
     print(factorize_summary(result.report, out))
     true = ", ".join(f"{x:.1f}" for x in meta["singular_values"][: args.rank + 1])
     print(
         f"  released S = [{', '.join(f'{x:.1f}' for x in result.S)}]; the synthetic matrix's true "
         f"singular values are [{true}] (known because the demo generated it)"
     )
-    return EXIT_OK

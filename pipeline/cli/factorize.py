@@ -77,6 +77,7 @@ def _lrf_params_of(args: argparse.Namespace) -> LrfParams:
 
 def run(args: argparse.Namespace) -> int:
     """``dplr factorize``: a private (or non-private) factorization of a Zarr matrix."""
+    # heavy: scipy, kept off the import path of `dplr --help`
     from pipeline.api import release_factorization
 
     if args.plan:
@@ -102,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
     """``dplr factorize --plan``: the error model's table, from metadata alone."""
+    # heavy: scipy, kept off the import path of `dplr --help`
     from pipeline.api import plan_factorization
 
     rows = plan_factorization(args.input, _lrf_params_of(args))

@@ -13,8 +13,15 @@ import traceback
 from collections.abc import Callable, Sequence
 
 from pipeline._version import __version__
-from pipeline.cli import budget, data, factorize, nightly, pca, show, stream
-from pipeline.cli.common import EXIT_BUDGET, EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from pipeline.cli import budget, cluster, data, factorize, nightly, pca, show, stream
+from pipeline.cli.common import (
+    EXIT_BUDGET,
+    EXIT_FAILURE,
+    EXIT_OK,
+    EXIT_USAGE,
+    cli_words,
+    option_strings,
+)
 from pipeline.errors import BudgetExceededError, PipelineError
 from pipeline.io.objectstore import redact
 
@@ -36,6 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     stream.add_parser(sub)
     nightly.add_parser(sub)
     show.add_parser(sub)
+    cluster.add_parser(sub)
     return ap
 
 
@@ -50,16 +58,20 @@ def _said(exc: PipelineError) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``dplr``; returns the exit code."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    words = sys.argv[1:] if argv is None else list(argv)
+    args = parser.parse_args(words)
     # each verb's add_parser set its handler
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return handler(args)
     except BudgetExceededError as exc:
-        print(f"dplr: refused: {redact(_said(exc))}", file=sys.stderr)
+        text = cli_words(_said(exc), option_strings(parser, words))
+        print(f"dplr: refused: {redact(text)}", file=sys.stderr)
         return EXIT_BUDGET
     except PipelineError as exc:
-        print(f"dplr: error: {redact(_said(exc))}", file=sys.stderr)
+        text = cli_words(_said(exc), option_strings(parser, words))
+        print(f"dplr: error: {redact(text)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("dplr: interrupted; nothing was published.", file=sys.stderr)

@@ -8,9 +8,13 @@ changed), 3 exhausted budget or horizon, 75 another run holds the stream's lock
 from __future__ import annotations
 
 import argparse
+import datetime
+import os
 from typing import Any
 
+from pipeline._shipped import shipped_file, shipped_files
 from pipeline.cli.common import unless_locked
+from pipeline.errors import InvalidParameterError
 
 
 def add_parser(sub: Any) -> None:
@@ -27,9 +31,14 @@ def add_parser(sub: Any) -> None:
     n.add_argument(
         "--config",
         required=True,
-        help="the job's TOML file (see workflows/nightly.toml)",
+        help="the job's TOML file, or the name of an installed example "
+        "(nightly; `dplr cluster list` shows where it is)",
     )
-    n.add_argument("--date", required=True, help="YYYY-MM-DD")
+    n.add_argument(
+        "--date",
+        help="YYYY-MM-DD (default: today's local date, printed; scheduled runs "
+        "pass yesterday's date, see workflows/README.md)",
+    )
     n.add_argument(
         "--dry-run",
         action="store_true",
@@ -44,12 +53,31 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _nightly(a: argparse.Namespace) -> int:
+    # heavy: zarr, kept off the import path of `dplr --help`
     from pipeline.jobs.nightly import parse_date, run_nightly
 
-    run_nightly(
-        a.config,
-        parse_date(a.date),
-        dry_run=a.dry_run,
-        say=lambda s: print(s, flush=True),
-    )
+    config = job_file(a.config)
+    if a.date is None:
+        day = datetime.date.today()
+        print(
+            f"date {day.isoformat()} (today's local date: no --date given)", flush=True
+        )
+    else:
+        day = parse_date(a.date)
+    run_nightly(config, day, dry_run=a.dry_run, say=lambda s: print(s, flush=True))
     return 0
+
+
+def job_file(config: str) -> str:
+    """The job file ``--config`` names: an existing file, else the installed
+    example of that name (``nightly``)."""
+    if os.path.exists(config):
+        return config
+    found = shipped_file("workflows", config)
+    if found is not None:
+        return os.fspath(found)
+    names = ", ".join(shipped_files("workflows")) or "none"
+    raise InvalidParameterError(
+        f"job file {config!r} does not exist and is not the name of an installed "
+        f"example ({names}; `dplr cluster list` shows where they are)."
+    )

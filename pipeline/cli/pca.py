@@ -18,6 +18,7 @@ from pipeline.cli.common import (
     params_of,
     runtime_of,
     signal_lines,
+    time_field,
     warn_signal,
 )
 from pipeline.io.objectstore import redact
@@ -118,7 +119,11 @@ def _summary(report: dict[str, Any], out: str) -> str:
     sel = report.get("selection")
     if sel:
         if not sel["warm_start_gap_test_passed"]:
-            chosen = "warm-start gap test failed, Analyze Gauss estimate released"
+            chosen = (
+                "released the Analyze Gauss estimate: the released eigenvalues "
+                "show no eigengap above the noise between the k-th and the "
+                "(k+1)-th, so the candidates could not be compared"
+            )
         elif sel["selected_iterations"] == 0:
             chosen = "selected Analyze Gauss"
         else:
@@ -129,13 +134,14 @@ def _summary(report: dict[str, Any], out: str) -> str:
     radius = p["clip_radius"]
     lines.append(
         f"  T={p['iterations']} R={'none' if radius is None else f'{radius:.4g}'} route={p['route']} "
-        f"passes={report['n_passes']} time={report['timings_seconds'].get('total', float('nan')):.2f}s"
+        f"passes={report['n_passes']}" + time_field(report)
     )
     return "\n".join(lines)
 
 
 def _params_of(args: argparse.Namespace) -> tuple[PcaParams, Selection | None]:
     """The parameters of ``dplr pca`` (what is released), validated; and its selection."""
+    # heavy: scipy, kept off the import path of `dplr --help`
     from pipeline.api import Selection
 
     params = params_of(PcaParams, args)
@@ -146,6 +152,7 @@ def _params_of(args: argparse.Namespace) -> tuple[PcaParams, Selection | None]:
 
 def run(args: argparse.Namespace) -> int:
     """``dplr pca``: one release through :func:`pipeline.api.release_pca`."""
+    # heavy: scipy, kept off the import path of `dplr --help`
     from pipeline.api import release_pca
 
     params, selection = _params_of(args)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import Any
 
 from pipeline.cli.common import (
@@ -107,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _init(a: argparse.Namespace) -> int:
+    # heavy: zarr, kept off the import path of `dplr --help`
     from pipeline.jobs.stream import stream_init
 
     kw = params_kwargs(StreamParams, a)
@@ -126,6 +128,7 @@ def _init(a: argparse.Namespace) -> int:
         f"{info.algorithm}, {info.levels} tree levels, {what}"
     )
     if info.ledger is not None:
+        # heavy: scipy, kept off the import path of `dplr --help`
         from pipeline.accounting.ledger import Ledger
 
         book = Ledger.open(info.ledger)
@@ -139,6 +142,7 @@ def _init(a: argparse.Namespace) -> int:
 
 
 def _ingest(a: argparse.Namespace) -> int:
+    # heavy: zarr, kept off the import path of `dplr --help`
     from pipeline.jobs.stream import stream_ingest
 
     out = stream_ingest(a.state, a.batch, epoch=a.epoch)
@@ -148,8 +152,8 @@ def _ingest(a: argparse.Namespace) -> int:
 
 
 def _release(a: argparse.Namespace) -> int:
-    import os
 
+    # heavy: zarr, kept off the import path of `dplr --help`
     from pipeline.jobs.stream import stream_release
 
     if (
@@ -159,6 +163,7 @@ def _release(a: argparse.Namespace) -> int:
     ):
         f, new = stream_release(a.state, epoch=a.epoch, out=a.out)
     else:
+        # heavy: zarr, kept off the import path of `dplr --help`
         from pipeline.execution import cluster_client
 
         with cluster_client(a.scheduler, cluster_config=cluster_of(a)) as (client, _):
@@ -186,6 +191,7 @@ def _release(a: argparse.Namespace) -> int:
 
 
 def _status(a: argparse.Namespace) -> int:
+    # heavy: zarr, kept off the import path of `dplr --help`
     from pipeline.jobs.stream import stream_status
 
     print(json.dumps(stream_status(a.state).to_dict(), indent=2))

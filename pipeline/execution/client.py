@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import functools
 import importlib.metadata
 import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any, TextIO, cast
 
+import dask
 from distributed import Client, LocalCluster, default_client
 from distributed.core import PooledRPCCall, rpc
 
 from pipeline.errors import (
     ClusterMismatchError,
     InvalidParameterError,
+    PipelineError,
     SchedulerUnavailableError,
 )
 from pipeline.execution.clusters import (
@@ -118,6 +123,7 @@ def cluster_client(
         check_worker_versions(active)
         yield active, _info(active, "active")
         return
+    check_script_guard()
     with (
         LocalCluster(**local_cluster_kwargs({"n_workers": n_workers})) as cluster,
         Client(cluster, set_as_default=False) as client,
@@ -136,6 +142,8 @@ def _configured(
     """The cluster of a configuration file: validated before anything starts."""
     if not isinstance(config, ClusterConfig):
         config = load_cluster_config(config)
+    if config.kind == "local" and config.options.get("processes", True):
+        check_script_guard()
 
     def announce(line: str) -> None:
         if progress is not None:
@@ -145,6 +153,105 @@ def _configured(
         if config.kind != "local":
             check_worker_versions(client)
         yield client, _info(client, config.kind)
+
+
+def check_script_guard() -> None:
+    """Refuse to start local worker processes from the unguarded top level of a
+    script, in one line that shows the guard.
+
+    Worker processes of a local cluster are started by ``multiprocessing`` with
+    the ``spawn`` method (distributed's ``distributed.worker.multiprocessing-
+    method``; ``forkserver`` behaves alike). A spawned process first re-imports
+    the parent's main script as ``__mp_main__``: a call at the script's top
+    level then runs again in every worker, which tries to start a cluster of its
+    own during its bootstrap. distributed reports this as one traceback per
+    worker ("Nanny failed to start") or hangs. Its documented answer is the
+    guard (docs/source/local-cluster.rst: "Within a Python script you need to
+    start a local cluster in the ``if __name__ == '__main__'`` block"; issues
+    dask/distributed#2422, #4751).
+
+    We keep that answer and make the failure clear rather than hide the
+    re-import: suppressing it would mean patching ``multiprocessing``'s global
+    state (``__main__.__spec__`` or ``spawn.get_preparation_data``) for every
+    thread of the user's process while the job runs, and the user's own Dask or
+    multiprocessing code in the same script needs the guard anyway.
+
+    The check mirrors ``multiprocessing.spawn.get_preparation_data``: a main
+    module run with ``-m`` whose name is ``__main__`` or ends in ``.__main__``
+    (``python -m pipeline``) is not re-imported; a main module with a file is.
+    The call is refused when the outermost frame of that file's module code is
+    on a line outside an ``if __name__ == "__main__":`` block (read from the
+    file's AST). Interactive sessions, notebooks and ``python -c`` have no such
+    file and pass; so does the ``fork`` start method.
+
+    Raises
+    ------
+    PipelineError
+        Naming the script and the line, and showing the guard.
+    """
+    if dask.config.get("distributed.worker.multiprocessing-method", "spawn") == "fork":
+        return
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    name = getattr(spec, "name", None)
+    if name is not None and (name == "__main__" or name.endswith(".__main__")):
+        return
+    path = getattr(main, "__file__", None)
+    if not isinstance(path, str):
+        return
+    line = _top_level_line(os.path.realpath(path))
+    if line is None:
+        return
+    try:
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read())
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return
+    if _under_main_guard(tree, line):
+        return
+    raise PipelineError(
+        f"{os.path.basename(path)}, line {line}: a script that starts dplr's local "
+        'cluster must do so under `if __name__ == "__main__":` (its worker '
+        "processes re-import the script and would run this line again); indent "
+        "the call under that line, or pass scheduler= the address of a running "
+        "cluster."
+    )
+
+
+def _top_level_line(path: str) -> int | None:
+    """The line of the outermost frame running ``path``'s module code, if any."""
+    line = None
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "<module>" and os.path.realpath(code.co_filename) == path:
+            line = frame.f_lineno
+        frame = frame.f_back
+    return line
+
+
+def _is_main_test(test: ast.expr) -> bool:
+    """``__name__ == "__main__"`` (either way round)."""
+    if not (
+        isinstance(test, ast.Compare)
+        and len(test.ops) == 1
+        and isinstance(test.ops[0], ast.Eq)
+    ):
+        return False
+    sides = [test.left, test.comparators[0]]
+    return any(isinstance(s, ast.Name) and s.id == "__name__" for s in sides) and any(
+        isinstance(s, ast.Constant) and s.value == "__main__" for s in sides
+    )
+
+
+def _under_main_guard(tree: ast.Module, line: int) -> bool:
+    """Whether ``line`` lies in the body of an ``if __name__ == "__main__":``."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and _is_main_test(node.test) and node.body:
+            first, last = node.body[0].lineno, node.body[-1].end_lineno
+            if first <= line <= (last or first):
+                return True
+    return False
 
 
 def _info(client: Client, kind: str) -> ClusterInfo:

@@ -4,7 +4,9 @@ Problem. A user names a YAML file (``dplr factorize ... --cluster FILE``) that
 says *where* the job runs -- an embedded LocalCluster, a running scheduler, SSH
 hosts, a Slurm or PBS queue, or a Kubernetes ``DaskCluster`` -- and this module
 turns it into a connected :class:`distributed.Client`. The files are data (the
-``cluster/`` folder holds commented examples); every rule about them lives here.
+``cluster/`` folder holds commented examples, installed with the package and
+addressable by name: ``--cluster slurm``, :func:`resolve_cluster_config`); every
+rule about them lives here.
 
 Schema. A mapping with ``kind`` (one of :data:`KINDS`) and the keys of that kind
 (:data:`FIELDS`); keys mirror the arguments of the class that starts the cluster
@@ -34,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from distributed import Client, LocalCluster, SSHCluster
 
+from pipeline._shipped import cluster_configs, shipped_file, shipped_folder
 from pipeline.errors import (
     InvalidParameterError,
     PipelineError,
@@ -50,6 +53,7 @@ __all__ = [
     "cluster_kwargs",
     "load_cluster_config",
     "local_cluster_kwargs",
+    "resolve_cluster_config",
     "start_from_config",
     "validate_cluster_config",
 ]
@@ -220,6 +224,31 @@ class ClusterConfig:
 # -------------------------------------------------------------------- loading
 
 
+def resolve_cluster_config(path: str | os.PathLike[str]) -> str:
+    """The file a ``--cluster`` value names: an existing file, else the
+    installed configuration of that name (``local``, ``slurm``, ...).
+
+    Raises
+    ------
+    InvalidParameterError
+        Neither a file nor an installed name; the message lists the names.
+    """
+    where = os.fspath(path)
+    if os.path.exists(where):
+        return where
+    installed = cluster_configs()
+    found = shipped_file("cluster", where)
+    if found is not None and found.stem in installed:
+        return os.fspath(found)
+    folder = shipped_folder("cluster")
+    names = ", ".join(installed) or "none"
+    raise InvalidParameterError(
+        f"cluster configuration {where!r} does not exist and is not the name of "
+        f"an installed one ({names}"
+        f"{f', in {folder}' if folder is not None else ''})."
+    )
+
+
 def load_cluster_config(
     path: str | os.PathLike[str], *, require_extras: bool = True
 ) -> ClusterConfig:
@@ -237,7 +266,7 @@ def load_cluster_config(
         The kind needs an optional library that is not installed; the message
         names the extra to install.
     """
-    where = os.fspath(path)
+    where = resolve_cluster_config(path)
     try:
         with open(where, encoding="utf-8") as fh:
             data = yaml.safe_load(fh)

@@ -11,6 +11,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from pipeline.io.batches import generate_batch
     from pipeline.io.inputs import InputInfo, open_input
     from pipeline.io.journal import (
         FileJournal,
@@ -54,6 +55,7 @@ _HOME = {
     "synthetic_truth": "synthetic",
     "StreamStore": "stream_state",
     "is_stream_state": "stream_state",
+    "generate_batch": "batches",
 }
 
 
@@ -70,6 +72,7 @@ __all__ = [
     "StreamStore",
     "check_output_path",
     "default_journal_path",
+    "generate_batch",
     "generate_pca_store",
     "generate_store",
     "input_fingerprint",

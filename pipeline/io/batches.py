@@ -513,6 +513,42 @@ def write_batch(
             os.remove(tmp)
 
 
+def generate_batch(
+    path: str | os.PathLike[str],
+    shape: tuple[int, int],
+    n_updates: int,
+    *,
+    seed: int = 0,
+    overwrite: bool = False,
+) -> None:
+    """Write a synthetic batch of ``n_updates`` random updates (``dplr generate
+    --kind stream-batch``).
+
+    Cells are uniform over ``shape``, values standard normal, and each entity is
+    its row (``entity = i``), which suits a stream of unit ``row`` or
+    ``general``. Test data from a seeded generator, not private data.
+
+    Raises
+    ------
+    InvalidParameterError
+        As :func:`write_batch`; or ``n_updates`` < 1.
+    """
+    rows, cols = _check_shape(shape)
+    if isinstance(n_updates, bool) or not isinstance(n_updates, int) or n_updates < 1:
+        raise InvalidParameterError(
+            f"n_updates must be an integer >= 1, got n_updates={n_updates!r}."
+        )
+    rng = np.random.default_rng(seed)
+    i = rng.integers(0, rows, n_updates)
+    columns = {
+        "entity": i,
+        "i": i,
+        "j": rng.integers(0, cols, n_updates),
+        "s": rng.standard_normal(n_updates),
+    }
+    write_batch(path, columns, overwrite=overwrite)
+
+
 # -- argument checks -------------------------------------------------------------
 
 

@@ -145,16 +145,16 @@ CASES = {
         privacy=("--epsilon", "1", "--delta", "1"),
     ),
     "sketch size = rank": Case(
-        "good", "sketch_size must be in", ("--sketch-size", "5")
+        "good", "--sketch-size must be in", ("--sketch-size", "5")
     ),
     "sketch size < rank": Case(
-        "good", "sketch_size must be in", ("--sketch-size", "3")
+        "good", "--sketch-size must be in", ("--sketch-size", "3")
     ),
     "core size = sketch size": Case(
-        "good", "core_size must be in", ("--sketch-size", "10", "--core-size", "10")
+        "good", "--core-size must be in", ("--sketch-size", "10", "--core-size", "10")
     ),
     "core size < sketch size": Case(
-        "good", "core_size must be in", ("--sketch-size", "10", "--core-size", "8")
+        "good", "--core-size must be in", ("--sketch-size", "10", "--core-size", "8")
     ),
     "existing OUT": Case(
         "good", "already exists; pass --overwrite", prepare=_existing_out

@@ -306,6 +306,7 @@ def test_demo_runs_and_prints_the_report(tmp_path: Path) -> None:
         "2000",
         "--cols",
         "200",
+        "--json",
         timeout=220,
         embedded=True,  # the README's first command, as a new user runs it
     )
@@ -320,9 +321,12 @@ def test_demo_runs_and_prints_the_report(tmp_path: Path) -> None:
         == rep["release_id"]
     )
     assert "nan" not in proc.stdout.lower()
-    # the announced algorithm is the one the report says ran (the private default)
-    assert f"factorization ({rep['algorithm']}, unit=entry" in proc.stdout
+    # the announced algorithm is the one the report says ran (the private default);
+    # with --json, stdout holds the report alone and the story goes to stderr
+    assert f"factorization ({rep['algorithm']}, unit=entry" in proc.stderr
     assert rep["algorithm"] == "two-pass"
+    assert f"the demo's files are in {tmp_path} (kept)" in proc.stderr
+    assert (tmp_path / "sample.zarr").is_dir()
 
 
 def test_demo_refuses_bad_privacy_parameters_before_writing(tmp_path: Path) -> None:

@@ -291,16 +291,16 @@ DEFAULTS: dict[str, str | None] = {
 CASES = {
     "rank > d": Case("good", "rank must be in [1, n_features] = [1, 16], got rank=17", {"--rank": "17"}),
     "power without --iterations": Case(
-        "good", "iterations must be given for method='power'", {"--iterations": None},
+        "good", "iterations must be given for --method power", {"--iterations": None},
         ("--method", "power"),
     ),
     "power without --clip-radius": Case(
-        "good", "clip_radius must be given for method='power'", {"--clip-radius": None},
+        "good", "--clip-radius must be given for --method power", {"--clip-radius": None},
         ("--method", "power"),
     ),
     "--iterations with analyze-gauss": Case(
         "good",
-        "iterations applies to method='power' only, got iterations=3",
+        "iterations applies to --method power only, got iterations=3",
         {"--clip-radius": None},
         ("--method", "analyze-gauss"),
     ),
@@ -319,7 +319,7 @@ CASES = {
     # [P]'s classical Gaussian mechanism needs eps_init = epsilon / 2 <= 1 (spec 2.3)
     "paper accounting, epsilon 4": Case(
         "good",
-        "accounting='paper' requires eps_init = epsilon/2 <= 1",
+        "--accounting paper requires eps_init = epsilon/2 <= 1",
         {"--epsilon": "4"},
         ("--accounting", "paper"),
     ),

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import zarr
 
@@ -41,37 +41,37 @@ def readme_blocks(text: str) -> list[tuple[str, str]]:
     return [(m[1], m[2]) for m in _FENCE.finditer(text) if m[1] in ("bash", "python")]
 
 
-def _batch(path: Path) -> None:
-    """``batch.parquet``: the day's updates the stream example ingests (user data)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    rng = np.random.default_rng(0)
-    m = 5000
-    rows = rng.integers(0, 100_000, m)
-    table = pa.table(
-        {
-            "entity": rows,  # unit row: an entity is a row
-            "i": rows,
-            "j": rng.integers(0, 50_000, m),
-            "s": rng.normal(size=m),
-        }
-    )
-    pq.write_table(table, path)
-
-
-def _run(lang: str, code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def _run(
+    lang: str, code: str, cwd: Path, timeout: float = 900
+) -> subprocess.CompletedProcess[str]:
+    """Run a bash block in ``cwd``; a python block is saved as a script file in a
+    directory of its own and run by path (``python SCRIPT``) from ``cwd``, as a
+    user runs a saved example: the embedded cluster's worker processes then
+    start from a script, not from ``python -c``."""
     env = {k: v for k, v in os.environ.items() if k != "DASK_SCHEDULER_ADDRESS"}
     # the dplr of this interpreter's environment, as after the README's install
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    argv = (
-        ["bash", "-euo", "pipefail", "-c", code]
-        if lang == "bash"
-        else [sys.executable, "-c", code]
-    )
-    return subprocess.run(
-        argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=900, check=False
-    )
+    if lang == "bash":
+        argv = ["bash", "-euo", "pipefail", "-c", code]
+    else:
+        scripts = cwd.parent / f"{cwd.name}-scripts"
+        scripts.mkdir(exist_ok=True)
+        script = scripts / f"example_{len(list(scripts.iterdir()))}.py"
+        script.write_text(code)
+        argv = [sys.executable, str(script)]
+    # a session of its own: on a timeout the whole group goes (a hung example's
+    # worker processes included), not only the interpreter
+    with subprocess.Popen(
+        argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    ) as proc:  # fmt: skip
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 def test_the_readme_has_the_examples_this_test_expects() -> None:
@@ -86,15 +86,48 @@ def test_the_readme_has_the_examples_this_test_expects() -> None:
 
 def test_block_parser_finds_a_failing_example(tmp_path: Path) -> None:
     """Negative control: an example that fails is reported as failing."""
-    (lang, code), = readme_blocks("text\n```python\nres.U\n```\n")
+    ((lang, code),) = readme_blocks("text\n```python\nres.U\n```\n")
     proc = _run(lang, code, tmp_path)
     assert proc.returncode != 0
     assert "NameError" in proc.stderr
 
 
+def test_an_unguarded_script_fails_in_one_line_that_shows_the_guard(
+    tmp_path: Path,
+) -> None:
+    """The Python example saved as a script without ``if __name__ ==
+    "__main__":`` stops before the embedded cluster starts, with one line that
+    shows the guard (its worker processes would re-import the script and run the
+    call again); the same script with the guard runs (negative control)."""
+    call = (
+        "res = pipeline.factorize('t.zarr', 2, private=False, seed=0)\n"
+        "print('shape', res.U.shape)\n"
+    )
+    head = "import pipeline\n\n"
+    work = tmp_path / "work"
+    work.mkdir()
+    made = _run(
+        "bash", "dplr generate t.zarr --rows 400 --cols 20 --chunks 200,-1", work
+    )
+    assert made.returncode == 0, made.stderr
+    bare = _run("python", head + call, work, timeout=120)
+    assert bare.returncode == 1
+    last = bare.stderr.strip().splitlines()[-1]
+    assert 'if __name__ == "__main__":' in last
+    assert "example_0.py, line 3" in last
+    assert "Nanny" not in bare.stderr  # no cluster was started
+    guarded = (
+        head
+        + 'if __name__ == "__main__":\n'
+        + "".join(f"    {line}\n" for line in call.splitlines())
+    )
+    ok = _run("python", guarded, work, timeout=180)
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    assert "shape (400, 2)" in ok.stdout
+
+
 @pytest.mark.timeout(1500)
 def test_every_readme_example_runs_as_written(tmp_path: Path) -> None:
-    _batch(tmp_path / "batch.parquet")
     for lang, code in readme_blocks(README.read_text()):
         if code in INSTALL_BLOCKS:
             continue

@@ -118,7 +118,7 @@ def test_privacy_paragraph(obj: object) -> None:
 # --------------------------------------------------------------------------
 #: The layers, lowest first; a module imports only its own layer and those below.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "_types", "_validation", "_sealed", "_durable", "_version"),
+    ("errors", "_types", "_validation", "_sealed", "_durable", "_version", "_shipped"),
     ("params",),
     ("linalg",),
     ("sketches",),
@@ -175,28 +175,6 @@ LOADS: dict[str, tuple[str, ...]] = {
 }
 #: The one-word kinds a reason comment starts with (``# heavy: zarr, ...``).
 REASONS = ("heavy", "optional")
-#: Function-local imports of the faces (``cli/``, ``api.py``, ``estimators.py``)
-#: that do not follow the rule yet, as (module, target) pairs: they are converted
-#: with the faces' own rework. Exact (an entry that no longer occurs must leave),
-#: so it can only shrink; it goes when empty. Nothing outside the faces may be added.
-FACES_NOT_YET_CONVERTED: frozenset[tuple[str, str]] = frozenset({
-    ("pipeline.api", "pipeline.io.inputs"),
-    ("pipeline.cli.budget", "pipeline._validation"),
-    ("pipeline.cli.budget", "pipeline.accounting.ledger"),
-    ("pipeline.cli.budget", "pipeline.jobs.engine"),
-    ("pipeline.cli.common", "pipeline.execution.clusters"),
-    ("pipeline.cli.common", "pipeline.io.stream_state"),
-    ("pipeline.cli.data", "pipeline.api"),
-    ("pipeline.cli.data", "pipeline.io.synthetic"),
-    ("pipeline.cli.factorize", "pipeline.api"),
-    ("pipeline.cli.nightly", "pipeline.jobs.nightly"),
-    ("pipeline.cli.pca", "pipeline.api"),
-    ("pipeline.cli.stream", "os"),
-    ("pipeline.cli.stream", "pipeline.accounting.ledger"),
-    ("pipeline.cli.stream", "pipeline.execution"),
-    ("pipeline.cli.stream", "pipeline.jobs.stream"),
-    ("pipeline.estimators", "pipeline.io.inputs"),
-})  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -511,27 +489,12 @@ def test_no_private_name_imported_across_modules() -> None:
     assert private_imports(IMPORTS) == set()
 
 
-def _not_faces(found: set[tuple[str, str]]) -> list[tuple[str, str]]:
-    return sorted(found - FACES_NOT_YET_CONVERTED)
-
-
 def test_function_local_imports_only_at_the_dependency_boundary() -> None:
-    assert _not_faces(local_imports(IMPORTS)) == []
+    assert sorted(local_imports(IMPORTS)) == []
 
 
 def test_every_function_local_import_gives_its_reason() -> None:
-    assert _not_faces(unexplained_local_imports(IMPORTS)) == []
-
-
-def _is_face(module: str) -> bool:
-    return module.split(".")[1:2] in (["cli"], ["api"], ["estimators"])
-
-
-def test_the_faces_exceptions_are_exact() -> None:
-    """An entry that no longer occurs leaves the list; only faces are listed."""
-    found = local_imports(IMPORTS) | unexplained_local_imports(IMPORTS)
-    assert FACES_NOT_YET_CONVERTED <= found, sorted(FACES_NOT_YET_CONVERTED - found)
-    assert all(_is_face(m) for m, _ in FACES_NOT_YET_CONVERTED)
+    assert sorted(unexplained_local_imports(IMPORTS)) == []
 
 
 def _synthetic(**modules: str) -> list[Import]:

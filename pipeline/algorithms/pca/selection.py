@@ -60,7 +60,8 @@ class SelectionResult:
         candidate of the exhaustive selection, is selected).
     iterations : int
         The selected ``T`` (0 for Analyze Gauss: when it is selected, or when
-        the warm-start gap test failed and ``X0`` is returned).
+        the released eigenvalues show no gap above the noise, ``h <= 0``, and
+        ``X0`` is returned).
     gap : float
         The public score gap ``h`` (from released values only).
     n_passes : int
@@ -273,7 +274,11 @@ def run_selection(
     X0, lam = topk_eig(M, k)
     a, _b, h = score_setup(lam, cal.noise_init, k, d, cal.beta)
     if not h > 0.0:
-        say("warm-start gap test failed: returning the Analyze Gauss estimate")
+        say(
+            "no eigengap above the noise between the k-th and (k+1)-th released "
+            "eigenvalues: the candidates cannot be compared; releasing the "
+            "Analyze Gauss estimate"
+        )
         return SelectionResult(
             components=X0,
             eigenvalues=lam,
