@@ -71,7 +71,7 @@ __all__ = [
 CSR_ENCODING = {"encoding-type": "csr_matrix", "encoding-version": "0.1.0"}
 #: Entries of ``indptr`` / ``indices`` read at once by the validation pass.
 VALIDATE_CHUNK = 2**22
-#: Non-zeros per chunk of ``indices`` and ``data`` written by :func:`write_csr`.
+#: Entries per chunk of the arrays written by :func:`write_csr`.
 WRITE_CHUNK = 2**20
 
 
@@ -352,7 +352,7 @@ def write_csr(
     overwrite : bool
         Replace an existing store.
     chunk_nnz : int
-        Entries per chunk of ``indices`` and ``data``.
+        Entries per chunk of ``indices`` and ``data`` (and of ``indptr``).
 
     Returns
     -------
@@ -416,7 +416,7 @@ def _write_bands(
         raise ValueError("no band to write.")
     indptr = np.concatenate([np.zeros(1, dtype=np.int64), *ptr_parts])
     z = group.create_array(
-        "indptr", shape=(m + 1,), dtype=np.int64, chunks=(min(m + 1, 2**20),)
+        "indptr", shape=(m + 1,), dtype=np.int64, chunks=(min(m + 1, chunk_nnz),)
     )
     z[:] = indptr
     group.attrs.update({**CSR_ENCODING, "shape": [m, n]})
