@@ -22,6 +22,7 @@ from zarr.storage import LocalStore
 
 from pipeline.errors import StoreLayoutError
 from pipeline.io import objectstore
+from pipeline.io.nodes import open_node
 
 #: Largest full-width row band (bytes) read as one task so that row clipping
 #: needs no separate norm pass; beyond it, a norm pre-pass is used instead.
@@ -65,24 +66,10 @@ def _check_array_meta(shape: tuple[int, ...], dtype: Any, what: str) -> None:
 
 
 def _open_zarr(path: str) -> zarr.Array[Any]:
-    store: Any = path
     shown = objectstore.redact(path)
-    if objectstore.is_url(path):
-        if not objectstore.url_exists(path, what="input store"):
-            raise StoreLayoutError(f"input store {shown!r} does not exist.")
-        store = objectstore.open_store(path, read_only=True, what="input store")
-    elif not os.path.exists(objectstore.location(path)):  # refuses other schemes
-        raise StoreLayoutError(f"input store {shown!r} does not exist.")
-    # zarr warns (with a source line on stderr) about stray entries, e.g. chunk
-    # directories under a group; the refusal below is the one line a user sees
+    node = open_node(path, "input store")
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            node = zarr.open(store=store, mode="r")
-        except Exception as exc:  # noqa: BLE001 - zarr raises many types for a non-store
-            raise StoreLayoutError(
-                f"{shown!r} is not a readable Zarr store ({type(exc).__name__})."
-            ) from None
+        warnings.simplefilter("ignore")  # stray entries under a group: see open_node
         names = sorted(node.array_keys()) if isinstance(node, zarr.Group) else []
     if isinstance(node, zarr.Group):
         hint = ""

@@ -217,10 +217,14 @@ def open_store(url: str, *, read_only: bool, what: str) -> Any:
 
 
 def url_exists(url: str, *, what: str) -> bool:
-    """True if a Zarr node (``zarr.json``) exists at ``url``."""
+    """True if a Zarr node exists at ``url``: ``zarr.json`` (v3), or ``.zgroup``
+    or ``.zarray`` (v2, as AnnData writes by default)."""
     fs = filesystem()
     _check_bucket(fs, url, what, storage_options())
-    return bool(fs.exists(f"{url.rstrip('/')}/zarr.json"))
+    base = url.rstrip("/")
+    return any(
+        fs.exists(f"{base}/{key}") for key in ("zarr.json", ".zgroup", ".zarray")
+    )
 
 
 def remove_url(url: str) -> None:

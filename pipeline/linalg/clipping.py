@@ -11,12 +11,23 @@ row, so callers reduce sums of squares across column chunks first
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+import scipy.sparse as sp
 
 from pipeline._types import FloatArray
 from pipeline.params import ClipSpec, PrivacyUnit
 
-__all__ = ["ClipSpec", "clip_by_peak", "scale_factors_from_sumsq", "zero_non_finite"]
+__all__ = [
+    "ClipSpec",
+    "clip_by_peak",
+    "scale_factors_from_sumsq",
+    "sparse_clip",
+    "sparse_sumsq",
+    "sparse_zero_non_finite",
+    "zero_non_finite",
+]
 
 
 def scale_factors_from_sumsq(sumsq: FloatArray, clip_norm: float) -> FloatArray:
@@ -141,3 +152,152 @@ def clip_by_peak(vectors: FloatArray, clip_norm: float) -> FloatArray:
             clip_norm * (1.0 - 4.0 * np.finfo(np.float64).eps) / sn
         )
         return out
+
+
+# --------------------------------------------------------------------------
+# Sparse (CSR) bands: the same rules on the stored entries, in O(non-zeros)
+# --------------------------------------------------------------------------
+def _owners(x: sp.csr_matrix, unit: PrivacyUnit | None) -> tuple[Any, int]:
+    """Per stored entry, the index of the individual owning it, and their count:
+    its row (``ROW``, None), its column (``COLUMN``); None for ``ENTRY``."""
+    if unit is PrivacyUnit.COLUMN:
+        return x.indices, x.shape[1]
+    if unit is PrivacyUnit.ENTRY:
+        return None, x.nnz
+    rows = np.repeat(np.arange(x.shape[0]), np.diff(x.indptr))
+    return rows, x.shape[0]
+
+
+def sparse_zero_non_finite(x: sp.csr_matrix, unit: PrivacyUnit | None) -> None:
+    """Zero, in place, every individual of ``x`` holding NaN or +-Inf.
+
+    The CSR analogue of :func:`zero_non_finite`: the
+    row (``ROW``, None), the column (``COLUMN``: its part in this band; the caller
+    zeroes the rest by its scale factor) or the entry (``ENTRY``). Implicit zeros
+    are finite, so only ``x.data`` is looked at: O(nnz).
+
+    Notes
+    -----
+    Privacy. The one rule for non-finite input (docs/privacy.md): such an
+    individual counts as a zero individual, silently, before clipping; nothing
+    is raised, counted or logged.
+    """
+    bad = ~np.isfinite(x.data)
+    if not bad.any():
+        return
+    owner, count = _owners(x, unit)
+    if owner is None:
+        x.data[bad] = 0
+        return
+    hit = np.zeros(count, dtype=bool)
+    hit[owner[bad]] = True
+    x.data[hit[owner]] = 0
+
+
+def _vector_factors(
+    x: sp.csr_matrix, owner: Any, count: int, clip_norm: float
+) -> tuple[FloatArray, list[tuple[Any, FloatArray]]]:
+    """Per stored entry, the factor that clips its row (column) to norm ``<= C``.
+
+    Each vector's norm needs only its stored entries. A vector whose squares
+    overflow float64 gets the factor 1 here and its clipped entries
+    (:func:`clip_by_peak` on its stored entries alone) in the returned list of
+    ``(positions in x.data, values)``, as a dense block does.
+    """
+    data = np.asarray(x.data, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        sumsq: FloatArray = np.asarray(
+            np.bincount(owner, weights=data * data, minlength=count),
+            dtype=np.float64,
+        )
+    huge = np.flatnonzero(np.isposinf(sumsq))
+    sumsq[huge] = 0.0
+    factors: FloatArray = scale_factors_from_sumsq(sumsq, clip_norm)[owner]
+    fixes = []
+    for v in huge:
+        sel = np.flatnonzero(owner == v)
+        fixes.append((sel, clip_by_peak(data[sel][None, :], clip_norm)[0]))
+    return factors, fixes
+
+
+def sparse_clip(
+    x: sp.csr_matrix,
+    clip: ClipSpec | None,
+    row_scale: FloatArray | None = None,
+    col_scale: FloatArray | None = None,
+) -> None:
+    """Clip the CSR band ``x`` in place for its privacy unit.
+
+    Parameters
+    ----------
+    x : scipy.sparse.csr_matrix of shape (b_rows, b_cols)
+        Finite values (:func:`sparse_zero_non_finite` first).
+    clip : ClipSpec or None
+        None: nothing to do (non-private).
+    row_scale : ndarray of shape (b_rows,) or None
+        Precomputed row factors (unit ``row``); None when the band spans all
+        columns, so they come from its own rows.
+    col_scale : ndarray of shape (b_cols,) or None
+        Same for unit ``column``; None only when the band spans all rows.
+
+    Notes
+    -----
+    Privacy. After it every individual's contribution has norm ``<= C``
+    [spec 1.3, rule 6], as for a dense block
+    (:func:`pipeline.sketches.apply.clip_block`): clipping an entry to ``[-C, C]``
+    leaves implicit zeros at zero, and a row's or column's norm is that of its
+    stored entries. The factors never leave this function.
+    """
+    if clip is None:
+        return
+    c = clip.clip_norm
+    if clip.unit is PrivacyUnit.ENTRY:
+        np.clip(x.data, -c, c, out=x.data)
+        return
+    given = row_scale if clip.unit is PrivacyUnit.ROW else col_scale
+    owner, count = _owners(x, clip.unit)
+    fixes: list[tuple[Any, FloatArray]] = []
+    if given is not None:
+        factors = np.asarray(given, dtype=np.float64)[owner]
+    else:
+        factors, fixes = _vector_factors(x, owner, count, c)
+    x.data *= factors.astype(x.dtype, copy=False)
+    for sel, values in fixes:
+        x.data[sel] = values
+
+
+def sparse_sumsq(x: sp.csr_matrix, axis: int) -> FloatArray:
+    """Per row (axis 1) or column (axis 0) of the band: the sum of squares, the
+    peak's binary exponent ``e``, the sum of squares of the entries scaled by
+    ``2**-e`` and the number of NaN/Inf entries; shape (4, b_rows or b_cols).
+
+    The sparse analogue of the dense norm pre-pass of the execution layer (same
+    rows, same meaning): summed over bands, the first row gives the factors, the
+    second and third the norm of a vector whose squares overflow, the fourth
+    the non-finite vectors (factor 0). O(nnz + length).
+
+    Notes
+    -----
+    Privacy. Non-private per-vector statistics: they are reduced into clip
+    factors inside the trusted zone and never released or logged.
+    """
+    owner, count = _owners(x, PrivacyUnit.COLUMN if axis == 0 else PrivacyUnit.ROW)
+    data = np.asarray(x.data, dtype=np.float64)
+    bad = ~np.isfinite(data)
+    n_bad = np.bincount(owner[bad], minlength=count).astype(np.float64)
+    if bad.any():
+        data = np.where(bad, 0.0, data)
+    with np.errstate(over="ignore"):
+        plain = np.bincount(owner, weights=data * data, minlength=count)
+    peak = np.zeros(count)
+    np.maximum.at(peak, owner, np.abs(data))
+    _, e = np.frexp(peak)
+    scaled = np.ldexp(data, -e[owner])
+    return np.stack(
+        [
+            plain,
+            e.astype(np.float64),
+            np.bincount(owner, weights=scaled * scaled, minlength=count),
+            n_bad,
+        ]
+    )

@@ -99,6 +99,13 @@ class GaussianOperator:
         """``x @ G[start:stop]`` of shape (x.shape[0], dim), computed in ``dtype``."""
         return np.asarray(x, dtype=dtype) @ self._right_block(start, stop, dtype)
 
+    def right_block(
+        self, start: int, stop: int, dtype: type = np.float64
+    ) -> FloatArray:
+        """Rows ``start:stop`` in ``dtype``: the block :meth:`right` multiplies by
+        (kept between a worker's tasks, read-only, when small; see below)."""
+        return self._right_block(start, stop, dtype)
+
     #: Largest operator block :meth:`right` keeps between tasks (bytes).
     RIGHT_CACHE_BYTES = 16 * 2**20
 

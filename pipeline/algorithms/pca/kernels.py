@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 
 from pipeline._types import FloatArray
 
@@ -278,6 +279,21 @@ def _update_part(
             np.matmul(a, XBT[j], out=PT[j])
     else:
         np.matmul(XBT, a.T, out=PT)
+    _clip_products(PT, scale, radii, k)
+    if m <= _GEMV_COLS:
+        ZT = np.empty((m, a.shape[1]))
+        for j in range(m):
+            np.matmul(PT[j], a, out=ZT[j])
+        return ZT
+    return PT @ a
+
+
+def _clip_products(
+    PT: FloatArray, scale: FloatArray | None, radii: FloatArray, k: int
+) -> None:
+    """``PT`` (k * n_trials, r) = ``(a X B)^T`` becomes, in place, the clipped and
+    scaled ``(Clip_R((a X B) f) f)^T`` of every trial (:func:`_update_part`)."""
+    r = PT.shape[1]
     if scale is not None:
         PT *= scale
     P3 = PT.reshape(len(radii), k, r)
@@ -288,12 +304,6 @@ def _update_part(
     if scale is not None:
         c *= scale
     P3 *= c[:, None, :]
-    if m <= _GEMV_COLS:
-        ZT = np.empty((m, a.shape[1]))
-        for j in range(m):
-            np.matmul(PT[j], a, out=ZT[j])
-        return ZT
-    return PT @ a
 
 
 def band_products(
@@ -332,6 +342,8 @@ def band_pass(
     ndarray
         The sum over the band's sub-blocks, in a fixed order (deterministic).
     """
+    if sp.issparse(block):
+        return _sparse_band_pass(block, kind, payload, row_norm_bound, clip)
     x = np.asarray(block)
     n_rows, d = x.shape
     step = max(64, SUB_BLOCK_BYTES // (8 * max(d, 1)))
@@ -358,3 +370,88 @@ def band_pass(
     assert total is not None
     # the update parts are summed transposed (see _update_part)
     return np.ascontiguousarray(total.T) if kind == "update" else total
+
+
+# --------------------------------------------------------------------------
+# Sparse (CSR) bands: the same statistics on the stored entries, O(non-zeros)
+# --------------------------------------------------------------------------
+def sparse_prep_factors(
+    block: Any, row_norm_bound: float = 1.0, *, clip: bool = True
+) -> tuple[sp.csr_matrix, FloatArray]:
+    """:func:`prep_factors` of a sparse band: float64 CSR rows and factors ``f``.
+
+    Parameters
+    ----------
+    block : scipy sparse matrix of shape (r, d)
+        Full-width rows.
+    row_norm_bound, clip
+        As in :func:`prep_factors`.
+
+    Returns
+    -------
+    a : scipy.sparse.csr_matrix of shape (r, d), float64
+        A copy; rows holding NaN/Inf have their stored entries zeroed, rows
+        needing the careful path (:func:`_prep_rows_careful`) are prepared in it.
+    f : ndarray of shape (r,)
+        The prepared rows are ``a * f[:, None]``, as for a dense band.
+
+    Notes
+    -----
+    A row's norm, peak and clipping depend on its stored entries only, so the
+    careful path runs on those (zero-padded to the longest such row), never on
+    a dense row.
+    """
+    a = sp.csr_matrix(block, dtype=np.float64, copy=True)
+    r = a.shape[0]
+    rows = np.repeat(np.arange(r), np.diff(a.indptr))
+    with np.errstate(over="ignore", under="ignore", divide="ignore", invalid="ignore"):
+        sumsq = np.bincount(rows, weights=a.data * a.data, minlength=r)
+        if clip and row_norm_bound >= _SMALL_C and sumsq.max(initial=0.0) < math.inf:
+            return a, np.minimum(1.0 / row_norm_bound, ROW_CLIP / np.sqrt(sumsq))
+        odd = np.flatnonzero(~(sumsq < math.inf))
+        if odd.size:
+            bad_rows = np.zeros(r, dtype=bool)
+            bad_rows[rows[~np.isfinite(a.data)]] = True
+            a.data[bad_rows[rows]] = 0.0
+            sumsq[bad_rows] = 0.0
+        if not clip:
+            return a, np.ones(r)
+        inv_c = 1.0 / row_norm_bound
+        safe = (sumsq < math.inf) & ((sumsq >= _TINY) | (row_norm_bound >= _SMALL_C))
+        f = np.ones(r)
+        f[safe] = np.minimum(inv_c, ROW_CLIP / np.sqrt(sumsq[safe]))
+        bad = np.flatnonzero(~safe)
+        if bad.size:
+            lengths = np.diff(a.indptr)[bad]
+            pad = np.zeros((bad.size, int(lengths.max(initial=0))))
+            cols = np.arange(pad.shape[1])
+            mask = cols[None, :] < lengths[:, None]
+            pos = a.indptr[bad][:, None] + cols[None, :]
+            pad[mask] = a.data[pos[mask]]
+            a.data[pos[mask]] = _prep_rows_careful(pad, row_norm_bound)[mask]
+        return a, f
+
+
+def _sparse_band_pass(
+    block: Any, kind: str, payload: Any, row_norm_bound: float, clip: bool
+) -> FloatArray:
+    """:func:`band_pass` of a sparse band, in one piece and O(non-zeros).
+
+    Gram: ``b^T b`` by scipy's sparse product (O(sum of squared row counts));
+    products: ``(a X) f``, O(nnz k); update: ``a (X B)`` and ``a^T W`` as
+    sparse-dense products, O(nnz k n_trials). Equal to the dense band's
+    statistics up to the rounding of a different summation order.
+    """
+    a, f = sparse_prep_factors(block, row_norm_bound, clip=clip)
+    if kind == "gram":
+        b = sp.csr_matrix(a.multiply(f[:, None]))
+        return np.asarray((b.T @ b).toarray())
+    if kind == "products":
+        P = np.asarray(a @ payload)
+        P *= f[:, None]
+        return np.asarray(P.T @ P)
+    XBT, radii, k = update_factors(*payload)
+    PT = np.ascontiguousarray(np.asarray(a @ XBT.T).T)
+    _clip_products(PT, f, radii, k)
+    # (PT a)^T = a^T PT^T: one sparse-dense product, (d, k * n_trials)
+    return np.ascontiguousarray(np.asarray(a.T @ PT.T))
