@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from typing import TYPE_CHECKING, Any
 
 from pipeline.cli.common import (
@@ -21,6 +22,7 @@ from pipeline.cli.common import (
     time_field,
     warn_signal,
 )
+from pipeline.errors import InvalidParameterError
 from pipeline.io.objectstore import redact
 from pipeline.params import PcaParams
 
@@ -46,8 +48,14 @@ def add_parser(sub: Any) -> None:
     pc.add_argument(
         "--out",
         "-o",
-        required=True,
-        help="Zarr group to publish components and the report to",
+        help="Zarr group to publish components and the report to (required unless --plan)",
+    )
+    pc.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the method, the noise and the noise level the released eigenvalues "
+        "must exceed (public values only) for this input's shape and these parameters, "
+        "and stop: nothing is read, charged or written",
     )
     pc.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     add_params(pc, PcaParams, "method")
@@ -155,6 +163,13 @@ def run(args: argparse.Namespace) -> int:
     # heavy: scipy, kept off the import path of `dplr --help`
     from pipeline.api import release_pca
 
+    if args.plan:
+        return _plan(args)
+    if args.out is None:
+        raise InvalidParameterError(
+            "dplr pca needs --out (the Zarr group to publish to), or --plan to only "
+            "print the method and the noise level."
+        )
     params, selection = _params_of(args)
     result = release_pca(
         args.input, params, options_of(args), runtime_of(args), selection=selection
@@ -166,3 +181,62 @@ def run(args: argparse.Namespace) -> int:
     )
     warn_signal(result.report)
     return EXIT_OK
+
+
+def _plan(args: argparse.Namespace) -> int:
+    """``dplr pca --plan``: the method, the noise and the noise level, from metadata alone."""
+    # heavy: scipy, kept off the import path of `dplr --help`
+    from pipeline.api import plan_pca_release
+
+    params, selection = _params_of(args)
+    plan = plan_pca_release(args.input, params, selection=selection)
+    print(json.dumps(plan, indent=2) if args.json else _plan_text(plan))
+    return EXIT_OK
+
+
+def _plan_text(plan: dict[str, Any]) -> str:
+    """The human form of :func:`pipeline.api.plan_pca_release`'s plan."""
+    n, d = plan["shape"]
+    lines = [
+        (
+            f"plan of a rank-{plan['rank']} PCA of a {n} x {d} matrix at "
+            f"({plan['epsilon']:g}, {plan['delta']:g})-DP, one row "
+            f"({plan['neighboring']}); public values only: nothing read, charged or written"
+        )
+    ]
+    auto = plan["auto"]
+    if plan["method"] is None:
+        lines.append(f"  method {plan['method_depends_on']}")
+    else:
+        why = ""
+        if auto and "n_over_d_gamma" in auto:
+            op = ">=" if auto["chosen"] == "power" else "<"
+            why = (
+                f" (auto: n / (d gamma) = {auto['n_over_d_gamma']:.3g} {op} "
+                f"margin {auto['margin']:g})"
+            )
+        radius = plan["clip_radius"]
+        lines.append(
+            f"  method {plan['method']}{why}: T={plan['iterations']} "
+            f"R={'none' if radius is None else f'{radius:.4g}'} route={plan['route']} "
+            f"passes={plan['passes']}"
+        )
+    for m in plan["mechanisms"] or []:
+        lines.append(
+            f"  release {m['label']:<4} x{m['count']:<3} shape={tuple(m['shape'])} "
+            f"sensitivity={m['sensitivity']:.4g} sigma={m['sigma']:.4g}"
+        )
+    if not plan["mechanisms"]:
+        lines.append(f"  release M    noise sigma={plan['noise_init']:.4g}")
+    c = plan["row_norm_bound"]
+    lines.append(
+        f"  noise level {plan['noise_level']:.4g} at {plan['confidence']:.0%} of the "
+        "released eigenvalues: one above it stands above the noise"
+    )
+    lines.append(
+        f"  an eigenvalue of A^T A (rows divided by C={c:g}) above "
+        f"{plan['true_eigenvalue_above']:.4g} (a singular value of A above "
+        f"{c * math.sqrt(plan['true_eigenvalue_above']):.4g}) is released above the "
+        "level with the same confidence (Weyl's inequality)"
+    )
+    return "\n".join(lines)

@@ -42,7 +42,12 @@ from pipeline.jobs.engine import (
 )
 from pipeline.jobs.hooks import release_hooks
 from pipeline.jobs.reports import NonPrivate, PcaPrivacy, PcaReport, ReleaseCore
-from pipeline.mechanisms.signal import Signal, signal_of, symmetric_norm_bound
+from pipeline.mechanisms.signal import (
+    CONFIDENCE,
+    Signal,
+    signal_of,
+    symmetric_norm_bound,
+)
 from pipeline.params import Neighboring, PrivacyUnit, ReleaseOptions
 
 __all__ = [
@@ -51,7 +56,9 @@ __all__ = [
     "PcaJob",
     "Selection",
     "build_pca_report",
+    "pca_noise_level",
     "pca_plan",
+    "pca_plan_summary",
     "pca_release_spec",
     "pca_signal",
     "relation_text",
@@ -391,11 +398,80 @@ def pca_signal(eigenvalues: Any, *, rank: int, dim: int, noise_init: float) -> S
     :func:`~pipeline.mechanisms.signal.symmetric_norm_bound` (every method and a
     selection release ``M`` first, with this noise).
     """
-    level = symmetric_norm_bound(dim, noise_init)
     return signal_of(
-        np.asarray(eigenvalues)[:rank], level,
+        np.asarray(eigenvalues)[:rank], pca_noise_level(dim, noise_init),
         remedies="a larger epsilon or more rows",
     )  # fmt: skip
+
+
+def pca_noise_level(dim: int, noise_init: float) -> float:
+    """The level at 95% of a PCA's released eigenvalues: the noise of ``M`` (d x d,
+    ``noise_init sym(G)``) stays below it (a release's ``signal.noise_level`` and
+    ``dplr pca --plan`` both come from here).
+
+    Examples
+    --------
+    >>> round(pca_noise_level(16, 0.5), 3)
+    5.224
+    """
+    return symmetric_norm_bound(dim, noise_init, CONFIDENCE)
+
+
+def pca_plan_summary(plan: Any, selection: Selection | None) -> dict[str, Any]:
+    """What a private PCA of ``plan`` (from :func:`pca_plan`) will release, before any read.
+
+    Returns
+    -------
+    dict
+        ``method`` (``auto``'s choice; None for a selection, whose choice is
+        private and data-dependent: ``method_depends_on`` says on what), ``auto``
+        (the rule's public numbers), ``iterations``, ``clip_radius``, ``route``,
+        ``passes`` (None for a selection: its trials are private), the noise
+        (``noise_init``, the std of ``M``'s noise, and ``mechanisms``, each
+        release's sensitivity and sigma, when the calibration lists them),
+        ``noise_level`` at ``confidence`` (:func:`pca_noise_level`, what a
+        released eigenvalue must exceed to stand above the noise) and
+        ``true_eigenvalue_above`` (twice it: by Weyl's inequality an eigenvalue
+        of ``A^T A``, rows divided by ``C``, above it is released above the
+        level with the same confidence).
+
+    Notes
+    -----
+    Privacy. Public values only (shape, parameters, calibration): nothing is
+    read or charged.
+    """
+    p, cal = plan.params, plan.calibration
+    n, d = plan.shape
+    level = pca_noise_level(d, cal.noise_init)
+    select = selection is not None
+    depends = None
+    if select:
+        depends = (
+            "chosen privately when the release runs, from noisy scores of the data "
+            "(Analyze Gauss or the power method at a public (R, T))"
+        )
+    radius = None if select or math.isinf(plan.clip_radius) else plan.clip_radius
+    return {
+        "kind": "pca-select" if select else "pca",
+        "shape": [n, d],
+        "rank": p.rank,
+        "epsilon": cal.epsilon,
+        "delta": cal.delta,
+        "neighboring": p.neighboring,
+        "row_norm_bound": p.row_norm_bound,
+        "method": None if select else p.method,
+        "method_depends_on": depends,
+        "auto": plan.auto,
+        "iterations": None if select else plan.iterations,
+        "clip_radius": radius,
+        "route": plan.route,
+        "passes": None if select else plan.n_passes,
+        "noise_init": cal.noise_init,
+        "mechanisms": cal.to_dict().get("mechanisms"),
+        "noise_level": level,
+        "confidence": CONFIDENCE,
+        "true_eigenvalue_above": 2.0 * level,
+    }
 
 
 def relation_text(neighboring: str) -> str:
