@@ -131,3 +131,11 @@ def test_plan_of_a_non_private_run_is_refused(
     proc = run_in_process(capsys, "pca", store, "--rank", 2, "--non-private", "--plan")
     line = assert_one_line_error(proc, 2, "dplr: ")
     assert "--non-private" in line
+
+
+def test_a_release_without_out_or_plan_is_refused(
+    store: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    proc = run_in_process(capsys, "pca", store, "--rank", 2, *PRIVACY)
+    line = assert_one_line_error(proc, 2, "dplr: error: ")
+    assert "--out" in line and "--plan" in line
