@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 from cli_util import assert_one_line_error, file_state, run_dplr, run_in_process
 
+from pipeline.cli import show
+
 pytestmark = [pytest.mark.cli, pytest.mark.usefixtures("cli_cluster")]
 
 PRIVACY = ("--epsilon", "1", "--delta", "1e-6")
@@ -138,4 +140,35 @@ def test_a_release_without_out_or_plan_is_refused(
 ) -> None:
     proc = run_in_process(capsys, "pca", store, "--rank", 2, *PRIVACY)
     line = assert_one_line_error(proc, 2, "dplr: error: ")
-    assert "--out" in line and "--plan" in line
+    assert "--out" in line
+    assert "--plan" in line
+
+
+def test_plotted_noise_level_is_on_the_scale_of_the_plotted_eigenvalues(
+    store: Path, tmp_path: Path
+) -> None:
+    """With rows divided by C = 2 (no row is clipped: the store's row norms are <= 1),
+    every released eigenvalue lies within the drawn noise level of the drawn true one.
+
+    Weyl: |lambda_i(A^T A + E) - lambda_i(A^T A)| <= ||E||_2 <= noise level, at the
+    level's 95% (Davidson-Szarek); the noise is seeded, so the draw is fixed. The
+    true eigenvalues unscaled by C^2 (negative control) are not within it.
+    """
+    out = tmp_path / "pca.zarr"
+    proc = run_dplr(
+        "pca", store, "--rank", 2, *PRIVACY, "--method", "analyze-gauss",
+        "--row-norm-bound", "2", "--out", out, "--quiet", "--insecure-noise-seed", 11,
+        "--ledger", tmp_path / "l.json", "--budget-epsilon", "10", "--budget-delta", "1e-4",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    chart, notes = show.release_chart(show.load(str(out)))
+    assert notes == []
+    series = {s.kind: s for s in chart.series}
+    released, truth = series["released"].y, series["truth"].y
+    (level,) = series["noise"].y
+    assert level == show.load(str(out)).report["signal"]["noise_level"]
+    assert len(released) == 3  # k + 1
+    assert all(abs(r - t) <= level for r, t in zip(released, truth, strict=False))
+    assert released[0] > 2 * level  # a signal well above the level, not a trivial pass
+    unscaled = [t * 2.0**2 for t in truth]
+    assert any(abs(r - t) > level for r, t in zip(released, unscaled, strict=False))
