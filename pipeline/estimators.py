@@ -51,14 +51,14 @@ from pipeline._validation import (
     check_int_in_range,
     check_privacy_pair,
 )
-from pipeline.api import pca, release_factorization
+from pipeline.api import pca, release_factorization, release_pca
 from pipeline.errors import InvalidParameterError
 from pipeline.jobs.centred_pca import (  # noqa: F401 - re-exported for existing callers
     MEAN_SENSITIVITY,
     centred_pca,
     split_mean_budget,
 )
-from pipeline.jobs.pca import PCA_BAND_BYTES
+from pipeline.jobs.pca import PCA_BAND_BYTES, Selection
 from pipeline.params import LrfParams, PcaParams, ReleaseOptions, Runtime, check_param
 
 __all__ = ["DPPCA", "DPLowRank"]
@@ -416,8 +416,9 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):  
         return tags
 
     # -- parameters --------------------------------------------------------
-    def _pca_kwargs(self) -> dict[str, Any]:
-        """Validate the parameters (no data) into keyword arguments of :func:`pca`."""
+    def _check_params(self) -> tuple[bool, int | None]:
+        """Validate the parameters (no data): True to select, and the noise seed
+        of a test-only run (None in every private run)."""
         if self.n_components is not None:
             check_param(PcaParams, "rank", self.n_components, label="n_components")
         private = _check_bool(self.private, "private")
@@ -431,33 +432,25 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):  
         for name in ("gamma_scale", "row_norm_bound"):
             check_param(PcaParams, name, getattr(self, name))
         seed = _check_random_state(self.random_state, high=2**63 - 1)
-        kw: dict[str, Any] = {
-            "method": self.method,
-            "iterations": self.n_iter,
-            "clip_radius": self.clip_radius,
-            "accounting": self.accounting,
-            "sensitivity": self.sensitivity,
-            "neighboring": self.neighboring,
-            "init_fraction": self.init_fraction,
-            "h_fraction": self.h_fraction,
-            "beta": self.beta,
-            "gamma_scale": self.gamma_scale,
-            "row_norm_bound": self.row_norm_bound,
-            "private": private,
-            "ledger": self.ledger,
-            "budget": self.budget,
-            "dataset": self.dataset,
-            "scheduler": self.scheduler,
-            "epsilon": None,
-            "delta": None,
-            "insecure_noise_seed": None,
-        }
-        if self._check_iterations():
-            kw["select"] = True
+        select = self._check_iterations()
         if private:
-            kw["epsilon"], kw["delta"] = check_privacy_pair(self.epsilon, self.delta)
-            kw["insecure_noise_seed"] = _insecure_seed(insecure, seed)
-        return kw
+            check_privacy_pair(self.epsilon, self.delta)
+            return select, _insecure_seed(insecure, seed)
+        return select, None
+
+    def _params(self, rank: int) -> PcaParams:
+        """The fit's parameter set (its values checked by :meth:`_check_params`)."""
+        eps = dlt = None
+        if self.private:
+            eps, dlt = check_privacy_pair(self.epsilon, self.delta)
+        return PcaParams(
+            rank=rank, epsilon=eps, delta=dlt, method=self.method,
+            iterations=self.n_iter, clip_radius=self.clip_radius,
+            accounting=self.accounting, sensitivity=self.sensitivity,
+            neighboring=self.neighboring, init_fraction=self.init_fraction,
+            h_fraction=self.h_fraction, beta=self.beta, gamma_scale=self.gamma_scale,
+            row_norm_bound=self.row_norm_bound, private=self.private,
+        )  # fmt: skip
 
     def _check_iterations(self) -> bool:
         """Check ``method``, ``select``, ``n_iter``, ``clip_radius``; True to select."""
@@ -534,18 +527,24 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):  
         Privacy. See the class Notes: one (epsilon, delta)-DP release for one
         row (``neighboring``).
         """
-        kw = self._pca_kwargs()
+        select, insecure_seed = self._check_params()
         X = _validate_fit_input(self, X, min_samples=1)
+        params = self._params(self._rank(X))
+        options = ReleaseOptions(
+            ledger=self.ledger, budget=self.budget, dataset=self.dataset,
+            insecure_noise_seed=insecure_seed,
+        )  # fmt: skip
+        runtime = Runtime(scheduler=self.scheduler)
         if self.centre:  # the DP mean, then the PCA: pipeline.jobs.centred_pca
             rel, mean, report = centred_pca(
-                X, self.n_components, kw, mean_fraction=float(self.mean_fraction),
-                row_norm_bound=float(self.row_norm_bound),
-            )  # fmt: skip
+                X, params, options, runtime, mean_fraction=float(self.mean_fraction)
+            )
         else:
-            rel, mean = pca(X, self._rank(X), **kw), None
-            report = dict(rel.report)
+            selection = Selection() if select else None
+            rel = release_pca(X, params, options, runtime, selection=selection)
+            mean, report = None, dict(rel.report)
         n, d = (int(s) for s in report["shape"])
-        scale = float(self.row_norm_bound) ** 2 if kw["private"] else 1.0
+        scale = float(self.row_norm_bound) ** 2 if params.private else 1.0
         self.components_ = np.ascontiguousarray(np.asarray(rel.components).T)
         self.n_components_ = int(self.components_.shape[0])
         self.n_features_in_ = d

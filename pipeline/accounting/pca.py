@@ -57,11 +57,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pipeline._validation import (
-    check_float_in_interval,
-    check_int_in_range,
-    check_privacy_pair,
-)
+from pipeline._validation import check_int_in_range, check_privacy_pair
 from pipeline.accounting.events import GaussianEvent
 from pipeline.accounting.gaussian import (
     gaussian_delta,
@@ -77,6 +73,7 @@ from pipeline.accounting.pca_sensitivity import (
 )
 from pipeline.accounting.pca_sensitivity import check_choice as _check_choice
 from pipeline.errors import InvalidParameterError, PrivacyConfigError
+from pipeline.params import PcaParams
 
 if TYPE_CHECKING:
     import dp_accounting
@@ -446,140 +443,76 @@ def _gdp_noise(
     )
 
 
-def _check_pca_args(
-    *,
-    rank: object,
-    n_features: object,
-    method: object,
-    iterations: object,
-    clip_radius: object,
-    accounting: object,
-    sensitivity: object,
-    neighboring: object,
-    init_fraction: object,
-    h_fraction: object,
-    beta: object,
-    gamma_scale: object,
-    cap_radius: object,
-) -> dict[str, Any]:
-    d = check_int_in_range(n_features, "n_features", 2)
-    args: dict[str, Any] = {
-        "n_features": d,
-        "rank": check_int_in_range(rank, "rank", 1, d, what="[1, n_features]"),
-        "method": _check_choice(method, "method", METHODS),
-        "accounting": _check_choice(accounting, "accounting", ACCOUNTINGS),
-        "sensitivity": _check_choice(sensitivity, "sensitivity", SENSITIVITIES),
-        "neighboring": _check_choice(neighboring, "neighboring", NEIGHBORINGS),
-        "init_fraction": check_float_in_interval(init_fraction, "init_fraction", 0, 1),
-        "h_fraction": check_float_in_interval(h_fraction, "h_fraction", 0.0, 1.0),
-        "beta": check_float_in_interval(beta, "beta", 0.0, 1.0),
-        "gamma_scale": check_float_in_interval(
-            gamma_scale, "gamma_scale", 0.0, math.inf
-        ),
-    }
-    if cap_radius is not None and not isinstance(cap_radius, bool):
-        raise InvalidParameterError(
-            f"cap_radius must be None, True or False, got cap_radius={cap_radius!r}."
-        )
-    args["cap_radius"] = (
-        args["accounting"] != "paper" if cap_radius is None else cap_radius
-    )
-    if args["method"] == "power":
-        if iterations is None:
+def _iterations_of(params: PcaParams, method: str) -> int:
+    """``T`` of ``method``, with the checks that depend on it (not ``PcaParams``')."""
+    if method == "power":
+        if params.iterations is None:
             raise InvalidParameterError(
                 "iterations must be given for method='power' (a public T >= 1, "
                 "e.g. 3 to 10); it is never chosen from the data, got "
                 "iterations=None."
             )
-        args["iterations"] = check_int_in_range(iterations, "iterations", 1)
-        if clip_radius is None:
+        t = check_int_in_range(params.iterations, "iterations", 1)
+        if params.clip_radius is None:
             raise PrivacyConfigError(
                 "clip_radius must be given for method='power' (a public R > 0; "
                 "for near-i.i.d. rows 2 sqrt(k log(n) / n) is a reasonable "
                 "guess), got clip_radius=None."
             )
-    elif iterations not in (None, 0) or isinstance(iterations, bool):
+        return t
+    if params.iterations not in (None, 0) or isinstance(params.iterations, bool):
         raise InvalidParameterError(
             "iterations must be None or 0 for method='analyze-gauss', got "
-            f"iterations={iterations!r}."
+            f"iterations={params.iterations!r}."
         )
-    else:
-        args["iterations"] = 0
-    args["clip_radius"] = (
-        None
-        if clip_radius is None
-        else check_float_in_interval(
-            clip_radius, "clip_radius", 0.0, math.inf, privacy=True
-        )
-    )
-    if args["accounting"] == "paper" and args["method"] == "power":
-        for name in ("init_fraction", "h_fraction"):
-            if args[name] != 0.5:
-                raise InvalidParameterError(
-                    f"{name} must be 0.5 with accounting='paper' ([P, Alg. 3] "
-                    f"splits the budget in halves), got {name}={args[name]!r}."
-                )
-    return args
+    return 0
+
+
+def _check_paper_split(params: PcaParams, t: int) -> None:
+    """[P, Alg. 3] splits a paper-mode power run's budget in halves."""
+    if params.accounting != "paper" or t == 0:
+        return
+    for name in ("init_fraction", "h_fraction"):
+        value = float(getattr(params, name))
+        if value != 0.5:
+            raise InvalidParameterError(
+                f"{name} must be 0.5 with accounting='paper' ([P, Alg. 3] "
+                f"splits the budget in halves), got {name}={value!r}."
+            )
 
 
 def calibrate_pca(
-    *,
-    epsilon: float,
-    delta: float,
-    rank: int,
-    n_features: int,
-    method: str = "power",
-    iterations: int | None = None,
-    clip_radius: float | None = None,
-    accounting: str = "gdp",
-    sensitivity: str = "tight",
-    neighboring: str = "add-remove",
-    init_fraction: float = 0.5,
-    h_fraction: float = 0.5,
-    beta: float = 0.1,
-    gamma_scale: float = 1.0,
-    cap_radius: bool | None = None,
+    params: PcaParams, *, n_features: int, cap_radius: bool | None = None
 ) -> PcaCalibration:
     """Calibrate the noise of a private PCA run with public ``(R, T)``.
 
     Parameters
     ----------
-    epsilon : float
-        ``> 0``; any value in ``"gdp"`` mode, ``<= 2`` (power) or ``<= 1``
-        (Analyze Gauss) in ``"paper"`` mode.
-    delta : float
-        In ``(0, 1)``.
-    rank : int
-        ``k``, ``1 <= k <= n_features``.
+    params : PcaParams
+        The run's public parameters, each field validated by ``PcaParams``:
+        ``epsilon`` (``<= 2`` for the power method, ``<= 1`` for Analyze
+        Gauss in ``"paper"`` accounting), ``delta``; ``rank`` ``k`` with
+        ``1 <= k <= n_features``; ``method`` ``"power"`` ([P, Alg. 3]:
+        Analyze Gauss then T power iterations) or ``"analyze-gauss"`` ([P,
+        Alg. 1] alone with the whole budget) -- ``"auto"`` is resolved by the
+        plan first; ``iterations`` ``T >= 1`` and ``clip_radius`` ``R > 0``,
+        required for ``"power"`` (public constants, never chosen from the
+        data; ``iterations`` None or 0 for ``"analyze-gauss"``);
+        ``accounting`` (exact GDP or [P]'s literal constants);
+        ``sensitivity`` (under replacement ``s_gram = sqrt(2)``, the supremum,
+        or [P]'s 2 for ``M`` and ``H``; ``Z`` has ``2 R`` in both modes; under
+        add/remove both modes give 1 and ``R``,
+        :mod:`pipeline.accounting.pca_sensitivity`); ``neighboring``;
+        ``init_fraction`` ``f0``, the share of ``rho = mu^2/2`` spent on
+        ``M``, and ``h_fraction`` ``fH``, the share of each iteration's
+        ``rho`` spent on ``H`` (both 0.5 in paper mode; ``f0`` unused by
+        Analyze Gauss); ``beta``, the failure probability of the utility
+        analysis (it sets ``gamma`` only, never the privacy); ``gamma_scale``,
+        a public multiplier of [P]'s eigenvalue floor (decision D4).
+        ``row_norm_bound``, ``route`` and ``private`` are not the
+        accounting's (a non-private run has no calibration).
     n_features : int
         ``d >= 2``.
-    method : {"power", "analyze-gauss"}, optional
-        [P, Alg. 3] (Analyze Gauss then T power iterations) or [P, Alg. 1]
-        alone with the whole budget.
-    iterations : int or None, optional
-        ``T >= 1``, required for ``"power"`` (a public constant, never chosen
-        from the data); None or 0 for ``"analyze-gauss"``.
-    clip_radius : float or None, optional
-        Public clip radius ``R > 0``, required for ``"power"``.
-    accounting : {"gdp", "paper"}, optional
-        Exact GDP calibration (default) or [P]'s literal constants.
-    sensitivity : {"tight", "paper"}, optional
-        Under replacement ``s_gram = sqrt(2)`` (the supremum) or [P]'s 2 for
-        ``M`` and ``H``; ``Z`` has ``2 R`` in both modes. Under add/remove
-        both modes give 1 and ``R`` (:mod:`pipeline.accounting.pca_sensitivity`).
-    neighboring : {"add-remove", "replace"}, optional
-        The neighbouring relation (default add/remove, as ``factorize``).
-    init_fraction : float, optional
-        ``f0`` in ``(0, 1)``: share of ``rho = mu^2/2`` spent on ``M``
-        (must be 0.5 in paper mode; unused by Analyze Gauss).
-    h_fraction : float, optional
-        ``fH`` in ``(0, 1)``: share of each iteration's ``rho`` spent on ``H``
-        (must be 0.5 in paper mode).
-    beta : float, optional
-        In ``(0, 1)``: failure probability of the utility analysis; it sets
-        ``gamma`` only, never the privacy.
-    gamma_scale : float, optional
-        Public ``> 0`` multiplier of [P]'s eigenvalue floor (decision D4).
     cap_radius : bool or None, optional
         Use ``R_eff = min(R, gamma^(-1/2))``; None means True except in
         paper mode.
@@ -593,10 +526,12 @@ def calibrate_pca(
     Raises
     ------
     PrivacyConfigError
-        For an invalid ``(epsilon, delta)`` or ``clip_radius``, or a paper-mode
+        For a missing ``(epsilon, delta)`` or ``clip_radius``, or a paper-mode
         precondition that does not hold (the message names it).
     InvalidParameterError
-        For any other parameter out of range; the message names it.
+        For ``n_features``, a ``rank`` or ``iterations`` out of range, a
+        method other than the two, or a paper-mode split other than halves;
+        the message names it.
 
     Notes
     -----
@@ -613,36 +548,31 @@ def calibrate_pca(
 
     Examples
     --------
-    >>> cal = calibrate_pca(epsilon=1.0, delta=1e-6, rank=2, n_features=64,
-    ...     iterations=10, clip_radius=0.05, sensitivity="paper", neighboring="replace")
+    >>> from pipeline.params import PcaParams
+    >>> p = PcaParams(rank=2, epsilon=1.0, delta=1e-6, method="power", iterations=10,
+    ...     clip_radius=0.05, sensitivity="paper", neighboring="replace")
+    >>> cal = calibrate_pca(p, n_features=64)
     >>> [(m.label, m.shape, m.count) for m in cal.mechanisms]
     [('M', (64, 64), 1), ('H', (2, 2), 10), ('Z', (64, 2), 10)]
     >>> round(cal.mu, 4), round(cal.noise_init, 2), round(cal.noise_H, 1)
     (0.2367, 11.95, 53.4)
-    >>> tight = calibrate_pca(epsilon=1.0, delta=1e-6, rank=2, n_features=64,
-    ...     iterations=10, clip_radius=0.05)
+    >>> tight = calibrate_pca(PcaParams(rank=2, epsilon=1.0, delta=1e-6,
+    ...     method="power", iterations=10, clip_radius=0.05), n_features=64)
     >>> round(tight.noise_init, 2), tight.neighboring
     (5.97, 'add-remove')
     """
-    eps, dlt = check_privacy_pair(epsilon, delta)
-    a = _check_pca_args(
-        rank=rank,
-        n_features=n_features,
-        method=method,
-        iterations=iterations,
-        clip_radius=clip_radius,
-        accounting=accounting,
-        sensitivity=sensitivity,
-        neighboring=neighboring,
-        init_fraction=init_fraction,
-        h_fraction=h_fraction,
-        beta=beta,
-        gamma_scale=gamma_scale,
-        cap_radius=cap_radius,
-    )
-    t, d, k = a["iterations"], a["n_features"], a["rank"]
-    sens = pca_sensitivities(a["sensitivity"], a["neighboring"])
-    noise_init, noise_h, noise_z = _noise_levels(eps, dlt, a, sens)
+    eps, dlt = check_privacy_pair(params.epsilon, params.delta)
+    d = check_int_in_range(n_features, "n_features", 2)
+    k = check_int_in_range(params.rank, "rank", 1, d, what="[1, n_features]")
+    method = _check_choice(params.method, "method", METHODS)
+    if cap_radius is not None and not isinstance(cap_radius, bool):
+        raise InvalidParameterError(
+            f"cap_radius must be None, True or False, got cap_radius={cap_radius!r}."
+        )
+    t = _iterations_of(params, method)
+    _check_paper_split(params, t)
+    sens = pca_sensitivities(params.sensitivity, params.neighboring)
+    noise_init, noise_h, noise_z = _noise_levels(eps, dlt, params, t, sens)
     init = PcaMechanism(
         label="M", shape=(d, d), symmetric=True, sensitivity=sens.gram,
         sigma=noise_init, count=1,
@@ -652,57 +582,71 @@ def calibrate_pca(
     if t > 0:
         assert noise_h is not None
         assert noise_z is not None
-        gamma, r_eff, per_iteration = _iteration_mechanisms(a, sens, noise_h, noise_z)
+        cap = params.accounting != "paper" if cap_radius is None else cap_radius
+        gamma, r_eff, per_iteration = _iteration_mechanisms(
+            params, (d, k, t), cap, sens, (noise_h, noise_z)
+        )
         mechanisms += per_iteration
+    requested = params.clip_radius
     return PcaCalibration(
         epsilon=eps,
         delta=dlt,
-        method=a["method"],
-        accounting=a["accounting"],
-        sensitivity_mode=a["sensitivity"],
+        method=method,
+        accounting=params.accounting,
+        sensitivity_mode=params.sensitivity,
         rank=k,
         n_features=d,
         iterations=t,
         clip_radius=r_eff,
-        requested_clip_radius=a["clip_radius"],
-        beta=a["beta"],
-        init_fraction=a["init_fraction"] if t > 0 else 1.0,
-        h_fraction=a["h_fraction"],
+        requested_clip_radius=None if requested is None else float(requested),
+        beta=float(params.beta),
+        init_fraction=float(params.init_fraction) if t > 0 else 1.0,
+        h_fraction=float(params.h_fraction),
         noise_init=noise_init,
         noise_H=noise_h,
         noise_Z=noise_z,
         gamma=gamma,
         mechanisms=tuple(mechanisms),
-        neighboring=a["neighboring"],
+        neighboring=params.neighboring,
     )
 
 
 def _noise_levels(
-    eps: float, dlt: float, a: dict[str, Any], sens: Any
+    eps: float, dlt: float, params: PcaParams, t: int, sens: PcaSensitivities
 ) -> tuple[float, float | None, float | None]:
     """``(noise_init, noise_H, noise_Z)`` in the paper's or the GDP accounting."""
-    t = a["iterations"]
-    if a["accounting"] == "paper":
+    if params.accounting == "paper":
         c = paper_constants(eps, dlt, t)
         return float(c["noise_init"]), c["noise_iter"], c["noise_iter"]
     mu = 1.0 / gaussian_noise_multiplier(eps, dlt)
-    return _gdp_noise(mu, sens, t, a["init_fraction"], a["h_fraction"])
+    fractions = float(params.init_fraction), float(params.h_fraction)
+    return _gdp_noise(mu, sens, t, *fractions)
 
 
 def _iteration_mechanisms(
-    a: dict[str, Any], sens: Any, noise_h: float, noise_z: float
+    params: PcaParams,
+    dkt: tuple[int, int, int],
+    cap: bool,
+    sens: PcaSensitivities,
+    noise: tuple[float, float],
 ) -> tuple[float, float, list[PcaMechanism]]:
-    """``(gamma, R_eff, [H, Z])``: the eigenvalue floor, the radius, the T-fold releases."""
-    t, d, k = a["iterations"], a["n_features"], a["rank"]
+    """``(gamma, R_eff, [H, Z])``: the eigenvalue floor, the radius, the T-fold releases.
+
+    ``dkt`` is ``(d, k, T)``, ``noise`` is ``(noise_H, noise_Z)``; ``cap`` caps
+    the radius at ``gamma^(-1/2)``.
+    """
+    (d, k, t), (noise_h, noise_z) = dkt, noise
+    beta = float(params.beta)
     # [P, Alg. 2, step 1] with beta/2 from [P, Alg. 3, step 3] (decision D4).
     gamma = (
-        a["gamma_scale"]
+        float(params.gamma_scale)
         * 4.0
         * noise_h
-        * (2.0 * math.sqrt(k) + math.sqrt(2.0 * math.log(16.0 * t / a["beta"])))
+        * (2.0 * math.sqrt(k) + math.sqrt(2.0 * math.log(16.0 * t / beta)))
     )
-    r_eff = a["clip_radius"]
-    if a["cap_radius"]:
+    assert params.clip_radius is not None  # required for the power method
+    r_eff = float(params.clip_radius)
+    if cap:
         r_eff = min(r_eff, gamma**-0.5)
     return gamma, r_eff, [
         PcaMechanism(

@@ -33,14 +33,9 @@ from pipeline._validation import (
     check_privacy_pair,
 )
 from pipeline.accounting.events import ApproxDpEvent
-from pipeline.accounting.pca_sensitivity import (
-    NEIGHBORINGS,
-    SENSITIVITIES,
-    PcaSensitivities,
-    pca_sensitivities,
-)
-from pipeline.accounting.pca_sensitivity import check_choice as _check_choice
+from pipeline.accounting.pca_sensitivity import PcaSensitivities, pca_sensitivities
 from pipeline.errors import InvalidParameterError, PrivacyConfigError
+from pipeline.params import PcaParams
 
 if TYPE_CHECKING:
     import dp_accounting
@@ -507,31 +502,26 @@ def _solve_nu(
 
 
 def calibrate_selection(
+    params: PcaParams,
     *,
-    epsilon: float,
-    delta: float,
-    rank: int,
     n_rows: int,
     n_features: int,
     radii: Sequence[float],
     iteration_grid: Sequence[int],
-    beta: float = 0.1,
     expected_trials: float | None = None,
     max_trials: int | None = None,
-    sensitivity: str = "tight",
-    gamma_scale: float = 1.0,
-    neighboring: str = "add-remove",
 ) -> SelectionCalibration:
     """Calibrate the noise of the private selection of ``(R, T)`` [P, Alg. 5].
 
     Parameters
     ----------
-    epsilon : float
-        ``> 0``.
-    delta : float
-        In ``(0, 1)``.
-    rank : int
-        ``k``, ``1 <= k < n_features``.
+    params : PcaParams
+        ``epsilon`` (``> 0``) and ``delta`` (in ``(0, 1)``); ``rank`` ``k``,
+        ``1 <= k < n_features``; ``beta`` in ``(0, 1)`` (``theta = beta / (8m)``
+        by default, ``m`` the grid size); ``sensitivity`` (``s_gram`` of ``M``
+        and ``H`` and ``s_score = s_gram / h``); ``gamma_scale`` (public
+        ``> 0`` multiplier of the eigenvalue floor); ``neighboring`` (the
+        relation of the sensitivities). Its other fields are a fixed run's.
     n_rows : int
         ``n >= 1`` (public under replacement adjacency).
     n_features : int
@@ -540,20 +530,12 @@ def calibrate_selection(
         Public grid of clip radii, distinct, each ``> 0``.
     iteration_grid : sequence of int
         Public grid of iteration counts, distinct, each ``>= 1``.
-    beta : float, optional
-        In ``(0, 1)``; ``theta = beta / (8m)`` by default, ``m`` the grid size.
     expected_trials : float or None, optional
         ``E[N] >= 1``; overrides the default ``theta`` with ``1/E[N]``.
     max_trials : int or None, optional
         ``N_max >= 1``; default ``ceil(L / theta)`` with
         ``L = max(20, epsilon + log(100 / delta))`` (``q ~ e^-L``; the cap then
         costs at most 1% of delta, for any epsilon).
-    sensitivity : {"tight", "paper"}, optional
-        ``s_gram`` of ``M`` and ``H`` and ``s_score = s_gram / h``.
-    gamma_scale : float, optional
-        Public ``> 0`` multiplier of the eigenvalue floor.
-    neighboring : {"add-remove", "replace"}, optional
-        The neighbouring relation of the sensitivities.
 
     Returns
     -------
@@ -584,19 +566,19 @@ def calibrate_selection(
 
     Examples
     --------
-    >>> sel = calibrate_selection(epsilon=1.0, delta=1e-6, rank=2, n_rows=2**16,
-    ...     n_features=64, radii=[0.01, 0.02, 0.04, 0.08], iteration_grid=[1, 2, 4])
+    >>> from pipeline.params import PcaParams
+    >>> sel = calibrate_selection(PcaParams(rank=2, epsilon=1.0, delta=1e-6),
+    ...     n_rows=2**16, n_features=64, radii=[0.01, 0.02, 0.04, 0.08],
+    ...     iteration_grid=[1, 2, 4])
     >>> sel.n_grid, sel.max_trials, sel.rdp_epsilon <= 1.0
     (12, 19200, True)
     """
-    eps, dlt = check_privacy_pair(epsilon, delta)
+    eps, dlt = check_privacy_pair(params.epsilon, params.delta)
     d = check_int_in_range(n_features, "n_features", 2)
-    k = check_int_in_range(rank, "rank", 1, d - 1, what="[1, n_features - 1]")
+    k = check_int_in_range(params.rank, "rank", 1, d - 1, what="[1, n_features - 1]")
     n = check_int_in_range(n_rows, "n_rows", 1)
-    b = check_float_in_interval(beta, "beta", 0.0, 1.0)
-    mode = _check_choice(sensitivity, "sensitivity", SENSITIVITIES)
-    relation = _check_choice(neighboring, "neighboring", NEIGHBORINGS)
-    g_scale = check_float_in_interval(gamma_scale, "gamma_scale", 0.0, math.inf)
+    b, g_scale = float(params.beta), float(params.gamma_scale)
+    mode, relation = params.sensitivity, params.neighboring
     rs, ts = _check_grids(radii, iteration_grid)
     m = len(rs) * len(ts)
     if expected_trials is None:

@@ -49,13 +49,9 @@ from pipeline._validation import (
 )
 from pipeline.accounting.gaussian import gaussian_delta, gaussian_noise_multiplier
 from pipeline.accounting.pca import PcaCalibration, PcaMechanism
-from pipeline.accounting.pca_sensitivity import (
-    NEIGHBORINGS,
-    SENSITIVITIES,
-    check_choice,
-    pca_sensitivities,
-)
+from pipeline.accounting.pca_sensitivity import pca_sensitivities
 from pipeline.errors import InvalidParameterError, PrivacyConfigError
+from pipeline.params import PcaParams
 
 __all__ = ["CandidateSelection", "calibrate_candidates"]
 
@@ -247,37 +243,30 @@ def _check_candidates(candidates: object) -> tuple[tuple[float | None, int], ...
 
 
 def calibrate_candidates(
+    params: PcaParams,
     *,
-    epsilon: float,
-    delta: float,
-    rank: int,
     n_rows: int,
     n_features: int,
     candidates: Sequence[tuple[float | None, int]],
-    sensitivity: str = "tight",
-    neighboring: str = "add-remove",
     init_fraction: float = INIT_FRACTION,
     score_fraction: float = SCORE_FRACTION,
-    h_fraction: float = 0.5,
-    beta: float = 0.1,
-    gamma_scale: float = 1.0,
 ) -> CandidateSelection:
     """Calibrate an exhaustive selection over ``candidates`` (see the module notes).
 
     Parameters
     ----------
-    epsilon, delta : float
-        The guarantee of the whole selection.
-    rank, n_rows, n_features : int
-        ``1 <= k < d``; ``n >= 1``.
+    params : PcaParams
+        ``epsilon``, ``delta`` (the guarantee of the whole selection), ``rank``
+        ``k`` (``1 <= k < d``), ``sensitivity``, ``neighboring``, ``h_fraction``
+        (see the module notes), ``beta`` and ``gamma_scale`` (eigenvalue floor
+        and score gap; utility only). Its ``init_fraction`` is a fixed run's:
+        the selection's is the argument below.
+    n_rows, n_features : int
+        ``n >= 1``; ``d >= 2``.
     candidates : sequence of (float or None, int)
         Public ``(R, T)`` pairs; ``(None, 0)`` is Analyze Gauss.
-    sensitivity : {"tight", "paper"}
-    neighboring : {"add-remove", "replace"}
-    init_fraction, score_fraction, h_fraction : float
+    init_fraction, score_fraction : float, optional
         Shares of the budget (see the module notes), each in (0, 1).
-    beta, gamma_scale : float
-        Eigenvalue floor and score-gap parameters (utility only).
 
     Returns
     -------
@@ -285,24 +274,22 @@ def calibrate_candidates(
 
     Examples
     --------
-    >>> sel = calibrate_candidates(epsilon=1.0, delta=1e-6, rank=2, n_rows=10**4,
-    ...     n_features=64, candidates=[(None, 0), (0.06, 3)])
+    >>> from pipeline.params import PcaParams
+    >>> sel = calibrate_candidates(PcaParams(rank=2, epsilon=1.0, delta=1e-6),
+    ...     n_rows=10**4, n_features=64, candidates=[(None, 0), (0.06, 3)])
     >>> [m.label for m in sel.mechanisms], round(sel.realised_epsilon(), 6)
     (['M', 'H[1]', 'Z[1]', 's'], 1.0)
     >>> round(sel.noise_init * 0.2367, 2)  # 1/sqrt(0.6) of Analyze Gauss's noise
     1.29
     """
-    eps, dlt = check_privacy_pair(epsilon, delta)
+    eps, dlt = check_privacy_pair(params.epsilon, params.delta)
     d = check_int_in_range(n_features, "n_features", 2)
-    k = check_int_in_range(rank, "rank", 1, d - 1, what="[1, n_features - 1]")
+    k = check_int_in_range(params.rank, "rank", 1, d - 1, what="[1, n_features - 1]")
     n = check_int_in_range(n_rows, "n_rows", 1)
-    mode = check_choice(sensitivity, "sensitivity", SENSITIVITIES)
-    relation = check_choice(neighboring, "neighboring", NEIGHBORINGS)
+    mode, relation = params.sensitivity, params.neighboring
     f0 = check_float_in_interval(init_fraction, "init_fraction", 0.0, 1.0)
     fs = check_float_in_interval(score_fraction, "score_fraction", 0.0, 1.0)
-    fh = check_float_in_interval(h_fraction, "h_fraction", 0.0, 1.0)
-    b = check_float_in_interval(beta, "beta", 0.0, 1.0)
-    g = check_float_in_interval(gamma_scale, "gamma_scale", 0.0, math.inf)
+    fh, b, g = float(params.h_fraction), float(params.beta), float(params.gamma_scale)
     cands = _check_candidates(candidates)
     n_power = sum(t > 0 for _, t in cands)
     if f0 + fs >= 1.0 and n_power:

@@ -50,7 +50,13 @@ from pipeline.jobs.pca import (
     relation_text,
 )
 from pipeline.mechanisms.noise import GaussianNoise, NoiseKey
-from pipeline.params import PcaParams, PrivacyUnit, ReleaseOptions, Runtime
+from pipeline.params import (
+    Neighboring,
+    PcaParams,
+    PrivacyUnit,
+    ReleaseOptions,
+    Runtime,
+)
 
 __all__ = ["MEAN_SENSITIVITY", "centred_pca", "release_mean", "split_mean_budget"]
 
@@ -215,25 +221,28 @@ def release_mean(
 
 def centred_pca(
     X: Any,
-    rank: int | None,
-    kw: dict[str, Any],
+    params: PcaParams,
+    options: ReleaseOptions,
+    runtime: Runtime,
     *,
     mean_fraction: float,
-    row_norm_bound: float,
 ) -> tuple[Any, FloatArray, dict[str, Any]]:
     """DP mean, centre, re-clip, PCA (spec power-pca D8): one release.
 
     Parameters
     ----------
     X : numpy array, dask array or Zarr path (validated by the caller)
-    rank : int or None
-        ``k``; None for every component.
-    kw : dict
-        Keyword arguments of :func:`pipeline.api.pca` (validated).
+    params : PcaParams
+        The fit's parameters (a fixed run: no selection); ``rank`` is ``k``,
+        ``row_norm_bound`` the public ``C``, ``epsilon`` and ``delta`` the
+        budget of the two releases together.
+    options : ReleaseOptions
+        The ledger, budget, dataset and test-only noise seed (nothing is
+        published).
+    runtime : Runtime
+        The scheduler.
     mean_fraction : float
         Share of ``mu^2`` spent on the mean, in (0, 1).
-    row_norm_bound : float
-        Public ``C``.
 
     Returns
     -------
@@ -259,96 +268,83 @@ def centred_pca(
     }
     if not isinstance(array, np.ndarray) and array.numblocks[1] > 1:
         array = array.rechunk({1: -1})  # a row's norm needs all its columns
-    k = int(shape[1]) if rank is None else int(rank)
-    C, f = float(row_norm_bound), float(mean_fraction)
-    if not kw["private"]:
-        rel, mean, extra = _fit_centred_exactly(array, k, C, kw, extra)
+    C, f = float(params.row_norm_bound), float(mean_fraction)
+    if not params.private:
+        rel, mean, extra = _fit_centred_exactly(
+            array, C, params, (options, runtime), extra
+        )
         return rel, mean, centring_report(dict(rel.report), extra)
     # public values only: refused by the job (bad split, over budget) before any read
-    plan = extra["plan"] = centred_plan(kw, shape, k, f)
+    plan = extra["plan"] = centred_plan(params, shape, f)
     contract = PrivacyContract(
-        unit=PrivacyUnit.ROW, neighboring=kw["neighboring"], clip_norm=C,
+        unit=PrivacyUnit.ROW, neighboring=Neighboring(params.neighboring), clip_norm=C,
         epsilon=plan["epsilon"], delta=plan["delta"], accountant=Accountant.GDP,
-        shape=shape, secret_noise=kw["insecure_noise_seed"] is None,
+        shape=shape, secret_noise=options.insecure_noise_seed is None,
     )  # fmt: skip
-    params = dataclasses.asdict(plan["pca_plan"].params)
+    parameters = dataclasses.asdict(plan["pca_plan"].params)
     spec = ReleaseSpec(
         kind="pca-centred", contract=contract,
         calibration=plan["joint_calibration"],
-        parameters={**params, "mean_fraction": f, "row_norm_bound": C},
-        input=InputRef.of(info, array), ledger=kw["ledger"], budget=kw["budget"],
-        insecure_noise_seed=kw["insecure_noise_seed"], dataset=kw["dataset"],
+        parameters={**parameters, "mean_fraction": f, "row_norm_bound": C},
+        input=InputRef.of(info, array), ledger=options.ledger, budget=options.budget,
+        insecure_noise_seed=options.insecure_noise_seed, dataset=options.dataset,
     )  # fmt: skip
     job = _CentredPca(array=array, info=info, plan=plan, row_norm_bound=C,
                       mean_fraction=f)  # fmt: skip
-    rel = run_release(spec, job, Runtime(scheduler=kw["scheduler"]))
+    rel = run_release(spec, job, runtime)
     extra["mean_release_id"] = rel.report["release_id"]
     assert job.mean is not None
     return rel, job.mean * C, centring_report(dict(rel.report), extra)
 
 
 def _fit_centred_exactly(
-    array: Any, k: int, C: float, kw: dict[str, Any], extra: dict[str, Any]
+    array: Any,
+    C: float,
+    params: PcaParams,
+    run: tuple[ReleaseOptions, Runtime],
+    extra: dict[str, Any],
 ) -> tuple[Any, FloatArray, dict[str, Any]]:
     """The non-private baseline: the exact mean of the raw rows."""
-    n = extra["n"]
+    n, (options, runtime) = extra["n"], run
     if isinstance(array, np.ndarray):
         mean = _row_total(array, None, C, clip=False).value / n
         centred = _centred_rows(array, mean, C, clip=False)
-        return _pca(centred, k, kw), mean, extra
+        return _pca(centred, params, options, runtime), mean, extra
     from pipeline.execution import cluster_client  # heavy: distributed, dask
 
-    with cluster_client(kw["scheduler"]) as (client, cinfo):
-        run_kw = dict(kw)
+    with cluster_client(runtime.scheduler) as (client, cinfo):
         if cinfo.kind == "local":
             # the embedded cluster is not the default client: point pca at it
-            run_kw["scheduler"] = cinfo.address  # the client's scheduler address
+            runtime = dataclasses.replace(runtime, scheduler=cinfo.address)
         mean = _row_total(array, client, C, clip=False).value / n
         centred = _centred_rows(array, mean, C, clip=False)
-        return _pca(centred, k, run_kw), mean, extra
+        return _pca(centred, params, options, runtime), mean, extra
 
 
-def _pca(source: Any, k: int, kw: dict[str, Any]) -> Any:
-    """A fixed PCA release of ``source`` with the estimator's parameters ``kw``
-    (those of :func:`pipeline.api.pca`), through the PCA job."""
-    names = {f.name for f in dataclasses.fields(PcaParams)}
-    params = PcaParams(rank=k, **{n: v for n, v in kw.items() if n in names})
-    options = ReleaseOptions(
-        ledger=kw["ledger"], budget=kw["budget"], dataset=kw["dataset"],
-        insecure_noise_seed=kw["insecure_noise_seed"],
-    )  # fmt: skip
+def _pca(
+    source: Any, params: PcaParams, options: ReleaseOptions, runtime: Runtime
+) -> Any:
+    """A fixed PCA release of ``source`` through the PCA job."""
     spec, job = pca_release_spec(params, source, None, options)
-    return run_release(spec, job, Runtime(scheduler=kw["scheduler"]))
+    return run_release(spec, job, runtime)
 
 
-def centred_plan(
-    kw: dict[str, Any], shape: tuple[int, int], k: int, f: float
-) -> dict[str, Any]:
+def centred_plan(params: PcaParams, shape: tuple[int, int], f: float) -> dict[str, Any]:
     """Budget split, the PCA's calibration, the ledger -- public values only."""
-    eps, dlt = kw["epsilon"], kw["delta"]
+    eps, dlt = check_privacy_pair(params.epsilon, params.delta)
     mu_total, eps_pca = split_mean_budget(eps, dlt, f)
-    params = PcaParams(
-        rank=k,
+    pca_params = dataclasses.replace(
+        params,
         epsilon=eps_pca,
-        delta=dlt,
-        method=kw["method"],
-        iterations=kw["iterations"],
-        clip_radius=kw["clip_radius"],
-        accounting=kw["accounting"],
-        sensitivity=kw["sensitivity"],
         # centred with the released mean, a zero row becomes -mean: the PCA
         # of the centred rows sees one row *replaced*, whatever the relation
         neighboring="replace",
-        init_fraction=kw["init_fraction"],
-        h_fraction=kw["h_fraction"],
-        beta=kw["beta"],
-        gamma_scale=kw["gamma_scale"],
         row_norm_bound=1.0,
     )
-    pca_plan = plan_pca(params, shape)
+    pca_plan = plan_pca(pca_params, shape)
     mu_pca = float(pca_plan.calibration.mu)
     mu_m = _mean_mu(mu_total, mu_pca, f, eps, dlt)
-    s_mean = MEAN_SENSITIVITY if kw["neighboring"] == "replace" else 1.0
+    s_mean = MEAN_SENSITIVITY if params.neighboring == "replace" else 1.0
     sigma_m = s_mean / mu_m
     mu_joint = math.hypot(mu_m, mu_pca)
     mean_cal = _gaussian_release_calibration(

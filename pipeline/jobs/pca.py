@@ -48,7 +48,7 @@ from pipeline.mechanisms.signal import (
     signal_of,
     symmetric_norm_bound,
 )
-from pipeline.params import Neighboring, PrivacyUnit, ReleaseOptions
+from pipeline.params import Neighboring, PcaParams, PrivacyUnit, ReleaseOptions
 
 __all__ = [
     "PCA_BAND_BYTES",
@@ -111,7 +111,9 @@ class Selection:
         )
 
 
-def pca_plan(params: Any, shape: tuple[int, int], selection: Selection | None) -> Any:
+def pca_plan(
+    params: PcaParams, shape: tuple[int, int], selection: Selection | None
+) -> Any:
     """The plan of a fixed run, or of a selection with its calibration."""
     if selection is None:
         return plan_pca(params, shape)
@@ -132,17 +134,15 @@ def pca_plan(params: Any, shape: tuple[int, int], selection: Selection | None) -
     radii = selection.radii if selection.radii is not None else radii
     grid = selection.iterations if selection.iterations is not None else grid
     cal = calibrate_selection(
-        epsilon=params.epsilon, delta=params.delta, rank=params.rank,
-        n_rows=shape[0], n_features=shape[1], radii=radii, iteration_grid=grid,
-        beta=params.beta,
+        params, n_rows=shape[0], n_features=shape[1], radii=radii, iteration_grid=grid,
         expected_trials=selection.expected_trials,
-        sensitivity=params.sensitivity, gamma_scale=params.gamma_scale,
-        neighboring=params.neighboring,
     )  # fmt: skip
     return dataclasses.replace(plan, calibration=cal, n_passes=-1)
 
 
-def _candidates_of(params: Any, shape: tuple[int, int], selection: Selection) -> Any:
+def _candidates_of(
+    params: PcaParams, shape: tuple[int, int], selection: Selection
+) -> Any:
     """Exhaustive selection: Analyze Gauss and the public (R, T) candidates.
 
     Default candidates: Analyze Gauss and the power method at the ``auto``
@@ -152,11 +152,8 @@ def _candidates_of(params: Any, shape: tuple[int, int], selection: Selection) ->
     iterations = selection.iterations or (AUTO_ITERATIONS,)
     candidates = [(None, 0)] + [(float(r), int(t)) for t in iterations for r in radii]
     return calibrate_candidates(
-        epsilon=params.epsilon, delta=params.delta, rank=params.rank,
-        n_rows=shape[0], n_features=shape[1], candidates=candidates,
-        sensitivity=params.sensitivity, neighboring=params.neighboring,
-        h_fraction=params.h_fraction, beta=params.beta, gamma_scale=params.gamma_scale,
-    )  # fmt: skip
+        params, n_rows=shape[0], n_features=shape[1], candidates=candidates
+    )
 
 
 def pca_release_spec(

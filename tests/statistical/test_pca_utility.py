@@ -294,9 +294,7 @@ def s7_calibration(epsilon: float) -> Any:
     """The selection's calibration, exactly as ``pca(select=True, ...)`` computes it."""
     radii, grid = s7_grids()
     return calibrate_selection(
-        epsilon=epsilon,
-        delta=DELTA,
-        rank=RANK,
+        PcaParams(rank=RANK, epsilon=epsilon, delta=DELTA),
         n_rows=N_ROWS,
         n_features=N_COLS,
         radii=radii,

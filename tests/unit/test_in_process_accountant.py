@@ -35,6 +35,7 @@ from pipeline import api
 from pipeline.accounting.ledger import Ledger
 from pipeline.errors import InvalidParameterError
 from pipeline.estimators import DPPCA, DPLowRank
+from pipeline.params import PcaParams
 
 EPS, DELTA = 1.0, 1e-6
 
@@ -183,7 +184,7 @@ def test_an_approx_release_read_by_group_privacy_is_stated_with_its_grown_delta(
                               jl_factor=1.0, weight=1.0, sigma=sigma),),
     )  # fmt: skip
     sel = calibrate_selection(
-        epsilon=1.0, delta=DELTA, rank=2, n_rows=4096, n_features=8,
+        PcaParams(rank=2, epsilon=1.0, delta=DELTA), n_rows=4096, n_features=8,
         radii=(0.1, 0.2), iteration_grid=(1, 2),
     )  # fmt: skip
 

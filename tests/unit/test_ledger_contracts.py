@@ -37,6 +37,7 @@ from pipeline.errors import (
     StoreLayoutError,
 )
 from pipeline.mechanisms.clipping import clip_entries
+from pipeline.params import PcaParams
 
 DELTA = 1e-6
 NR = dp_accounting.NeighboringRelation
@@ -307,7 +308,8 @@ def test_no_proven_conversion_is_refused_in_one_line(
 @pytest.fixture(scope="module")
 def selection() -> SelectionCalibration:
     return calibrate_selection(
-        epsilon=1.0, delta=1e-6, rank=2, n_rows=4096, n_features=8, radii=(0.1, 0.2), iteration_grid=(1, 2)
+        PcaParams(rank=2, epsilon=1.0, delta=1e-6), n_rows=4096, n_features=8,
+        radii=(0.1, 0.2), iteration_grid=(1, 2),
     )  # fmt: skip
 
 

@@ -36,6 +36,7 @@ from pipeline.errors import (
     PrivacyConfigError,
     StoreLayoutError,
 )
+from pipeline.params import PcaParams
 
 EPS, DELTA = 1.0, 1e-6
 D, K = 64, 2
@@ -45,16 +46,28 @@ D, K = 64, 2
 SPEC_SETTING = {"sensitivity": "paper", "neighboring": "replace"}
 
 
+_FIELDS = {f.name for f in dataclasses.fields(PcaParams)}
+
+
+def _params(kw: dict[str, object]) -> tuple[PcaParams, dict[str, object]]:
+    """``kw`` as a :class:`PcaParams` (its fields) and the other arguments."""
+    fields = {n: v for n, v in kw.items() if n in _FIELDS}
+    return PcaParams(**fields), {n: v for n, v in kw.items() if n not in _FIELDS}  # type: ignore[arg-type]
+
+
 def calibrate_pca(**kw: object) -> PcaCalibration:
-    """:func:`pca_accounting.calibrate_pca` in the spec's setting unless told."""
-    return pca_accounting.calibrate_pca(**{**SPEC_SETTING, **kw})  # type: ignore[arg-type]
+    """:func:`pca_accounting.calibrate_pca` in the spec's setting unless told
+    (the power method unless told: ``PcaParams``' ``"auto"`` is the plan's)."""
+    params, rest = _params({"method": "power", **SPEC_SETTING, **kw})
+    return pca_accounting.calibrate_pca(params, **rest)  # type: ignore[arg-type]
 
 
 def calibrate_selection(**kw: object) -> SelectionCalibration:
     """:func:`pca_accounting.calibrate_selection` in the spec's setting unless told."""
     if kw.get("sensitivity") == "tight":
         kw = {"neighboring": "replace", **kw}
-    return pca_accounting.calibrate_selection(**{**SPEC_SETTING, **kw})  # type: ignore[arg-type]
+    params, rest = _params({**SPEC_SETTING, **kw})
+    return pca_accounting.calibrate_selection(params, **rest)  # type: ignore[arg-type]
 RECORD_KEYS = {
     "release_id",
     "time",
@@ -528,7 +541,12 @@ def test_to_dict_is_json_and_complete() -> None:
         (
             {"method": "svd"},
             InvalidParameterError,
-            r"method must be one of 'power', 'analyze-gauss', got method='svd'",
+            r"method must be one of 'auto', 'power', 'analyze-gauss', got method='svd'",
+        ),
+        (  # PcaParams allows "auto"; the plan resolves it before the accounting
+            {"method": "auto"},
+            InvalidParameterError,
+            r"method must be one of 'power', 'analyze-gauss', got method='auto'",
         ),
         (
             {"accounting": "rdp"},
@@ -1017,8 +1035,10 @@ def test_defaults_are_tight_and_add_remove() -> None:
     """The default calibration uses the exact sensitivities under add/remove
     (as factorize): M and H 1, Z R; [P]'s replacement constants stay available."""
     cal = pca_accounting.calibrate_pca(
-        epsilon=EPS, delta=DELTA, rank=K, n_features=D, iterations=10, clip_radius=0.05
-    )
+        PcaParams(rank=K, epsilon=EPS, delta=DELTA, method="power", iterations=10,
+                  clip_radius=0.05),
+        n_features=D,
+    )  # fmt: skip
     assert (cal.sensitivity_mode, cal.neighboring) == ("tight", "add-remove")
     sens = {m.label: m.sensitivity for m in cal.mechanisms}
     r = cal.clip_radius
@@ -1031,12 +1051,13 @@ def test_defaults_are_tight_and_add_remove() -> None:
     assert cal.to_dict()["neighboring"] == "add-remove"
     cal.check()
     tight_replace = pca_accounting.calibrate_pca(
-        epsilon=EPS, delta=DELTA, rank=K, n_features=D, method="analyze-gauss",
-        neighboring="replace",
+        PcaParams(rank=K, epsilon=EPS, delta=DELTA, method="analyze-gauss",
+                  neighboring="replace"),
+        n_features=D,
     )  # fmt: skip
     assert tight_replace.mechanisms[0].sensitivity == pytest.approx(math.sqrt(2.0))
     sel = pca_accounting.calibrate_selection(
-        epsilon=EPS, delta=DELTA, rank=K, n_rows=2**12, n_features=D,
+        PcaParams(rank=K, epsilon=EPS, delta=DELTA), n_rows=2**12, n_features=D,
         radii=[0.05], iteration_grid=[2],
     )  # fmt: skip
     assert (sel.sensitivity_mode, sel.neighboring) == ("tight", "add-remove")
@@ -1046,7 +1067,9 @@ def test_defaults_are_tight_and_add_remove() -> None:
 def test_check_refuses_replace_noise_declared_as_add_remove() -> None:
     """Negative control: add/remove noise relabelled as replace is under-noised."""
     cal = pca_accounting.calibrate_pca(
-        epsilon=EPS, delta=DELTA, rank=K, n_features=D, iterations=3, clip_radius=0.05
-    )
+        PcaParams(rank=K, epsilon=EPS, delta=DELTA, method="power", iterations=3,
+                  clip_radius=0.05),
+        n_features=D,
+    )  # fmt: skip
     with pytest.raises(PrivacyConfigError, match="below the bound"):
         dataclasses.replace(cal, neighboring="replace").check()

@@ -251,7 +251,7 @@ def test_selection_trials_share_passes_in_lockstep(data: np.ndarray) -> None:
     from pipeline.mechanisms.noise import NoiseKey
 
     cal = calibrate_selection(
-        epsilon=8.0, delta=1e-6, rank=K, n_rows=N, n_features=D,
+        PcaParams(rank=K, epsilon=8.0, delta=1e-6), n_rows=N, n_features=D,
         radii=(0.02, 0.04), iteration_grid=(1, 2, 4), expected_trials=12,
     )  # fmt: skip
     key = NoiseKey.insecure_from_seed(11)
@@ -379,8 +379,8 @@ def test_selection_check_catches_an_under_noised_candidate() -> None:
     from pipeline.accounting.pca_selection import calibrate_candidates
     from pipeline.errors import PrivacyConfigError
 
-    cal = calibrate_candidates(epsilon=1.0, delta=1e-6, rank=2, n_rows=N, n_features=D,
-                               candidates=[(None, 0), (0.05, 3)])  # fmt: skip
+    cal = calibrate_candidates(PcaParams(rank=2, epsilon=1.0, delta=1e-6), n_rows=N,
+                               n_features=D, candidates=[(None, 0), (0.05, 3)])  # fmt: skip
     cal.check()
     low = dataclasses.replace(cal, chi_z=(0.0, cal.chi_z[1] * 0.9))
     with pytest.raises(PrivacyConfigError, match=r"'Z\[1\]'"):
@@ -399,8 +399,8 @@ def test_selection_returns_the_candidate_with_the_smallest_noisy_score(
     from pipeline.accounting.pca_selection import calibrate_candidates
     from pipeline.mechanisms.noise import NoiseKey
 
-    cal = calibrate_candidates(epsilon=2.0, delta=1e-6, rank=K, n_rows=N, n_features=D,
-                               candidates=[(None, 0), (0.05, 2), (0.4, 1)])  # fmt: skip
+    cal = calibrate_candidates(PcaParams(rank=K, epsilon=2.0, delta=1e-6), n_rows=N,
+                               n_features=D, candidates=[(None, 0), (0.05, 2), (0.4, 1)])  # fmt: skip
     winners = set()
     for seed in range(6):
         journal = power_pca.MemoryJournal()

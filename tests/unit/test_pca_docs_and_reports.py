@@ -17,17 +17,26 @@ import numpy as np
 import pytest
 
 from pipeline import api
-from pipeline.accounting.pca import calibrate_pca
+from pipeline.accounting import pca as pca_accounting
+from pipeline.accounting.pca import PcaCalibration
 from pipeline.accounting.pca_paper import paper_constants
 from pipeline.errors import InvalidParameterError
 from pipeline.estimators import DPPCA
 from pipeline.linalg.synthetic import coherent_matrix
+from pipeline.params import PcaParams
 
 ROOT = Path(__file__).resolve().parents[2]
 N, D, K = 4096, 12, 2
 #: The setting of docs/pca.md's calibration table.
-TABLE = {"epsilon": 1.0, "delta": 1e-6, "rank": 2, "n_features": 64, "iterations": 10,
-         "clip_radius": 0.05}  # fmt: skip
+TABLE = {"epsilon": 1.0, "delta": 1e-6, "rank": 2, "iterations": 10, "clip_radius": 0.05}
+TABLE_D = 64
+
+
+def calibrate_pca(**kw: Any) -> PcaCalibration:
+    """:func:`pca_accounting.calibrate_pca` of the power method on ``TABLE_D`` columns."""
+    return pca_accounting.calibrate_pca(
+        PcaParams(method="power", **kw), n_features=TABLE_D
+    )
 #: What a report says of each relation (docs/privacy.md, "Neighbouring relations").
 RELATION_WORDS = {
     "add-remove": ("present or a zero row", "n public"),

@@ -107,8 +107,8 @@ def _pca(method: str) -> Callable[[np.ndarray, ReleaseHooks], Any]:
 
 def _selection(A: np.ndarray, hooks: ReleaseHooks) -> Any:
     cal = calibrate_selection(
-        epsilon=1.0, delta=1e-6, rank=RANK, n_rows=M, n_features=N,
-        radii=(0.2, 0.4), iteration_grid=(1, 2), beta=0.1, expected_trials=2.0,
+        PcaParams(rank=RANK, epsilon=1.0, delta=1e-6, beta=0.1), n_rows=M, n_features=N,
+        radii=(0.2, 0.4), iteration_grid=(1, 2), expected_trials=2.0,
     )  # fmt: skip
     r = run_selection(ArrayRowSource(A), cal, hooks)
     return r.components, r.eigenvalues, r.iterations

@@ -56,6 +56,7 @@ import math
 from typing import Any, cast
 
 from pipeline.accounting.pca import calibrate_pca
+from pipeline.params import PcaParams
 
 __all__ = ["AUTO_ITERATIONS", "AUTO_MARGIN", "AutoChoice", "choose_method"]
 
@@ -106,8 +107,8 @@ def auto_radius(n_rows: int, rank: int) -> float:
     return math.sqrt(rank / n_rows)
 
 
-def choose_method(params: Any, shape: tuple[int, int]) -> AutoChoice:
-    """Apply the rule to validated public ``params`` (a ``PcaParams``) and ``shape``.
+def choose_method(params: PcaParams, shape: tuple[int, int]) -> AutoChoice:
+    """Apply the rule to validated public ``params`` and ``shape``.
 
     ``params.iterations`` and ``params.clip_radius``, when given, are kept (the
     choice is then the power method with them, the rule filling the other).
@@ -130,12 +131,9 @@ def choose_method(params: Any, shape: tuple[int, int]) -> AutoChoice:
         else auto_radius(n, params.rank)
     )
     cal = calibrate_pca(
-        epsilon=params.epsilon, delta=params.delta, rank=params.rank, n_features=d,
-        iterations=T, clip_radius=R, accounting=params.accounting,
-        sensitivity=params.sensitivity, neighboring=params.neighboring,
-        init_fraction=params.init_fraction, h_fraction=params.h_fraction,
-        beta=params.beta, gamma_scale=params.gamma_scale,
-    )  # fmt: skip
+        dataclasses.replace(params, method="power", iterations=T, clip_radius=R),
+        n_features=d,
+    )
     # gamma is None only without iterations; T >= 1 (PcaParams checks it)
     gamma = float(cast(float, cal.gamma))
     score = n / (d * gamma)

@@ -118,25 +118,15 @@ def plan_pca(params: PcaParams, shape: Shape2D) -> PcaPlan:
             clip_radius=R,
             n_passes=passes,
         )
-    # PcaParams refuses a private run without epsilon and delta
-    assert params.epsilon is not None
-    assert params.delta is not None
+    # the accounting sees T and R of the power method only (none for Analyze Gauss)
+    power = method == "power"
     cal = calibrate_pca(
-        epsilon=params.epsilon,
-        delta=params.delta,
-        rank=k,
+        dataclasses.replace(
+            params, rank=k, iterations=T if power else None,
+            clip_radius=params.clip_radius if power else None,
+        ),
         n_features=d,
-        method=method,
-        iterations=T if method == "power" else None,
-        clip_radius=params.clip_radius if method == "power" else None,
-        accounting=params.accounting,
-        sensitivity=params.sensitivity,
-        neighboring=params.neighboring,
-        init_fraction=params.init_fraction,
-        h_fraction=params.h_fraction,
-        beta=params.beta,
-        gamma_scale=params.gamma_scale,
-    )
+    )  # fmt: skip
     return PcaPlan(
         params=params,
         shape=(n, d),
