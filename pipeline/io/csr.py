@@ -162,6 +162,14 @@ class CsrReader:
         vals = self._read(self.data, p0, p1, "data")
         return sp.csr_matrix((vals, idx, ptr - p0), shape=(r1 - r0, self.shape[1]))
 
+    def __getitem__(self, key: tuple[slice, slice]) -> sp.csr_matrix:
+        """``reader[r0:r1, c0:c1]`` (unit steps) as CSR: what a dask array over
+        the reader (``dask.array.from_array``) reads for one chunk."""
+        rows, cols = key
+        r0, r1, _ = rows.indices(self.shape[0])
+        c0, c1, _ = cols.indices(self.shape[1])
+        return self.block((r0, r1), (c0, c1))
+
     def block(self, rows: tuple[int, int], cols: tuple[int, int]) -> sp.csr_matrix:
         """Rows ``rows`` and columns ``cols`` (``[start, stop)`` each) as CSR."""
         x = self.band(*rows)
@@ -273,7 +281,10 @@ def _validate_indices(reader: CsrReader) -> None:
 
 
 def open_csr(
-    source: str | os.PathLike[str] | zarr.Group, *, validate: bool = True
+    source: str | os.PathLike[str] | zarr.Group,
+    *,
+    validate: bool = True,
+    what: str | None = None,
 ) -> CsrReader:
     """Open and check a CSR matrix in AnnData's layout (module docstring).
 
@@ -286,6 +297,8 @@ def open_csr(
     validate : bool
         Stream over ``indptr`` and ``indices`` to check them (module docstring).
         Only for a store already validated unchanged.
+    what : str or None
+        How messages name the store (default: its path, or "the input group").
 
     Returns
     -------
@@ -307,10 +320,10 @@ def open_csr(
     """
     if isinstance(source, zarr.Group):
         node: Any = source
-        what = "the input group"
+        what = what or "the input group"
     else:
         path = os.fspath(source)
-        what = f"input store {objectstore.redact(path)!r}"
+        what = what or f"input store {objectstore.redact(path)!r}"
         node = open_node(path, "input store")
     if not is_csr_group(node):
         kind = _attrs(node).get("encoding-type")
