@@ -415,24 +415,33 @@ def open_input(
 
     Parameters
     ----------
-    source : str, os.PathLike, zarr.Array, dask.array.Array or numpy.ndarray
-        A Zarr array path, an open zarr array, a dask array or an in-memory array.
+    source : str, os.PathLike, zarr.Array, zarr.Group, dask.array.Array, numpy.ndarray or scipy.sparse matrix
+        A Zarr array path, a CSR group's path (AnnData's layout, or an AnnData
+        store whose ``X`` is one; validated by :func:`~pipeline.io.csr.open_csr`),
+        an open zarr array or CSR group, a dask array (numpy or scipy.sparse
+        chunks) or an in-memory array (a scipy.sparse one becomes canonical CSR,
+        :func:`canonical_csr`).
     unit : {"row", "column", "entry"} or None
         Privacy unit; decides whether whole rows (columns) are read per task.
     band_bytes : int or None
         When given, a Zarr input is read in full-width row bands of whole store
         row chunks, about this many bytes each in float64 (at least one store
-        chunk): the unit of work of row-wise algorithms such as PCA.
+        chunk): the unit of work of row-wise algorithms such as PCA. A CSR
+        store is banded by :data:`CSR_BAND_CELLS` instead.
 
     Returns
     -------
-    array : dask.array.Array of shape (n_rows, n_cols), or the numpy array itself
+    array : dask.array.Array of shape (n_rows, n_cols), the numpy array itself, or a CSR matrix
+        A CSR store gives full-width CSR row bands of ``max(1, CSR_BAND_CELLS //
+        n_cols)`` rows (the public shape alone decides them).
     info : InputInfo
 
     Raises
     ------
     StoreLayoutError
-        Missing or non-Zarr path, a group, not 2-D, not real-numeric.
+        Missing or non-Zarr path, a group that is not a CSR matrix, a malformed
+        CSR store (streamed check, before anything is charged), not 2-D, not
+        real-numeric.
     """
     memory = _open_memory(source)
     if memory is not None:

@@ -31,6 +31,8 @@ from distributed import Client
 import pipeline.execution.pca
 import pipeline.io.inputs
 from pipeline.api import factorize, pca
+from pipeline.errors import InvalidParameterError
+from pipeline.estimators import DPPCA, DPLowRank
 from pipeline.io.csr import write_csr
 
 pytestmark = pytest.mark.distributed
@@ -202,3 +204,21 @@ def test_dask_array_of_sparse_chunks_equals_dense(
     ref_p = pca(A, RANK, **kw)
     rel_p = pca(X, RANK, **kw)
     _assert_close(rel_p.components, ref_p.components, "pca components")
+
+
+@pytest.mark.timeout(120)
+def test_estimators_take_scipy_sparse(global_seed: int) -> None:
+    A = _sparse_matrix(global_seed)
+    X = sp.csr_matrix(A)
+    kw = {"epsilon": 1.0, "random_state": 3, "insecure_noise": True}
+    dense = DPLowRank(RANK, algorithm="spectral", **kw).fit(A)
+    sparse = DPLowRank(RANK, algorithm="spectral", **kw).fit(sp.coo_matrix(A))
+    _assert_close(sparse.S_, dense.S_, "DPLowRank S_")
+    _assert_close(sparse.transform(X), dense.transform(A), "DPLowRank transform")
+    p_dense = DPPCA(RANK, method="analyze-gauss", **kw).fit(A)
+    p_sparse = DPPCA(RANK, method="analyze-gauss", **kw).fit(sp.csc_array(A))
+    _assert_close(p_sparse.components_, p_dense.components_, "DPPCA components_")
+    _assert_close(p_sparse.transform(X), p_dense.transform(A), "DPPCA transform")
+    # a centred fit would densify: refused before anything is read or charged
+    with pytest.raises(InvalidParameterError, match="centre=True takes a dense input"):
+        DPPCA(RANK, centre=True, **kw).fit(X)
