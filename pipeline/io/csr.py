@@ -348,6 +348,7 @@ def write_csr(
     shape: tuple[int, int] | None = None,
     overwrite: bool = False,
     chunk_nnz: int = WRITE_CHUNK,
+    attrs: dict[str, Any] | None = None,
 ) -> tuple[int, int]:
     """Write a CSR matrix in AnnData's layout to a new local Zarr v3 group.
 
@@ -366,6 +367,8 @@ def write_csr(
         Replace an existing store.
     chunk_nnz : int
         Entries per chunk of ``indices`` and ``data`` (and of ``indptr``).
+    attrs : dict or None
+        More attributes of the group (JSON-ready), written before it is published.
 
     Returns
     -------
@@ -389,6 +392,8 @@ def write_csr(
     tmp = os.path.join(parent, f".{base}.tmp-{uuid.uuid4().hex}")
     try:
         _write_bands(tmp, bands, (m, n), chunk_nnz)
+        if attrs:
+            zarr.open_group(store=tmp, mode="r+").attrs.update(attrs)
         if os.path.lexists(path):
             shutil.rmtree(path)
         os.rename(tmp, path)
