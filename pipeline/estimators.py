@@ -421,6 +421,8 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):  
         tags = super().__sklearn_tags__()
         # NaN/Inf rows become zero rows, silently (spec power-pca 1.4, rule 2)
         tags.input_tags.allow_nan = True
+        # scipy.sparse is read from its stored entries (centre=True refuses it)
+        tags.input_tags.sparse = not self.centre
         tags.non_deterministic = bool(self.private) and not self.insecure_noise
         return tags
 
@@ -764,6 +766,7 @@ class DPLowRank(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         tags.non_deterministic = not reproducible
         # an individual holding NaN/Inf is a zero individual, as in factorize
         tags.input_tags.allow_nan = True
+        tags.input_tags.sparse = True  # read from its stored entries
         return tags
 
     def _release_values(self) -> tuple[LrfParams, ReleaseOptions, Runtime, int | None]:
