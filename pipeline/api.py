@@ -129,10 +129,13 @@ def factorize(
 
     Parameters
     ----------
-    source : str, zarr.Array, dask.array.Array or numpy.ndarray of shape (n_rows, n_cols)
-        The private matrix. Zarr paths and dask arrays run on a Dask cluster (the
-        active client, ``scheduler``, ``DASK_SCHEDULER_ADDRESS``, or an embedded
-        LocalCluster); numpy arrays run in memory.
+    source : str, zarr.Array, dask.array.Array, numpy.ndarray or scipy.sparse matrix of shape (n_rows, n_cols)
+        The private matrix. Zarr paths (a dense array, or a CSR matrix in
+        AnnData's layout, docs/sparse.md) and dask arrays (of numpy or
+        scipy.sparse chunks) run on a Dask cluster (the active client,
+        ``scheduler``, ``DASK_SCHEDULER_ADDRESS``, or an embedded LocalCluster);
+        numpy arrays and scipy.sparse matrices or arrays (CSR, CSC, COO: read as
+        CSR, never densified) run in memory.
     rank : int
         Target rank k, ``1 <= k <= min(n_rows, n_cols) - 1``.
     epsilon, delta : float
@@ -285,7 +288,7 @@ def plan_factorization(source: Any, params: LrfParams) -> list[dict[str, Any]]:
 
     Parameters
     ----------
-    source : str, os.PathLike, zarr.Array, dask.array.Array or numpy.ndarray
+    source : str, os.PathLike, zarr.Array, dask.array.Array, numpy.ndarray or scipy.sparse matrix
         The input; only its metadata (the shape) is opened.
     params : LrfParams
         A private release's parameters; each algorithm is planned with them
@@ -410,9 +413,10 @@ def pca(
 
     Parameters
     ----------
-    source : str, zarr.Array, dask.array.Array or numpy.ndarray of shape (n, d)
-        The private matrix, one individual per row. Zarr paths and dask arrays
-        run on a Dask cluster (as in :func:`factorize`); numpy arrays in memory.
+    source : str, zarr.Array, dask.array.Array, numpy.ndarray or scipy.sparse matrix of shape (n, d)
+        The private matrix, one individual per row. Zarr paths (dense or CSR)
+        and dask arrays run on a Dask cluster (as in :func:`factorize`); numpy
+        arrays and scipy.sparse matrices in memory.
     rank : int
         ``k``, ``1 <= k <= d`` (``k < d`` with ``select``).
     epsilon, delta : float

@@ -82,6 +82,12 @@ def _input_kind(X: Any) -> str:
     return "memory"
 
 
+def _is_sparse(X: Any) -> bool:
+    """A scipy.sparse matrix or array (only if scipy.sparse is already imported)."""
+    sparse = sys.modules.get("scipy.sparse")
+    return sparse is not None and bool(sparse.issparse(X))
+
+
 def _check_bool(value: Any, name: str) -> bool:
     if not isinstance(value, bool | np.bool_):
         raise InvalidParameterError(
@@ -123,6 +129,8 @@ def _validate_fit_input(est: BaseEstimator, X: Any, *, min_samples: int) -> Any:
             est,
             X,
             reset=True,
+            # scipy.sparse stays sparse (any other format becomes CSR)
+            accept_sparse=("csr", "csc", "coo"),
             dtype=[np.float64, np.float32],
             ensure_all_finite=False,
             ensure_min_samples=min_samples,
@@ -153,6 +161,7 @@ def _validate_transform_input(est: BaseEstimator, X: Any, *, allow_nan: bool) ->
         est,
         X,
         reset=False,
+        accept_sparse=("csr", "csc", "coo"),
         dtype=[np.float64, np.float32],
         ensure_all_finite="allow-nan" if allow_nan else True,
     )
@@ -412,6 +421,8 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):  
         tags = super().__sklearn_tags__()
         # NaN/Inf rows become zero rows, silently (spec power-pca 1.4, rule 2)
         tags.input_tags.allow_nan = True
+        # scipy.sparse is read from its stored entries (centre=True refuses it)
+        tags.input_tags.sparse = not self.centre
         tags.non_deterministic = bool(self.private) and not self.insecure_noise
         return tags
 
@@ -505,9 +516,10 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):  
 
         Parameters
         ----------
-        X : array-like, dask array or Zarr path, of shape (n_samples, n_features)
-            The private matrix, one individual per row. Zarr paths and dask
-            arrays run on a Dask cluster.
+        X : array-like, scipy.sparse matrix, dask array or Zarr path, of shape (n_samples, n_features)
+            The private matrix, one individual per row. Zarr paths (dense or
+            CSR) and dask arrays run on a Dask cluster; a sparse matrix is never
+            densified (``centre=True`` refuses it).
         y : None
             Ignored.
 
@@ -588,6 +600,9 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):  
         """
         check_is_fitted(self, "components_")
         X = _validate_transform_input(self, X, allow_nan=True)
+        if self.mean_ is not None and _is_sparse(X):
+            # X C^T - mean C^T: a sparse X is never densified
+            return np.asarray(X @ self.components_.T) - self.mean_ @ self.components_.T
         if self.mean_ is not None:
             X = X - self.mean_
         return X @ self.components_.T
@@ -750,6 +765,7 @@ class DPLowRank(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         tags.non_deterministic = not reproducible
         # an individual holding NaN/Inf is a zero individual, as in factorize
         tags.input_tags.allow_nan = True
+        tags.input_tags.sparse = True  # read from its stored entries
         return tags
 
     def _release_values(self) -> tuple[LrfParams, ReleaseOptions, Runtime, int | None]:
@@ -778,7 +794,7 @@ class DPLowRank(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
 
         Parameters
         ----------
-        X : array-like, dask array or Zarr path, of shape (n_samples, n_features)
+        X : array-like, scipy.sparse matrix, dask array or Zarr path, of shape (n_samples, n_features)
         y : None
             Ignored.
 

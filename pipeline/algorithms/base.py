@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
+import scipy.sparse as sp
 
 from pipeline._types import FloatArray, Shape2D
 from pipeline.errors import StoreLayoutError
@@ -189,12 +190,13 @@ class ArraySource:
 
     Parameters
     ----------
-    A : ndarray of shape (n_rows, n_cols)
-        Any real numeric dtype.
+    A : ndarray or scipy.sparse matrix of shape (n_rows, n_cols)
+        Any real numeric dtype; a sparse matrix is sketched from its stored
+        entries (:func:`~pipeline.sketches.apply.block_partials`).
     """
 
-    def __init__(self, A: FloatArray) -> None:
-        self._A = np.asarray(A)
+    def __init__(self, A: Any) -> None:
+        self._A = A if sp.issparse(A) else np.asarray(A)
         self.n_passes = 0
 
     @property

@@ -129,6 +129,16 @@ def _add_generate_parser(sub: Any) -> None:
     )
     g.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument(
+        "--sparse",
+        type=float,
+        default=None,
+        metavar="DENSITY",
+        help="lowrank: write a sparse matrix with about DENSITY * ROWS * COLS "
+        "stored entries as a CSR group in AnnData's layout (docs/sparse.md): "
+        "1/DENSITY dense diagonal blocks on random column sets, the spectrum "
+        "dealt among them",
+    )
     g.add_argument("--overwrite", action="store_true")
     g.set_defaults(handler=run_generate)
 
@@ -176,6 +186,10 @@ def run_generate(args: argparse.Namespace) -> int:
         if done == total:
             sys.stderr.write("\n")
 
+    if args.sparse is not None and args.kind != "lowrank":
+        raise InvalidParameterError(
+            f"--sparse applies only to --kind lowrank, got --kind {args.kind}."
+        )
     if args.kind == "pca-coherent":
         return _generate_pca(args, bar)
     if args.kind == "stream-batch":
@@ -185,6 +199,8 @@ def run_generate(args: argparse.Namespace) -> int:
         for name in ("rank", "support", "top", "bottom", "head_ratio")
         if getattr(args, name) is not None
     ]
+    if args.sparse is not None:
+        return _generate_sparse(args, bar, given)
     if given:
         raise InvalidParameterError(
             f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only "
@@ -205,6 +221,29 @@ def run_generate(args: argparse.Namespace) -> int:
     return _wrote(
         args,
         f"spectrum {args.spectrum}, rank {meta['rank']}, max row norm {args.max_row_norm:g}",
+    )
+
+
+def _generate_sparse(args: argparse.Namespace, bar: Any, given: list[str]) -> int:
+    """``dplr generate --sparse DENSITY``: a CSR group with a known spectrum."""
+    from pipeline.io import generate_sparse_store  # heavy: zarr
+
+    if given:
+        raise InvalidParameterError(
+            f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only "
+            "to --kind pca-coherent, not to --sparse."
+        )
+    meta = generate_sparse_store(
+        args.out, args.rows, args.cols, density=args.sparse, spectrum=args.spectrum,
+        decay=args.decay, head=args.head, head_value=args.head_value,
+        max_rank=args.max_rank, max_row_norm=args.max_row_norm,
+        **_store_options(args, bar),
+    )  # fmt: skip
+    return _wrote(
+        args,
+        f"sparse CSR, density {args.sparse:g} in {meta['blocks']} blocks, "
+        f"spectrum {args.spectrum}, rank {meta['rank']}, "
+        f"max row norm {args.max_row_norm:g}",
     )
 
 

@@ -33,6 +33,7 @@ from typing import Any, TextIO, cast
 import dask.array as da
 import numpy as np
 import scipy.linalg
+import scipy.sparse as sp
 from dask.highlevelgraph import HighLevelGraph
 from dask.typing import DaskCollection
 from distributed import futures_of
@@ -42,6 +43,7 @@ from pipeline.algorithms.base import RowBlockFn
 from pipeline.execution.progress import show_progress
 from pipeline.execution.secrets import install_secret, remove_secret
 from pipeline.io.inputs import release_read_buffers
+from pipeline.linalg.clipping import sparse_sumsq
 from pipeline.mechanisms.clipping import scale_factors_from_sumsq
 from pipeline.params import PrivacyUnit
 from pipeline.sketches.apply import PassRequest, block_partials
@@ -205,15 +207,18 @@ def concat_rows(parts: list[Any], first: int, c: int) -> Any:
     Parameters
     ----------
     parts : list of array
-        The band's chunks, top to bottom (one column chunk).
+        The band's chunks, top to bottom (one column chunk): numpy, or scipy
+        sparse (a CSR store's bands, a dask array of sparse chunks).
     first, c : int
         The first chunk's row and column index, kept for the task's signature.
 
     Returns
     -------
-    ndarray
-        The chunks concatenated along the rows.
+    ndarray or scipy.sparse.csr_matrix
+        The chunks concatenated along the rows (CSR when any chunk is sparse).
     """
+    if any(sp.issparse(p) for p in parts):
+        return sp.vstack([sp.csr_matrix(p) for p in parts], format="csr")
     return np.concatenate([np.asarray(p) for p in parts], axis=0)
 
 
@@ -335,7 +340,10 @@ def _block_sumsq(block: Any, axis: int, where: str) -> FloatArray:
     (entries near 1e154 and beyond) is still clipped by its norm, not zeroed.
     A row holding NaN/Inf is measured with those entries at 0 and flagged: its
     factor is 0 (:func:`_scale_from`), the one rule for non-finite input.
+    A sparse block is measured from its stored entries (:func:`sparse_sumsq`).
     """
+    if sp.issparse(block):
+        return sparse_sumsq(sp.csr_matrix(block), axis)
     a = np.asarray(block, dtype=np.float64)
     a = a if axis == 1 else a.T
     bad = ~np.isfinite(a)

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from pipeline.io.stream_state import StreamStore, is_stream_state
     from pipeline.io.synthetic import (
         generate_pca_store,
+        generate_sparse_store,
         generate_store,
         synthetic_truth,
     )
@@ -51,6 +52,7 @@ _HOME = {
     "write_group": "release",
     "write_release": "release",
     "generate_pca_store": "synthetic",
+    "generate_sparse_store": "synthetic",
     "generate_store": "synthetic",
     "synthetic_truth": "synthetic",
     "StreamStore": "stream_state",
@@ -74,6 +76,7 @@ __all__ = [
     "default_journal_path",
     "generate_batch",
     "generate_pca_store",
+    "generate_sparse_store",
     "generate_store",
     "input_fingerprint",
     "is_stream_state",

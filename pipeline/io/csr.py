@@ -162,6 +162,14 @@ class CsrReader:
         vals = self._read(self.data, p0, p1, "data")
         return sp.csr_matrix((vals, idx, ptr - p0), shape=(r1 - r0, self.shape[1]))
 
+    def __getitem__(self, key: tuple[slice, slice]) -> sp.csr_matrix:
+        """``reader[r0:r1, c0:c1]`` (unit steps) as CSR: what a dask array over
+        the reader (``dask.array.from_array``) reads for one chunk."""
+        rows, cols = key
+        r0, r1, _ = rows.indices(self.shape[0])
+        c0, c1, _ = cols.indices(self.shape[1])
+        return self.block((r0, r1), (c0, c1))
+
     def block(self, rows: tuple[int, int], cols: tuple[int, int]) -> sp.csr_matrix:
         """Rows ``rows`` and columns ``cols`` (``[start, stop)`` each) as CSR."""
         x = self.band(*rows)
@@ -273,7 +281,10 @@ def _validate_indices(reader: CsrReader) -> None:
 
 
 def open_csr(
-    source: str | os.PathLike[str] | zarr.Group, *, validate: bool = True
+    source: str | os.PathLike[str] | zarr.Group,
+    *,
+    validate: bool = True,
+    what: str | None = None,
 ) -> CsrReader:
     """Open and check a CSR matrix in AnnData's layout (module docstring).
 
@@ -286,6 +297,8 @@ def open_csr(
     validate : bool
         Stream over ``indptr`` and ``indices`` to check them (module docstring).
         Only for a store already validated unchanged.
+    what : str or None
+        How messages name the store (default: its path, or "the input group").
 
     Returns
     -------
@@ -307,10 +320,10 @@ def open_csr(
     """
     if isinstance(source, zarr.Group):
         node: Any = source
-        what = "the input group"
+        what = what or "the input group"
     else:
         path = os.fspath(source)
-        what = f"input store {objectstore.redact(path)!r}"
+        what = what or f"input store {objectstore.redact(path)!r}"
         node = open_node(path, "input store")
     if not is_csr_group(node):
         kind = _attrs(node).get("encoding-type")
@@ -335,6 +348,7 @@ def write_csr(
     shape: tuple[int, int] | None = None,
     overwrite: bool = False,
     chunk_nnz: int = WRITE_CHUNK,
+    attrs: dict[str, Any] | None = None,
 ) -> tuple[int, int]:
     """Write a CSR matrix in AnnData's layout to a new local Zarr v3 group.
 
@@ -353,6 +367,8 @@ def write_csr(
         Replace an existing store.
     chunk_nnz : int
         Entries per chunk of ``indices`` and ``data`` (and of ``indptr``).
+    attrs : dict or None
+        More attributes of the group (JSON-ready), written before it is published.
 
     Returns
     -------
@@ -376,6 +392,8 @@ def write_csr(
     tmp = os.path.join(parent, f".{base}.tmp-{uuid.uuid4().hex}")
     try:
         _write_bands(tmp, bands, (m, n), chunk_nnz)
+        if attrs:
+            zarr.open_group(store=tmp, mode="r+").attrs.update(attrs)
         if os.path.lexists(path):
             shutil.rmtree(path)
         os.rename(tmp, path)

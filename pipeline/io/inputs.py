@@ -11,6 +11,7 @@ from typing import Any
 
 import dask.array as da
 import numpy as np
+import scipy.sparse as sp
 import zarr
 from dask.base import tokenize
 from numcodecs import Zstd
@@ -22,11 +23,18 @@ from zarr.storage import LocalStore
 
 from pipeline.errors import StoreLayoutError
 from pipeline.io import objectstore
+from pipeline.io.csr import CsrReader, is_csr_group, open_csr
 from pipeline.io.nodes import open_node
 
 #: Largest full-width row band (bytes) read as one task so that row clipping
 #: needs no separate norm pass; beyond it, a norm pre-pass is used instead.
 ROW_BAND_LIMIT = 256 * 2**20
+
+#: Cells (rows x columns) of the full-width row band a pass task reads from a
+#: CSR store: ``max(1, CSR_BAND_CELLS // n)`` rows. Fixed by the public shape
+#: alone, never by the stored entries (docs/sparse.md): 2^28 cells hold 32 MiB of
+#: values at 1% density.
+CSR_BAND_CELLS = 2**28
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -39,8 +47,8 @@ class InputInfo:
     store_chunks: tuple[int, int] | None
     dask_chunks: tuple[tuple[int, ...], tuple[int, ...]]
     #: For a Zarr input, the checked reader behind the dask array
-    #: (``reader.block(rows, cols)`` -> numpy), so that a pass task can read its own
-    #: block; None for dask and numpy inputs.
+    #: (``reader.block(rows, cols)`` -> numpy, or scipy CSR for a CSR store), so
+    #: that a pass task can read its own block; None for in-memory and dask inputs.
     reader: Any = field(default=None, repr=False, compare=False)
 
 
@@ -65,9 +73,12 @@ def _check_array_meta(shape: tuple[int, ...], dtype: Any, what: str) -> None:
         )
 
 
-def _open_zarr(path: str) -> zarr.Array[Any]:
+def _open_zarr(path: str) -> zarr.Array[Any] | zarr.Group:
+    """The array at ``path``, or the group when it holds a CSR matrix."""
     shown = objectstore.redact(path)
     node = open_node(path, "input store")
+    if isinstance(node, zarr.Group) and is_csr_group(node):
+        return node
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # stray entries under a group: see open_node
         names = sorted(node.array_keys()) if isinstance(node, zarr.Group) else []
@@ -309,32 +320,18 @@ def _band_chunks(
     return rows, cols
 
 
-def open_input(
-    source: Any, *, unit: str | None = "row", band_bytes: int | None = None
-) -> tuple[da.Array | np.ndarray, InputInfo]:
-    """Open ``source`` lazily and validate it from metadata alone (no data read).
-
-    Parameters
-    ----------
-    source : str, os.PathLike, zarr.Array, dask.array.Array or numpy.ndarray
-        A Zarr array path, an open zarr array, a dask array or an in-memory array.
-    unit : {"row", "column", "entry"} or None
-        Privacy unit; decides whether whole rows (columns) are read per task.
-    band_bytes : int or None
-        When given, a Zarr input is read in full-width row bands of whole store
-        row chunks, about this many bytes each in float64 (at least one store
-        chunk): the unit of work of row-wise algorithms such as PCA.
-
-    Returns
-    -------
-    array : dask.array.Array of shape (n_rows, n_cols), or the numpy array itself
-    info : InputInfo
-
-    Raises
-    ------
-    StoreLayoutError
-        Missing or non-Zarr path, a group, not 2-D, not real-numeric.
-    """
+def _open_memory(source: Any) -> tuple[Any, InputInfo] | None:
+    """An in-memory (numpy, scipy.sparse) or dask input and its info, else None."""
+    if sp.issparse(source):
+        x = canonical_csr(source)
+        whole = ((int(x.shape[0]),), (int(x.shape[1]),))
+        return x, InputInfo(
+            path=None,
+            shape=_pair(x.shape),
+            dtype=str(x.dtype),
+            store_chunks=None,
+            dask_chunks=whole,
+        )
     if isinstance(source, np.ndarray):
         _check_array_meta(source.shape, source.dtype, "the input array")
         whole = ((int(source.shape[0]),), (int(source.shape[1]),))
@@ -358,19 +355,113 @@ def open_input(
             store_chunks=None,
             dask_chunks=source.chunks,
         )
+    return None
+
+
+def canonical_csr(source: Any) -> sp.csr_matrix:
+    """A scipy.sparse matrix or array (any format) as a canonical CSR matrix.
+
+    Duplicates are summed (the value scipy itself gives such a matrix) and the
+    indices sorted, on a copy when the input is not canonical already; the input
+    is never modified. Refused like a dense input when not 2-D with at least one
+    row and column, or not real-numeric.
+
+    Parameters
+    ----------
+    source : scipy.sparse matrix or array
+
+    Returns
+    -------
+    scipy.sparse.csr_matrix
+    """
+    _check_array_meta(source.shape, source.dtype, "the input sparse matrix")
+    x = sp.csr_matrix(source)  # a CSR matrix is kept as is (no copy)
+    if not x.has_canonical_format:
+        x = x.copy()
+        x.sum_duplicates()
+    return x
+
+
+def _csr_input(reader: CsrReader, path: str | None) -> tuple[da.Array, InputInfo]:
+    """A checked CSR store as a dask array of full-width CSR row bands.
+
+    The bands have ``max(1, CSR_BAND_CELLS // n)`` rows: the public shape alone
+    decides them (docs/sparse.md, "What the wiring must keep").
+    """
+    m, n = reader.shape
+    chunks = (min(m, max(1, CSR_BAND_CELLS // n)), n)
+    arr = da.from_array(
+        reader,
+        chunks=chunks,
+        name=f"csr-{tokenize(reader.indptr, reader.indices, reader.data, chunks)}",
+        asarray=False,
+        fancy=False,
+        meta=sp.csr_matrix((0, 0), dtype=reader.dtype),
+    )
+    return arr, InputInfo(
+        path=path,
+        shape=(m, n),
+        dtype=str(reader.dtype),
+        store_chunks=None,
+        dask_chunks=arr.chunks,
+        reader=reader,
+    )
+
+
+def open_input(
+    source: Any, *, unit: str | None = "row", band_bytes: int | None = None
+) -> tuple[da.Array | np.ndarray, InputInfo]:
+    """Open ``source`` lazily and validate it from metadata alone (no data read).
+
+    Parameters
+    ----------
+    source : str, os.PathLike, zarr.Array, zarr.Group, dask.array.Array, numpy.ndarray or scipy.sparse matrix
+        A Zarr array path, a CSR group's path (AnnData's layout, or an AnnData
+        store whose ``X`` is one; validated by :func:`~pipeline.io.csr.open_csr`),
+        an open zarr array or CSR group, a dask array (numpy or scipy.sparse
+        chunks) or an in-memory array (a scipy.sparse one becomes canonical CSR,
+        :func:`canonical_csr`).
+    unit : {"row", "column", "entry"} or None
+        Privacy unit; decides whether whole rows (columns) are read per task.
+    band_bytes : int or None
+        When given, a Zarr input is read in full-width row bands of whole store
+        row chunks, about this many bytes each in float64 (at least one store
+        chunk): the unit of work of row-wise algorithms such as PCA. A CSR
+        store is banded by :data:`CSR_BAND_CELLS` instead.
+
+    Returns
+    -------
+    array : dask.array.Array of shape (n_rows, n_cols), the numpy array itself, or a CSR matrix
+        A CSR store gives full-width CSR row bands of ``max(1, CSR_BAND_CELLS //
+        n_cols)`` rows (the public shape alone decides them).
+    info : InputInfo
+
+    Raises
+    ------
+    StoreLayoutError
+        Missing or non-Zarr path, a group that is not a CSR matrix, a malformed
+        CSR store (streamed check, before anything is charged), not 2-D, not
+        real-numeric.
+    """
+    memory = _open_memory(source)
+    if memory is not None:
+        return memory
     path = None
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
         z = _open_zarr(path)
-    elif isinstance(source, zarr.Array):
-        z = source
+    elif isinstance(source, (zarr.Array, zarr.Group)):
+        z = source  # a group: a CSR matrix, else open_csr refuses it
     else:
         raise StoreLayoutError(
-            f"the input must be a Zarr path, a zarr array, a dask array or a numpy array, got {type(source).__name__}."
+            "the input must be a Zarr path, a zarr array, a dask array, a numpy array "
+            f"or a scipy.sparse matrix, got {type(source).__name__}."
         )
     what = (
         f"input store {objectstore.redact(path)!r}" if path else "the input zarr array"
     )
+    if isinstance(z, zarr.Group):
+        return _csr_input(open_csr(z, what=what if path else None), path)
     _check_array_meta(z.shape, z.dtype, what)
     store_chunks = _pair(z.shards or z.chunks)
     if band_bytes is not None:

@@ -34,6 +34,7 @@ from typing import Any
 
 import dask.array as da
 import numpy as np
+import scipy.sparse as sp
 import zarr
 from zarr.codecs import Crc32cCodec
 
@@ -125,12 +126,20 @@ def input_fingerprint(path: str | None) -> str | None:
     return h.hexdigest()
 
 
-def array_fingerprint(array: np.ndarray) -> str:
+def array_fingerprint(array: Any) -> str:
     """SHA-256 of an in-memory array's dtype, shape and bytes.
 
     The in-memory counterpart of :func:`input_fingerprint` (which needs a path).
     It is a digest of the data: it belongs to the trusted zone, like the journal.
+    A scipy sparse matrix (canonical CSR, :func:`~pipeline.io.inputs.open_input`)
+    is digested from its ``indptr``, ``indices`` and ``data``.
     """
+    if sp.issparse(array):
+        x = sp.csr_matrix(array)
+        h = hashlib.sha256(f"csr\0{x.dtype.str}\0{x.shape}\n".encode())
+        for part in (x.indptr, x.indices, x.data):
+            h.update(np.ascontiguousarray(part).data.cast("B"))
+        return h.hexdigest()
     a = np.ascontiguousarray(array)
     h = hashlib.sha256(f"{a.dtype.str}\0{a.shape}\n".encode())
     h.update(a.data.cast("B"))  # ndarray.data is memoryview(a)

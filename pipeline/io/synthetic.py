@@ -17,11 +17,13 @@ from typing import Any
 
 import numpy as np
 import scipy.linalg as sla
+import scipy.sparse as sp
 import zarr
 
 from pipeline._validation import check_int_in_range
 from pipeline.errors import InvalidParameterError, StoreLayoutError
 from pipeline.io import objectstore
+from pipeline.io.csr import write_csr
 from pipeline.io.objectstore import local_path
 from pipeline.linalg.synthetic import (
     cholesky_factor,
@@ -234,6 +236,128 @@ def generate_pca_store(
     return meta
 
 
+def generate_sparse_store(
+    path: str | os.PathLike[str],
+    n_rows: int,
+    n_cols: int,
+    *,
+    density: float,
+    spectrum: str = "geometric",
+    decay: float = 0.9,
+    head: int = 10,
+    head_value: float = 10.0,
+    max_rank: int = 1024,
+    max_row_norm: float = 1.0,
+    chunks: tuple[int, int] = (10_000, -1),
+    dtype: str = "float32",
+    seed: int = 0,
+    overwrite: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Write a sparse matrix with a known spectrum as a CSR group (AnnData's layout).
+
+    The matrix is block diagonal up to a permutation of its columns: ``g =
+    round(1 / density)`` blocks, block ``j`` on a contiguous range of about
+    ``n_rows / g`` rows and a random set of about ``n_cols / g`` columns, dense
+    inside (``U_j diag(sigma_j) V_j^T`` with Haar ``U_j``, ``V_j``), zero outside,
+    so about ``density * n_rows * n_cols`` entries are stored. The spectrum of
+    the whole matrix is the union of the blocks' spectra: the values of
+    :func:`~pipeline.linalg.synthetic.make_spectrum` (``r = min(n_rows, n_cols,
+    max_rank)`` terms) are dealt to the blocks in turn, each block keeping at
+    most ``min(rows, columns)`` of its own. The matrix is scaled to the largest
+    row norm ``max_row_norm``, and the exact singular values are recorded in
+    ``attrs["dplr_synthetic"]``, as :func:`generate_store` records them. A
+    block dealt no value (``g > r``) is stored as explicit zeros, so the number
+    of stored entries does not depend on the spectrum.
+
+    Parameters
+    ----------
+    density : float
+        In ``(0, 1]``, with ``1 / density <= min(n_rows, n_cols)``.
+    chunks : tuple of (int, int)
+        ``chunks[0]``: rows written at once (-1: a whole block).
+
+    The other parameters are those of :func:`generate_store`.
+
+    Returns
+    -------
+    dict
+        The metadata written to the attributes.
+    """
+    m, n = int(n_rows), int(n_cols)
+    if m < 1 or n < 1:
+        raise InvalidParameterError(
+            f"n_rows and n_cols must be >= 1, got shape ({m}, {n})."
+        )
+    if not 0.0 < float(density) <= 1.0 or round(1.0 / density) > min(m, n):
+        raise InvalidParameterError(
+            f"--sparse must be in [1 / min(rows, cols), 1] = [{1 / min(m, n):.3g}, 1], "
+            f"got --sparse {density!r}."
+        )
+    g = round(1.0 / density)
+    sigma = make_spectrum(
+        min(m, n, int(max_rank)), kind=spectrum, decay=decay, head=head,
+        head_value=head_value,
+    )  # fmt: skip
+    blocks = _sparse_blocks(m, n, g, sigma, seed)
+    row_max = max(
+        float(np.sqrt(((u * s) ** 2).sum(axis=1)).max()) for u, s, _, _ in blocks
+    )
+    scale = float(max_row_norm) / row_max
+    kept = np.sort(np.concatenate([s for _, s, _, _ in blocks]))[::-1]
+    meta = {
+        "spectrum": spectrum, "decay": decay, "head": head, "head_value": head_value,
+        "rank": int(kept.size), "scale": scale, "max_row_norm": max_row_norm,
+        "seed": seed, "density": float(density), "blocks": g,
+        "singular_values": (scale * kept).tolist(),
+    }  # fmt: skip
+    step = None if chunks[0] == -1 else max(1, int(chunks[0]))
+
+    def bands() -> Any:
+        for j, (u, s, v, cols) in enumerate(blocks):
+            w = ((scale * s)[:, None] * v.T).astype(np.float64)  # r_j x b_j
+            rows = u.shape[0]
+            for r0 in range(0, rows, step or rows):
+                dense = (u[r0 : r0 + (step or rows)] @ w).astype(dtype)
+                band = sp.csr_matrix(
+                    (dense.ravel(), np.tile(cols, dense.shape[0]),
+                     np.arange(dense.shape[0] + 1) * cols.size),
+                    shape=(dense.shape[0], n),
+                )  # fmt: skip
+                yield band
+            if progress is not None:
+                progress(j + 1, g)
+
+    write_csr(
+        local_path(path, "generated store"), bands(), shape=(m, n),
+        overwrite=overwrite, attrs={"dplr_synthetic": meta},
+    )  # fmt: skip
+    return meta
+
+
+def _sparse_blocks(
+    m: int, n: int, g: int, sigma: np.ndarray, seed: int
+) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """``(U_j, sigma_j, V_j, columns_j)`` of the ``g`` diagonal blocks."""
+    rng = np.random.Generator(
+        np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(2,)))
+    )
+    row_sizes = [len(a) for a in np.array_split(np.arange(m), g)]
+    col_sets = np.array_split(rng.permutation(n), g)
+    out = []
+    for j in range(g):
+        cols = np.sort(col_sets[j]).astype(np.int64)
+        s = sigma[j::g][: min(row_sizes[j], cols.size)]
+        bj = np.random.Generator(
+            np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(3, j)))
+        )
+        out.append(
+            (orthonormal_columns(row_sizes[j], s.size, bj), s,
+             orthonormal_columns(cols.size, s.size, bj), cols)
+        )  # fmt: skip
+    return out
+
+
 def synthetic_truth(path: str | os.PathLike[str] | None) -> dict[str, Any] | None:
     """The ground truth that :func:`generate_store` or :func:`generate_pca_store`
     recorded in the array at ``path``, or None.
@@ -255,13 +379,14 @@ def synthetic_truth(path: str | os.PathLike[str] | None) -> dict[str, Any] | Non
     if not os.path.isdir(path):
         return None
     try:
-        z = zarr.open_array(store=path, mode="r")
+        z: Any = zarr.open(store=path, mode="r")  # an array, or a CSR group
         meta = z.attrs.get("dplr_synthetic")
     except (OSError, ValueError, KeyError, TypeError):  # zarr's errors are ValueErrors
         return None
     if not isinstance(meta, dict) or "singular_values" not in meta:
         return None
-    return {**meta, "shape": [int(s) for s in z.shape]}
+    shape = z.shape if isinstance(z, zarr.Array) else z.attrs.get("shape")
+    return {**meta, "shape": [int(s) for s in shape]}
 
 
 def _left_factor(m: int, r: int, cr: int, seed: int) -> Callable[[int], np.ndarray]:

@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 
 from pipeline._types import FloatArray
 from pipeline._validation import check_float_in_interval, check_privacy_pair
@@ -38,7 +39,7 @@ from pipeline.accounting.gaussian import (
 )
 from pipeline.algorithms.base import ReleaseHooks
 from pipeline.algorithms.pca import Secret, plan_pca, prep_rows
-from pipeline.errors import PrivacyConfigError
+from pipeline.errors import InvalidParameterError, PrivacyConfigError
 from pipeline.io.objectstore import redact
 from pipeline.jobs.engine import InputRef, ReleaseJob, ReleaseSpec, run_release
 from pipeline.jobs.hooks import release_hooks
@@ -260,6 +261,12 @@ def centred_pca(
     from pipeline.io.inputs import open_input  # heavy: zarr, dask
 
     array, info = open_input(X, unit=None, band_bytes=PCA_BAND_BYTES)
+    if sp.issparse(array) or sp.issparse(getattr(array, "_meta", None)):
+        # metadata only: refused before any data is read or charged
+        raise InvalidParameterError(
+            "centre=True takes a dense input: the centred rows of a sparse matrix "
+            "are dense; fit with centre=False (the uncentred PCA keeps it sparse)."
+        )
     shape = (int(info.shape[0]), int(info.shape[1]))
     extra: dict[str, Any] = {
         "path": None if info.path is None else redact(info.path),

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
+import scipy.sparse as sp
 
 from pipeline._validation import check_privacy_pair
 from pipeline.accounting.contract import PrivacyContract
@@ -179,7 +180,7 @@ class InputRef:
 
         if info.path is not None:
             fingerprint = input_fingerprint(info.path)
-        elif isinstance(array, np.ndarray):
+        elif isinstance(array, np.ndarray) or sp.issparse(array):
             fingerprint = array_fingerprint(array)
         else:
             fingerprint = None  # a dask array: shape, dtype and chunks are all we see

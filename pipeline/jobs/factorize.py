@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 
 from pipeline.accounting.contract import Accountant, PrivacyContract
 from pipeline.algorithms.base import ArraySource, Factorization
@@ -241,7 +242,7 @@ class LrfJob:
 
     @property
     def local(self) -> bool:
-        return isinstance(self.array, np.ndarray)
+        return isinstance(self.array, np.ndarray) or sp.issparse(self.array)
 
     @contextlib.contextmanager
     def open_source(

@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 
 from pipeline.accounting.contract import Accountant, PrivacyContract
 from pipeline.accounting.pca import calibrate_selection
@@ -204,7 +205,7 @@ class PcaJob:
 
     @property
     def local(self) -> bool:
-        return isinstance(self.array, np.ndarray)
+        return isinstance(self.array, np.ndarray) or sp.issparse(self.array)
 
     @contextlib.contextmanager
     def open_source(

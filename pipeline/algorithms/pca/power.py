@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
+import scipy.sparse as sp
 
 from pipeline._types import FloatArray, Shape2D
 from pipeline.algorithms.base import ReleaseHooks, ReleaseJournal
@@ -69,12 +70,13 @@ class RowSource(Protocol):
 
 
 class ArrayRowSource:
-    """In-memory reference :class:`RowSource` (one band = the whole matrix)."""
+    """In-memory reference :class:`RowSource` (one band = the whole matrix;
+    numpy, or scipy sparse read from its stored entries by :func:`band_pass`)."""
 
     def __init__(
         self, A: Any, *, row_norm_bound: float = 1.0, clip: bool = True
     ) -> None:
-        self._A = np.asarray(A)
+        self._A = A if sp.issparse(A) else np.asarray(A)
         self.row_norm_bound = float(row_norm_bound)
         self.clip = clip
         self.n_passes = 0

@@ -1,0 +1,134 @@
+"""Sparse inputs end to end: a pass's time against the non-zeros, and a private
+factorization of a CSR store against the same matrix stored dense.
+
+At fixed ``m x n`` it writes CSR stores (``write_csr``) of two densities, and the
+denser one also as a dense Zarr array (float64, row chunks), then runs on one
+LocalCluster (``--workers`` processes, one thread each, BLAS pinned):
+
+* one pass: a non-private Spectral-LRF (a single pass over the input) at each
+  density; the ratio of their pass times against the ratio of the non-zeros;
+* a private factorization (``--algorithm``, default two-pass) of the CSR store and
+  of the dense store of the same matrix, with the same seeds.
+
+A measurement, not a test: best of ``--repeat`` runs, wall clock, printed as a
+table. The stores go under ``benchmarks/work/`` (git-ignored) and are reused.
+
+    python benchmarks/bench_sparse_pipeline.py --rows 100000 --cols 2000
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+import zarr
+from distributed import Client, LocalCluster
+
+import pipeline
+from pipeline.io.csr import write_csr
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORK = os.path.join(HERE, "work")
+BAND = 10_000
+
+
+def _bands(m: int, n: int, density: float, seed: int) -> Any:
+    for b, r0 in enumerate(range(0, m, BAND)):
+        rng = np.random.default_rng([seed, b])
+        rows = min(BAND, m - r0)
+        x = sp.random(rows, n, density=density, format="csr", rng=rng)
+        x.data = rng.standard_normal(x.nnz)
+        yield x
+
+
+def csr_store(m: int, n: int, density: float) -> str:
+    path = os.path.join(WORK, f"sparse_{m}x{n}_d{density:g}.zarr")
+    if not os.path.exists(path):
+        write_csr(path, _bands(m, n, density, 0), shape=(m, n))
+    return path
+
+
+def dense_store(m: int, n: int, density: float) -> str:
+    """The same matrix as :func:`csr_store`, densified band by band."""
+    path = os.path.join(WORK, f"dense_{m}x{n}_d{density:g}.zarr")
+    if not os.path.exists(path):
+        z = zarr.create_array(
+            store=path + ".tmp", shape=(m, n), chunks=(BAND, n), dtype="float64"
+        )
+        for b, x in enumerate(_bands(m, n, density, 0)):
+            z[b * BAND : b * BAND + x.shape[0]] = x.toarray()
+        os.rename(path + ".tmp", path)
+    return path
+
+
+def best(fn: Any, repeat: int) -> tuple[float, Any]:
+    times, out = [], None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return min(times), out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=100_000)
+    ap.add_argument("--cols", type=int, default=2_000)
+    ap.add_argument("--low", type=float, default=0.001)
+    ap.add_argument("--high", type=float, default=0.01)
+    ap.add_argument("--rank", type=int, default=10)
+    ap.add_argument("--algorithm", default="two-pass")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    m, n, k = args.rows, args.cols, args.rank
+    os.makedirs(WORK, exist_ok=True)
+    low, high = csr_store(m, n, args.low), csr_store(m, n, args.high)
+    dense = dense_store(m, n, args.high)
+    private = {"epsilon": 1.0, "delta": 1e-6, "seed": 1, "insecure_noise_seed": 2}
+    with (
+        LocalCluster(
+            n_workers=args.workers, threads_per_worker=1, processes=True,
+            dashboard_address=None,
+        ) as cluster,
+        Client(cluster),
+    ):  # fmt: skip
+        rows = []
+        for name, path in ((f"CSR {args.low:g}", low), (f"CSR {args.high:g}", high)):
+            t, _ = best(
+                lambda p=path: pipeline.factorize(
+                    p, k, private=False, algorithm="spectral", seed=1
+                ),
+                args.repeat,
+            )
+            rows.append((f"one pass (non-private spectral), {name}", t))
+        ratio = rows[1][1] / rows[0][1]
+        results = {}
+        for name, path in (("CSR", high), ("dense", dense)):
+            t, f = best(
+                lambda p=path: pipeline.factorize(
+                    p, k, algorithm=args.algorithm, budget=(1e6, 0.5), **private
+                ),
+                args.repeat,
+            )
+            results[name] = f
+            rows.append((f"private {args.algorithm}, density {args.high:g}, {name}", t))
+        speedup = rows[3][1] / rows[2][1]
+    s_csr, s_dense = results["CSR"].S, results["dense"].S
+    print(f"m x n = {m} x {n}, rank {k}, {args.workers} workers x 1 thread")
+    print(f"{'run':<58} {'seconds':>8}")
+    for name, t in rows:
+        print(f"{name:<58} {t:8.2f}")
+    print(f"pass time ratio {args.high:g} / {args.low:g}: {ratio:.2f} "
+          f"(non-zeros ratio {args.high / args.low:g})")  # fmt: skip
+    print(f"private factorization, dense / CSR time: {speedup:.1f}x")
+    diff = float(np.max(np.abs(s_csr - s_dense)) / np.max(np.abs(s_dense)))
+    print(f"released S, CSR vs dense: max relative difference {diff:.2e}")
+
+
+if __name__ == "__main__":
+    main()
