@@ -55,7 +55,7 @@ def test_init_ingest_release_status(tmp_path: Path):
     assert proc.returncode == 0, proc.stderr
     assert f"charged to the ledger {ledger_path}" in proc.stdout
     assert "4 epochs" in proc.stdout
-    assert "3 tree levels" in proc.stdout
+    assert "blt mechanism" in proc.stdout  # the default
     assert oct(stream.stat().st_mode & 0o777) == "0o700"
     assert oct((stream / "secrets.json").stat().st_mode & 0o777) == "0o600"
     _batch(tmp_path / "b1.parquet", 500, 1)
@@ -68,9 +68,14 @@ def test_init_ingest_release_status(tmp_path: Path):
     assert "whole stream" in proc.stdout
     rep = read_release(tmp_path / "r2.zarr").report
     assert rep["private"] is True
-    assert rep["stream"]["tree_nodes"] == [[1, 1]]
-    assert rep["calibration"]["tree_levels"] == 3
+    assert rep["stream"]["mechanism"] == "blt"
+    assert "tree_nodes" not in rep["stream"]
+    assert rep["calibration"]["tree_levels"] == 1  # R X is one Gaussian mechanism
     status = json.loads(run_dplr("stream", "status", stream).stdout)
+    assert status["mechanism"] == "blt"
+    assert status["noise_factor"] == rep["stream"]["noise_factor"]
+    assert status["predicted_error"] == rep["stream"]["predicted_error"]
+    assert status["predicted_error"] == rep["signal"]["noise_level"]
     assert status["last_closed"] == 2
     assert status["released"] == [2]
     assert status["ledger"] == str(ledger_path)
