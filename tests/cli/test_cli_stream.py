@@ -84,6 +84,24 @@ def test_init_ingest_release_status(tmp_path: Path):
     assert len(ledger["releases"]) == 1  # the stream was charged once, at init
 
 
+def test_init_takes_the_tree_as_a_comparison_mechanism(tmp_path: Path):
+    state, ledger_path = tmp_path / "t.stream", tmp_path / "t.dplr-ledger.json"
+    proc = run_dplr("stream", "init", state, "--rows", SHAPE[0], "--cols", SHAPE[1], "--rank", 3,
+                    "--horizon", 4, "--epsilon", "1", "--delta", "1e-6", "--unit", "row",
+                    "--mechanism", "tree", "--ledger", ledger_path, "--budget-epsilon", "1",
+                    "--budget-delta", "1e-6")
+    assert proc.returncode == 0, proc.stderr
+    assert "tree mechanism (3 tree levels)" in proc.stdout
+    proc = run_dplr("stream", "release", state, "--epoch", 3, "--out", tmp_path / "r3.zarr")
+    assert proc.returncode == 0, proc.stderr
+    assert "tree mechanism, noise factor 2.449" in proc.stdout  # sqrt(L popcount(3)) = sqrt(6)
+    rep = read_release(tmp_path / "r3.zarr").report
+    assert rep["stream"]["tree_nodes"] == [[0, 3], [1, 1]]
+    assert rep["calibration"]["tree_levels"] == 3
+    status = json.loads(run_dplr("stream", "status", state).stdout)
+    assert (status["mechanism"], status["noise_factor"]) == ("tree", rep["stream"]["noise_factor"])
+
+
 def test_stream_equals_one_shot_factorize_without_noise(tmp_path: Path):
     """Linearity end to end: stream of B1..B3 == dplr factorize --non-private of B1+B2+B3."""
     state = tmp_path / "lin.stream"
