@@ -72,7 +72,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rng = np.random.default_rng(args.seed)
     A = make_matrix("low-rank", "entry", args.rows, args.cols, K, C, rng)
     res = Residual(A)
-    floor = float(np.linalg.svd(A, compute_uv=False)[K])
+    sv = np.linalg.svd(A, compute_uv=False)
+    floor = float(sv[K])
     errs: dict[str, list[float]] = {}
     times: dict[str, list[float]] = {}
 
@@ -103,7 +104,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     med = {k: statistics.median(v) for k, v in errs.items()}
     return {
         "shape": list(A.shape), "rank": K, "epsilon": EPS, "delta": DELTA,
-        "unit": "entry", "draws": args.draws, "sigma_k+1": floor,
+        "unit": "entry", "draws": args.draws, "sigma_1": float(sv[0]), "sigma_k+1": floor,
         "errors": errs, "median_error": med,
         "over_full_gm": {k: v / med["full GM"] for k, v in med.items()},
         "over_batch": {k: v / med["batch one-pass"] for k, v in med.items()},
@@ -113,8 +114,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def markdown(r: dict[str, Any]) -> str:
     lines = [
-        (f"{r['shape'][0]} x {r['shape'][1]}, rank {r['rank']}, unit entry, "
-        f"epsilon={r['epsilon']}, delta={r['delta']}, median of {r['draws']}"),
+        (
+            f"{r['shape'][0]} x {r['shape'][1]}, rank {r['rank']}, unit entry, "
+            f"epsilon={r['epsilon']}, delta={r['delta']}, median of {r['draws']}; "
+            f"sigma_1 = {r['sigma_1']:.4g}, sigma_k+1 = {r['sigma_k+1']:.4g}"
+        ),
         "",
         "| release | additive error | / full GM | / batch one-pass |",
         "|---|---:|---:|---:|",
@@ -123,7 +127,11 @@ def markdown(r: dict[str, Any]) -> str:
         lines.append(
             f"| {k} | {v:.4g} | {r['over_full_gm'][k]:.3f} | {r['over_batch'][k]:.3f} |"
         )
-    lines += ["", "| mechanism | release time at tau = 366 (s) | / tree |", "|---|---:|---:|"]
+    lines += [
+        "",
+        "| mechanism | release time at tau = 366 (s) | / tree |",
+        "|---|---:|---:|",
+    ]
     t = r["release_seconds_tau366"]
     lines += [f"| {k} | {v:.3f} | {v / t['tree']:.2f} |" for k, v in t.items()]
     return "\n".join(lines)
@@ -143,7 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         args.rows, args.cols, args.draws = 400, 60, 1
     r = run(args)
     os.makedirs(args.results, exist_ok=True)
-    stem = os.path.join(args.results, "stream_mechanism" + ("_quick" if args.quick else ""))
+    stem = os.path.join(
+        args.results, "stream_mechanism" + ("_quick" if args.quick else "")
+    )
     with open(stem + ".json", "w") as fh:
         json.dump(r, fh, indent=2)
     md = markdown(r)

@@ -2,8 +2,9 @@
 
 A stream is a matrix of public shape that changes by batches of updates
 ``(entity, i, j, s)`` over epochs ``1..T`` (the horizon). Its state
-(:class:`pipeline.io.stream_state.StreamStore`) holds the exact sketches of the
-binary tree, the clipped cells of the batches of epochs not yet closed, each
+(:class:`pipeline.io.stream_state.StreamStore`) holds the running exact sketches
+(and a BLT's noise buffers; a ``tree`` stream: the exact p-sums of its binary
+tree), the clipped cells of the batches of epochs not yet closed, each
 entity's spent clipping budget, and the table that gives each string entity id
 its own key (:mod:`pipeline.io.entity_ids`). Every step is one atomic commit of the state:
 
@@ -18,9 +19,10 @@ its own key (:mod:`pipeline.io.entity_ids`). Every step is one atomic commit of 
   refused;
 * :func:`stream_release` closes the epochs up to ``epoch``: each epoch's cells
   are sketched once (in parallel on Dask when a client is given, each part
-  regenerating only the operator rows its cells touch [spec 6.4]) and folded
-  into the tree [spec 3.4]; it then adds each tree node's keyed noise and
-  publishes the factorization of ``A(epoch)`` atomically. A release is a pure
+  regenerating only the operator rows its cells touch [spec 6.4]) and added to
+  the running sums (the tree: folded into it [spec 3.4]); it then adds the
+  mechanism's keyed noise of ``epoch`` once and publishes the factorization of
+  ``A(epoch)`` atomically. A release is a pure
   function of the committed state, so a rerun after a crash at any point
   publishes byte-identical arrays and charges nothing.
 
@@ -29,9 +31,12 @@ touched operator tile once per epoch instead of once per batch, and keeps 24
 bytes per cell in the state instead of a dense sketch delta per batch
 (``t`` + ``v`` floats per touched row and column).
 
-Privacy. The whole stream is one Gaussian mechanism calibrated over the tree's
-``L = floor(log2 T) + 1`` levels [spec 4.5], under the continual relation of
-spec 1.4, which per-entity clipping enforces. Errors, logs and progress never
+Privacy. The whole stream is one Gaussian mechanism, on ``R X`` for the
+stream's factorization ``A = L R`` of the prefix sums
+(:mod:`pipeline.algorithms.continual_factorization`: ``blt`` by default,
+``sqrt-factorization``, or the tree over its ``L = floor(log2 T) + 1`` levels
+[spec 4.5]), calibrated at ``max_s ||R e_s||`` times the one-shot sensitivity
+under the continual relation of spec 1.4, which per-entity clipping enforces. Errors, logs and progress never
 show data values, counts of clipped entities or norms.
 """
 
@@ -1181,7 +1186,6 @@ def _release_report(
     cal = plan.lrf.calibration
     insecure = bool(m["insecure_noise"])
     mech = mechanism_of(m)
-    stds = _noise_stds(plan, mech, epoch)
     level = _noise_level(plan, mech, epoch)
     report = StreamReport(
         release_id=f"{m['stream_id']}-epoch-{epoch}",
@@ -1196,24 +1200,7 @@ def _release_report(
             "transposed": plan.lrf.transpose,
             "tile_size": plan.lrf.params.tile_size,
         },
-        stream={
-            "stream_id": m["stream_id"],
-            "epoch": epoch,
-            "horizon": plan.horizon,
-            "mechanism": mech.name,
-            "sensitivity_factor": mech.sensitivity_factor,
-            "noise_factor": mech.noise_factor(epoch),
-            "noise_std": stds,
-            "predicted_error": level,
-            **(
-                {
-                    "tree_levels": plan.levels,
-                    "tree_nodes": [list(x) for x in tree_nodes(epoch)],
-                }
-                if mech.name == TREE
-                else {}
-            ),
-        },
+        stream=_stream_section(m, plan, mech, epoch),
         n_passes=0,
         sketch_seed_fingerprint=m["sketch_seed_fingerprint"],
         versions={"dplr": m["dplr_version"]},
@@ -1259,6 +1246,26 @@ def _release_report(
     ).to_dict()
 
 
+def _stream_section(
+    m: dict[str, Any], plan: StreamPlan, mech: ContinualMechanism, epoch: int
+) -> dict[str, Any]:
+    """The report's ``stream`` entry: the epoch, the mechanism and its noise (public)."""
+    out = {
+        "stream_id": m["stream_id"],
+        "epoch": epoch,
+        "horizon": plan.horizon,
+        "mechanism": mech.name,
+        "sensitivity_factor": mech.sensitivity_factor,
+        "noise_factor": mech.noise_factor(epoch),
+        "noise_std": _noise_stds(plan, mech, epoch),
+        "predicted_error": _noise_level(plan, mech, epoch),
+    }
+    if mech.name == TREE:
+        out["tree_levels"] = plan.levels
+        out["tree_nodes"] = [list(x) for x in tree_nodes(epoch)]
+    return out
+
+
 def _mechanism_text(mech: ContinualMechanism) -> str:
     """The report's one-line description of the stream's mechanism."""
     if mech.name == TREE:
@@ -1295,8 +1302,8 @@ def stream_release(
     """Publish the factorization of ``A(epoch)`` to ``out``.
 
     Closes the epochs after the last closed one up to ``epoch`` (their batches
-    go into the tree), draws each tree node's keyed noise, factorizes, and
-    writes ``out`` atomically.
+    go into the running sums, or the tree), adds the mechanism's keyed noise
+    (:func:`noisy_state_sketches`), factorizes, and writes ``out`` atomically.
 
     Parameters
     ----------
@@ -1329,8 +1336,9 @@ def stream_release(
 
     Notes
     -----
-    Privacy. Post-processing of the tree's noisy p-sums, each noised exactly
-    once per node [spec 3.4, 6.3]; nothing is charged.
+    Privacy. Post-processing of the mechanism's Gaussian release ``R X``
+    (the tree: its noisy p-sums, each noised once per node [spec 3.4, 6.3]);
+    nothing is charged.
     """
     from pipeline.io.release import read_release, write_release  # heavy: dask
 
