@@ -107,17 +107,18 @@ def _pcas(work: Path) -> Iterator[tuple[str, Callable[[], Any]]]:
     yield "DPPCA centred", centred
 
 
-def _stream(work: Path) -> Any:
-    state = work / "s.stream"
+def _stream(work: Path, mechanism: str) -> Any:
+    state = work / f"s-{mechanism}.stream"
     stream_init(state, n_rows=30, n_cols=20, rank=2, horizon=2, epsilon=2.0,
-                delta=1e-6, unit="row", ledger=work / "s.json", budget=BUDGET,
-                seed=SEED, insecure_noise_seed=SEED)  # fmt: skip
+                delta=1e-6, unit="row", ledger=work / f"s-{mechanism}.json",
+                budget=BUDGET, seed=SEED, insecure_noise_seed=SEED,
+                mechanism=mechanism)  # fmt: skip
     rng = np.random.default_rng(SEED)
     batch = {"entity": np.arange(30), "i": np.arange(30), "j": rng.integers(0, 20, 30),
              "s": rng.uniform(-1.0, 1.0, 30)}  # fmt: skip
-    write_batch(work / "b.npz", batch)
-    stream_ingest(state, work / "b.npz", epoch=1)
-    release, _ = stream_release(state, epoch=1, out=work / "e1.zarr")
+    write_batch(work / f"b-{mechanism}.npz", batch)
+    stream_ingest(state, work / f"b-{mechanism}.npz", epoch=1)
+    release, _ = stream_release(state, epoch=1, out=work / f"e1-{mechanism}.zarr")
     return release
 
 
@@ -137,7 +138,9 @@ def main(argv: list[str] | None = None) -> None:
         runs = [
             *_factorizations(work),
             *_pcas(work),
-            ("stream epoch 1", lambda: _stream(work)),
+            # the tree's line is that of every stream before the mechanism choice
+            ("stream epoch 1", lambda: _stream(work, "tree")),
+            ("stream epoch 1 blt", lambda: _stream(work, "blt")),
         ]
         for name, run in runs:
             print(f"{name:32s} {digest(*_arrays(run()))}", flush=True)

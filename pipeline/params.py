@@ -47,6 +47,7 @@ __all__ = [
     "PrivacyUnit",
     "ReleaseOptions",
     "Runtime",
+    "StreamMechanism",
     "StreamParams",
     "StreamUnit",
     "assemble",
@@ -98,6 +99,17 @@ class StreamUnit(enum.Enum):
     ROW = "row"
     COLUMN = "column"
     ENTRY = "entry"
+
+
+class StreamMechanism(enum.Enum):
+    """The factorization mechanism of a stream's continual release.
+
+    The values are :mod:`pipeline.algorithms.continual_factorization`'s names.
+    """
+
+    BLT = "blt"  # buffered linear Toeplitz decoder, 3 noise buffers (default)
+    SQRT = "sqrt-factorization"  # square root of the prefix-sum matrix
+    TREE = "tree"  # the binary tree (comparison; every state before the field)
 
 
 class Algorithm(enum.Enum):
@@ -697,6 +709,11 @@ class StreamParams:
         "stream", "--sketch-size", "-t", parse=int, help="t (default: max(4k, k + 20))")))  # fmt: skip
     core_size: int | None = field(default=None, metadata=meta(flag=_flag(
         "stream", "--core-size", "-v", parse=int, help="v (default: 4t)")))  # fmt: skip
+    mechanism: StreamMechanism = field(default=StreamMechanism.BLT, metadata=meta(
+        check=_enum(StreamMechanism), flag=_flag(
+            "stream", "--mechanism", choices=values(StreamMechanism), default="blt",
+            help="continual-release mechanism: blt (default), sqrt-factorization, or "
+            "tree (the binary tree, for comparison)")))  # fmt: skip
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -726,6 +743,8 @@ class StreamParams:
         ``operator`` is the default co-range operator of a stream
         (``pipeline.algorithms.lrf.plan.default_operator`` without an exact
         sparse map): Gaussian when private, sparse sign otherwise.
+        ``mechanism`` is absent from states written before it existed: they
+        release by the binary tree.
         """
         operator = OperatorKind.GAUSSIAN if self.private else OperatorKind.SPARSE_SIGN
         return {
@@ -735,7 +754,7 @@ class StreamParams:
             "clip_norm": self.clip_norm, "unit": self.unit.value,
             "neighboring": self.neighboring.value, "sketch_size": self.sketch_size,
             "core_size": self.core_size, "delta_jl_fraction": 0.5,
-            "operator": operator.value,
+            "operator": operator.value, "mechanism": self.mechanism.value,
         }  # fmt: skip
 
 

@@ -133,12 +133,17 @@ class StreamPlan:
     """Public plan of a stream: shapes, sizes, orientation, tree and calibration.
 
     ``lrf`` is the plan of one release of the same shape and sizes, whose
-    calibration covers the whole tree (``tree_levels = L``).
+    calibration covers the whole tree (``tree_levels = L``) or, for a
+    factorization mechanism (``sensitivity_factor`` set), the mechanism's
+    Gaussian release ``R X``: every sensitivity and sigma of the one-shot
+    calibration times ``sensitivity_factor = max_s ||R e_s||``
+    (:mod:`pipeline.algorithms.continual_factorization`).
     """
 
     lrf: LrfPlan
     horizon: int
     levels: int
+    sensitivity_factor: float | None = None
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -206,8 +211,9 @@ def plan_stream(
     horizon: int,
     *,
     public_seed: int | None = None,
+    sensitivity_factor: float | None = None,
 ) -> StreamPlan:
-    """Validate a stream's public parameters and calibrate its tree.
+    """Validate a stream's public parameters and calibrate its tree or factorization.
 
     Parameters
     ----------
@@ -222,6 +228,11 @@ def plan_stream(
         The sketch seed when it is public: the tree is calibrated with the
         worst-case sensitivity of its operators for a difference anywhere in
         the matrix (``Reach.ANY``: a stream's entity may touch any cells).
+    sensitivity_factor : float or None
+        None: the binary tree, calibrated over its ``L`` levels. A float: a
+        factorization mechanism ``A = L R`` with ``max_s ||R e_s||`` this value
+        (``ContinualMechanism.sensitivity_factor``), calibrated as the one-shot
+        release with every sensitivity and sigma scaled by it.
 
     Returns
     -------
@@ -239,6 +250,11 @@ def plan_stream(
     ``sigma_i = Delta_F Delta_i s sqrt(L / w_i)`` [spec 4.5]. A tree node sums
     the differences of its epochs, of total Frobenius norm at most ``Delta_F``
     (spec 1.4), so the worst-case factors of public operators hold per node.
+    A factorization mechanism releases ``R X + sigma Z``; stacked over epochs,
+    one entity's difference has Frobenius norm at most ``f Delta_F`` in data
+    space (f = ``sensitivity_factor``), so each sketch's one-shot factor applies
+    once and ``sigma_i = f sigma_i^(1)``, ``sensitivity_i = f Delta_F Delta_i``:
+    the ledger's event ``z = 1 / Delta_eff`` is the one-shot release's.
 
     Examples
     --------
@@ -261,18 +277,54 @@ def plan_stream(
             "does not apply; use 'spectral' or 'low-space'."
         )
     if one.calibration is None:
-        return StreamPlan(lrf=one, horizon=int(horizon), levels=levels)
+        return StreamPlan(
+            lrf=one, horizon=int(horizon), levels=levels,
+            sensitivity_factor=sensitivity_factor,
+        )  # fmt: skip
     # the operators' worst-case factors do not depend on the tree: reuse them
     factors = (
         {sk.name: sk.jl_factor for sk in one.calibration.sketches}
         if one.public_sketch_seed
         else None
     )
+    if sensitivity_factor is None:
+        return StreamPlan(
+            lrf=calibrate_plan(one, factors, tree_levels=levels),
+            horizon=int(horizon),
+            levels=levels,
+        )
+    lrf = calibrate_plan(one, factors)
     return StreamPlan(
-        lrf=calibrate_plan(one, factors, tree_levels=levels),
+        lrf=_scaled(lrf, sensitivity_factor),
         horizon=int(horizon),
         levels=levels,
+        sensitivity_factor=float(sensitivity_factor),
     )
+
+
+def _scaled(plan: LrfPlan, factor: float) -> LrfPlan:
+    """``plan`` with every sketch's sensitivity and sigma multiplied by ``factor >= 1``.
+
+    The Gaussian mechanism ``R X`` of a factorization: its sensitivities are the
+    one-shot ones times ``max_s ||R e_s||``, and so are its sigmas, so its
+    ``Delta_eff`` and ledger event are the one-shot release's (checked again).
+    """
+    cal = plan.calibration
+    if cal is None:
+        return plan
+    if not (math.isfinite(factor) and factor >= 1.0):
+        raise InvalidParameterError(
+            f"sensitivity_factor must be a finite float >= 1, got {factor!r}."
+        )
+    sketches = tuple(
+        dataclasses.replace(
+            sk, sensitivity=sk.sensitivity * factor, sigma=sk.sigma * factor
+        )
+        for sk in cal.sketches
+    )
+    scaled = dataclasses.replace(cal, sketches=sketches)
+    scaled.check()
+    return dataclasses.replace(plan, calibration=scaled)
 
 
 def _stream_sizes(params: LrfParams, shape: tuple[int, int]) -> LrfParams:

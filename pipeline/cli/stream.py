@@ -32,7 +32,9 @@ def add_parser(sub: Any) -> None:
         help="turnstile update streams with continual (nightly) DP releases",
         description=(
             "A matrix that changes by batches of (entity, i, j, s) updates over epochs "
-            "1..T, released after any epoch by the binary-tree mechanism; the whole "
+            "1..T, released after any epoch by a factorization mechanism for continual "
+            "release (--mechanism: blt by default, sqrt-factorization, or the binary "
+            "tree); the whole "
             "stream costs its (epsilon, delta) once, charged at init to the ledger of "
             "its population (--ledger), where it composes with the population's other "
             "streams and releases."
@@ -123,9 +125,12 @@ def _init(a: argparse.Namespace) -> int:
         if info.private
         else "NOT PRIVATE"
     )
+    how = f"{info.mechanism} mechanism" + (
+        f" ({info.levels} tree levels)" if info.mechanism == "tree" else ""
+    )
     print(
         f"created stream {info.path}: {info.shape[0]} x {info.shape[1]}, rank {info.rank}, "
-        f"{info.algorithm}, {info.levels} tree levels, {what}"
+        f"{info.algorithm}, {how}, {what}"
     )
     if info.ledger is not None:
         # heavy: scipy, kept off the import path of `dplr --help`
@@ -181,8 +186,14 @@ def _release(a: argparse.Namespace) -> int:
     )
     if rep.get("note"):
         priv += f"; {rep['note']}"
+    s = rep["stream"]
+    # reports of streams before the mechanism choice name no mechanism: the tree
+    how = f"{s.get('mechanism', 'tree')} mechanism" + (
+        f", noise factor {s['noise_factor']:.4g}" if "noise_factor" in s else ""
+    )
     print(
-        f"epoch {a.epoch} {word} -> {a.out}: rank {rep['rank']}, {priv}; noise std {stds}"
+        f"epoch {a.epoch} {word} -> {a.out}: rank {rep['rank']}, {priv}; {how}; "
+        f"noise std {stds}"
     )
     for line in signal_lines(rep):
         print(line.strip())

@@ -2,8 +2,9 @@
 
 A stream is a matrix of public shape that changes by batches of updates
 ``(entity, i, j, s)`` over epochs ``1..T`` (the horizon). Its state
-(:class:`pipeline.io.stream_state.StreamStore`) holds the exact sketches of the
-binary tree, the clipped cells of the batches of epochs not yet closed, each
+(:class:`pipeline.io.stream_state.StreamStore`) holds the running exact sketches
+(and a BLT's noise buffers; a ``tree`` stream: the exact p-sums of its binary
+tree), the clipped cells of the batches of epochs not yet closed, each
 entity's spent clipping budget, and the table that gives each string entity id
 its own key (:mod:`pipeline.io.entity_ids`). Every step is one atomic commit of the state:
 
@@ -18,9 +19,10 @@ its own key (:mod:`pipeline.io.entity_ids`). Every step is one atomic commit of 
   refused;
 * :func:`stream_release` closes the epochs up to ``epoch``: each epoch's cells
   are sketched once (in parallel on Dask when a client is given, each part
-  regenerating only the operator rows its cells touch [spec 6.4]) and folded
-  into the tree [spec 3.4]; it then adds each tree node's keyed noise and
-  publishes the factorization of ``A(epoch)`` atomically. A release is a pure
+  regenerating only the operator rows its cells touch [spec 6.4]) and added to
+  the running sums (the tree: folded into it [spec 3.4]); it then adds the
+  mechanism's keyed noise of ``epoch`` once and publishes the factorization of
+  ``A(epoch)`` atomically. A release is a pure
   function of the committed state, so a rerun after a crash at any point
   publishes byte-identical arrays and charges nothing.
 
@@ -29,9 +31,12 @@ touched operator tile once per epoch instead of once per batch, and keeps 24
 bytes per cell in the state instead of a dense sketch delta per batch
 (``t`` + ``v`` floats per touched row and column).
 
-Privacy. The whole stream is one Gaussian mechanism calibrated over the tree's
-``L = floor(log2 T) + 1`` levels [spec 4.5], under the continual relation of
-spec 1.4, which per-entity clipping enforces. Errors, logs and progress never
+Privacy. The whole stream is one Gaussian mechanism, on ``R X`` for the
+stream's factorization ``A = L R`` of the prefix sums
+(:mod:`pipeline.algorithms.continual_factorization`: ``blt`` by default,
+``sqrt-factorization``, or the tree over its ``L = floor(log2 T) + 1`` levels
+[spec 4.5]), calibrated at ``max_s ||R e_s||`` times the one-shot sensitivity
+under the continual relation of spec 1.4, which per-entity clipping enforces. Errors, logs and progress never
 show data values, counts of clipped entities or norms.
 """
 
@@ -42,6 +47,7 @@ import datetime as _dt
 import functools
 import glob
 import hashlib
+import math
 import os
 import shlex
 import shutil
@@ -63,6 +69,7 @@ from pipeline.algorithms.base import Factorization
 from pipeline.algorithms.continual import (
     StreamPlan,
     advance_tree,
+    noise_code,
     noise_std,
     noisy_sketches,
     partition_cells,
@@ -70,6 +77,17 @@ from pipeline.algorithms.continual import (
     release_factorization,
     sum_deltas,
     tree_nodes,
+)
+from pipeline.algorithms.continual_factorization import (
+    BLT,
+    SQRT,
+    TREE,
+    ContinualMechanism,
+    NoiseTerm,
+    blt_advance,
+    blt_noise,
+    continual_mechanism,
+    released_sketches,
 )
 from pipeline.algorithms.lrf import noise_level, seed_fingerprint
 from pipeline.errors import (
@@ -97,6 +115,7 @@ from pipeline.mechanisms.entities import (
     coalesce,
     zero_non_finite_entities,
 )
+from pipeline.mechanisms.noise import GaussianNoise, NoiseKey
 from pipeline.mechanisms.signal import signal_of
 from pipeline.params import (
     Algorithm,
@@ -105,6 +124,7 @@ from pipeline.params import (
     Neighboring,
     OperatorKind,
     PrivacyUnit,
+    StreamMechanism,
     StreamParams,
     StreamUnit,
 )
@@ -116,6 +136,8 @@ __all__ = [
     "StreamParams",
     "continue_advice",
     "continue_command",
+    "mechanism_of",
+    "noisy_state_sketches",
     "open_stream",
     "read_manifest",
     "stream_ingest",
@@ -164,24 +186,60 @@ def plan_of(manifest: dict[str, Any]) -> StreamPlan:
             "calibrated its noise for a secret one, so its releases would claim more "
             "privacy than they have; create a new stream."
         )
+    mech = mechanism_of(manifest)
     plan = plan_stream(
         _lrf_params(p),
         (p["n_rows"], p["n_cols"]),
         p["horizon"],
         public_seed=p.get("public_seed"),
+        sensitivity_factor=None if mech.name == TREE else mech.sensitivity_factor,
     )
     want = manifest["plan"]
+    recorded = want.get("mechanism", {}).get("sensitivity_factor")
     if (plan.lrf.t, plan.lrf.v, plan.lrf.transpose, plan.levels) != (
         want["sketch_size"],
         want["core_size"],
         want["transposed"],
         want["levels"],
-    ):
+    ) or (recorded is not None and recorded != mech.sensitivity_factor):
         raise StoreLayoutError(
             "the stream state's plan does not match what this dplr version derives "
             "from its parameters; use the dplr version that created the stream."
         )
     return plan
+
+
+def mechanism_of(manifest: dict[str, Any]) -> ContinualMechanism:
+    """The stream's continual-release mechanism, as its manifest records it.
+
+    A state written before streams had a choice (no ``mechanism`` parameter)
+    releases by the binary tree, as it always did; a BLT's parameters are read
+    from the manifest, never fitted again.
+    """
+    p = manifest["params"]
+    name = str(p.get("mechanism", TREE))
+    rec = manifest["plan"].get("mechanism") or {}
+    if name == BLT and not rec.get("theta"):
+        raise StoreLayoutError(
+            "the stream's manifest names the 'blt' mechanism without its parameters; "
+            "the state is damaged or was not written by dplr."
+        )
+    return ContinualMechanism(
+        name=name,
+        horizon=int(p["horizon"]),
+        theta=tuple(float(x) for x in rec.get("theta", ())),
+        omega=tuple(float(x) for x in rec.get("omega", ())),
+    )
+
+
+def _mechanism_record(mech: ContinualMechanism) -> dict[str, Any]:
+    """What the manifest's plan records of the mechanism (public values)."""
+    return {
+        "name": mech.name,
+        "theta": list(mech.theta),
+        "omega": list(mech.omega),
+        "sensitivity_factor": mech.sensitivity_factor,
+    }
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -233,6 +291,14 @@ class StreamInfo:
     delta: float | None
     #: the population's ledger, charged once at creation (None: non-private)
     ledger: str | None
+    #: the continual-release mechanism ("blt", "sqrt-factorization", "tree")
+    mechanism: str
+    #: per-entry noise std at the last closed epoch over the one-shot sigma
+    #: (None before the first epoch closes)
+    noise_factor: float | None
+    #: the released singular values' noise level at the last closed epoch
+    #: (the report's signal level; None if non-private or no epoch closed)
+    predicted_error: float | None
 
     def to_dict(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in self.__slots__}
@@ -241,6 +307,7 @@ class StreamInfo:
 def _info(store: Any) -> StreamInfo:
     m = store.manifest
     p = m["params"]
+    plan, mech, tau = plan_of(m), mechanism_of(m), int(m["last_closed"])
     return StreamInfo(
         path=store.path,
         stream_id=m["stream_id"],
@@ -257,6 +324,9 @@ def _info(store: Any) -> StreamInfo:
         epsilon=p["epsilon"],
         delta=p["delta"],
         ledger=None if m["ledger"] is None else m["ledger"]["path"],
+        mechanism=mech.name,
+        noise_factor=mech.noise_factor(tau) if tau else None,
+        predicted_error=_noise_level(plan, mech, tau) if tau else None,
     )
 
 
@@ -289,6 +359,7 @@ def stream_init(
     neighboring: str = "add-remove",
     sketch_size: int | None = None,
     core_size: int | None = None,
+    mechanism: str = "blt",
     ledger: str | os.PathLike[str] | None = None,
     budget: tuple[float, float] | None = None,
     seed: int | None = None,
@@ -320,6 +391,12 @@ def stream_init(
         ``Delta_F = C`` or ``2C``.
     sketch_size, core_size : int or None
         ``t``, ``v``; None takes the defaults of one-shot releases.
+    mechanism : {"blt", "sqrt-factorization", "tree"}
+        The continual-release mechanism
+        (:mod:`pipeline.algorithms.continual_factorization`): the buffered
+        Toeplitz factorization (default; its parameters are fitted to the
+        horizon here and recorded), the square-root factorization, or the
+        binary tree (for comparison).
     ledger : path
         The privacy ledger of the stream's population, which every stream and
         release on that population charges. Required for a private stream
@@ -374,6 +451,7 @@ def stream_init(
         neighboring=check_enum(Neighboring, neighboring, "neighboring"),
         sketch_size=sketch_size,
         core_size=core_size,
+        mechanism=check_enum(StreamMechanism, mechanism, "mechanism"),
     ).to_manifest()
     params["public_seed"] = (
         seed  # a user-given seed is public: the noise covers its operators
@@ -383,7 +461,11 @@ def stream_init(
             "a non-private stream is charged to no ledger; drop ledger and budget."
         )
     shape = (params["n_rows"], params["n_cols"])
-    plan = plan_stream(_lrf_params(params), shape, params["horizon"], public_seed=seed)
+    mech = continual_mechanism(params["mechanism"], params["horizon"])
+    plan = plan_stream(
+        _lrf_params(params), shape, params["horizon"], public_seed=seed,
+        sensitivity_factor=None if mech.name == TREE else mech.sensitivity_factor,
+    )  # fmt: skip
     state = local_path(state, "stream state")
     spec = functools.partial(
         _init_spec, params, plan, state, ledger, budget, seed, insecure_noise_seed
@@ -399,6 +481,7 @@ def stream_init(
     job.prepare()  # refused here (contract vs ledger, budget): nothing exists yet
     assert job.sketch_seed is not None  # drawn (or the given one) by job.prepare()
     manifest = _new_manifest(params, plan, job, public_seed=seed is not None)
+    manifest["plan"]["mechanism"] = _mechanism_record(mech)
     p = params
     # the key and the seed go to a journal beside the ledger, then the one charge:
     # a crash before the state exists is finished by the same command, not recharged
@@ -407,7 +490,8 @@ def stream_init(
         details={
             "stream": state, "stream_id": manifest["stream_id"], "horizon": p["horizon"],
             "tree_levels": plan.levels, "rank": p["rank"], "sketch_size": plan.lrf.t,
-            "core_size": plan.lrf.v,
+            "core_size": plan.lrf.v, "mechanism": mech.name,
+            "sensitivity_factor": mech.sensitivity_factor,
         },
     )  # fmt: skip
     store = StreamStore.create(
@@ -558,6 +642,7 @@ def continue_command(manifest: dict[str, Any]) -> str:
     for flag, key in (("--sketch-size", "sketch_size"), ("--core-size", "core_size")):
         if p[key] is not None:
             words += [flag, p[key]]
+    words += ["--mechanism", p.get("mechanism", TREE)]
     if manifest["ledger"] is not None:
         words += ["--ledger", manifest["ledger"]["path"]]
     return shlex.join(str(w) for w in words)
@@ -910,10 +995,17 @@ def _load_tree(store: Any, plan: StreamPlan) -> dict[int, dict[str, np.ndarray]]
 def _close_epochs(store: Any, plan: StreamPlan, epoch: int, client: Any = None) -> None:
     """Fold the batches of epochs ``last_closed + 1 .. epoch`` into the tree; one commit.
 
+    A factorization mechanism's state is the running exact sums instead
+    (:func:`_close_running`).
+
     The epochs closed here share one time, taken before any batch is sketched: an
     epoch's release publishes it as ``created``, and a time stamped after the
     sketching would tell how long the epoch's updates took to fold in.
     """
+    mech = mechanism_of(store.manifest)
+    if mech.name != TREE:
+        _close_running(store, plan, mech, epoch, client)
+        return
     stamp = _now()
     m = store.manifest
     levels = _load_tree(store, plan)
@@ -936,6 +1028,154 @@ def _close_epochs(store: Any, plan: StreamPlan, epoch: int, client: Any = None) 
     )
 
 
+def _load_prefix(store: Any, plan: StreamPlan, prefix: str) -> dict[str, np.ndarray]:
+    """The arrays ``prefix + name`` of every statistic (zeros before the first close)."""
+    shapes = plan.shapes()
+    return {
+        name: store.read(prefix + name)
+        if store.has(prefix + name)
+        else np.zeros(shapes[name])
+        for name in plan.names
+    }
+
+
+def _epoch_noise(
+    plan: StreamPlan, mech: ContinualMechanism, key: NoiseKey, name: str, s: int
+) -> np.ndarray:
+    """``z_s`` of statistic ``name``: epoch s's keyed standard normal array.
+
+    The same sub-key as the term ``(s,)`` of :meth:`ContinualMechanism.noise_terms`.
+    """
+    length, dim = plan.shapes()[name]
+    return GaussianNoise(
+        key=mech.key(key, noise_code(plan, name), NoiseTerm((s,), 1.0)),
+        sigma=1.0,
+        length=length,
+        dim=dim,
+        tile_size=plan.lrf.params.tile_size,
+    ).dense()
+
+
+def _blt_buffers(
+    store: Any, plan: StreamPlan, mech: ContinualMechanism
+) -> dict[str, list[np.ndarray]]:
+    """The BLT's noise buffers ``b_i`` of every statistic at epoch ``last_closed``."""
+    return {
+        name: [
+            store.read(f"blt/{i}/{name}")
+            if store.has(f"blt/{i}/{name}")
+            else np.zeros(plan.shapes()[name])
+            for i in range(len(mech.theta))
+        ]
+        for name in plan.names
+    }
+
+
+def _close_running(
+    store: Any,
+    plan: StreamPlan,
+    mech: ContinualMechanism,
+    epoch: int,
+    client: Any = None,
+) -> None:
+    """Add the batches of epochs ``last_closed + 1 .. epoch`` to the running sums; one commit.
+
+    The state of a factorization mechanism: ``running/<stat>`` holds
+    ``sum_{s <= last_closed} x_s``; for a private BLT stream, ``blt/<i>/<stat>``
+    holds the noise buffer ``b_i = sum_{s < last_closed} theta_i^(last_closed-1-s)
+    z_s`` (unit sigma), advanced by ``b_i <- theta_i b_i + z_{tau-1}`` as each
+    epoch tau closes. The epochs closed here share one time, as in
+    :func:`_close_epochs`.
+    """
+    stamp = _now()
+    m = store.manifest
+    running = _load_prefix(store, plan, "running/")
+    blt = mech.name == BLT and plan.lrf.calibration is not None
+    buffers = _blt_buffers(store, plan, mech) if blt else {}
+    key = store.secrets()[1] if blt else None
+    closed, pending = dict(m["closed"]), dict(m["pending"])
+    arrays: dict[str, np.ndarray | None] = {}
+    for tau in range(m["last_closed"] + 1, epoch + 1):
+        d = epoch_sketch(store, plan, tau, client)
+        if d is not None:
+            running = {name: running[name] + d[name] for name in plan.names}
+        if blt and tau > 1:
+            assert key is not None  # a private stream holds its noise key
+            buffers = {
+                name: blt_advance(mech, b, _epoch_noise(plan, mech, key, name, tau - 1))
+                for name, b in buffers.items()
+            }
+        for number in pending.pop(str(tau), []):
+            for name in store.names(f"pending/{tau}/{number:06d}/"):
+                arrays[name] = None
+        closed[str(tau)] = stamp
+    arrays |= {f"running/{name}": x for name, x in running.items()}
+    for name, bs in buffers.items():
+        arrays |= {f"blt/{i}/{name}": b for i, b in enumerate(bs)}
+    store.commit(
+        arrays=arrays,
+        changes={"last_closed": epoch, "closed": closed, "pending": pending},
+    )
+
+
+def noisy_state_sketches(store: Any, epoch: int) -> dict[str, np.ndarray]:
+    """The released (noisy) sketches of ``A(epoch)`` from a locked state closed at ``epoch``.
+
+    Tree: each p-sum of ``epoch``'s set bits plus its node's noise. Square
+    root: the running sums plus ``sigma sum_s c_{epoch-s} z_s``. BLT: the running
+    sums plus ``sigma (z_epoch + sum_i omega_i b_i)``. As sensitive as the data
+    only before the noise: the result is what the release factorizes.
+
+    Notes
+    -----
+    Privacy. Noise is added once to each entry, after the exact sum; every
+    ``z_s`` is regenerated from the stream's key, so a rerun adds the same noise.
+    """
+    plan, mech = plan_of(store.manifest), mechanism_of(store.manifest)
+    if int(store.manifest["last_closed"]) != epoch:
+        raise EpochError(f"the state does not hold the running sums of epoch {epoch}.")
+    _, key = store.secrets()
+    if mech.name == TREE:
+        return noisy_sketches(plan, _load_tree(store, plan), epoch, key)
+    running = _load_prefix(store, plan, "running/")
+    if plan.lrf.calibration is None:
+        return running
+    if key is None:
+        raise InvalidParameterError("a private stream needs its noise key.")
+    sigmas = {name: plan.lrf.sigma(name) for name in plan.names}
+    if mech.name == SQRT:
+        return released_sketches(mech, plan, running, epoch, key, sigmas)
+    buffers = _blt_buffers(store, plan, mech)
+    return {
+        name: running[name]
+        + sigmas[name]
+        * blt_noise(mech, buffers[name], _epoch_noise(plan, mech, key, name, epoch))
+        for name in plan.names
+    }
+
+
+def _noise_stds(
+    plan: StreamPlan, mech: ContinualMechanism, epoch: int
+) -> dict[str, float]:
+    """Per-entry noise std of each released sketch at ``epoch``: ``||L[epoch, :]|| sigma_i``."""
+    if mech.name == TREE:
+        return noise_std(plan, epoch)
+    row = math.sqrt(mech.variance_factor(epoch))
+    return {name: row * plan.lrf.sigma(name) for name in plan.names}
+
+
+def _noise_level(
+    plan: StreamPlan, mech: ContinualMechanism, epoch: int
+) -> float | None:
+    """The one-pass noise level of the singular values released at ``epoch`` (public)."""
+    if plan.lrf.calibration is None:
+        return None
+    stds = _noise_stds(plan, mech, epoch)
+    return noise_level(
+        plan.lrf.params.algorithm, plan.lrf.oriented_shape, plan.lrf.t, stds
+    )
+
+
 def _release_report(
     store: Any, plan: StreamPlan, epoch: int, released: np.ndarray
 ) -> dict[str, Any]:
@@ -945,7 +1185,8 @@ def _release_report(
     p = m["params"]
     cal = plan.lrf.calibration
     insecure = bool(m["insecure_noise"])
-    stds = noise_std(plan, epoch)
+    mech = mechanism_of(m)
+    level = _noise_level(plan, mech, epoch)
     report = StreamReport(
         release_id=f"{m['stream_id']}-epoch-{epoch}",
         created=m["closed"][str(epoch)],
@@ -959,14 +1200,7 @@ def _release_report(
             "transposed": plan.lrf.transpose,
             "tile_size": plan.lrf.params.tile_size,
         },
-        stream={
-            "stream_id": m["stream_id"],
-            "epoch": epoch,
-            "horizon": plan.horizon,
-            "tree_levels": plan.levels,
-            "tree_nodes": [list(x) for x in tree_nodes(epoch)],
-            "noise_std": stds,
-        },
+        stream=_stream_section(m, plan, mech, epoch),
         n_passes=0,
         sketch_seed_fingerprint=m["sketch_seed_fingerprint"],
         versions={"dplr": m["dplr_version"]},
@@ -974,21 +1208,14 @@ def _release_report(
             note="non-private stream: no clipping, no noise; NOT PRIVATE"
         ),
     )
-    if cal is None:
+    if cal is None or level is None:
         return report.to_dict()
-    # the epoch's sketches carry noise of std sqrt(popcount) sigma: the same
+    # the epoch's sketches carry noise of std ||L[epoch, :]|| sigma: the same
     # one-pass post-processing, so the one-pass level with those stds
-    level = noise_level(
-        plan.lrf.params.algorithm, plan.lrf.oriented_shape, plan.lrf.t, stds
-    )
     return dataclasses.replace(
         report,
         privacy=StreamPrivacy(
-            mechanism=(
-                "Gaussian binary-tree mechanism over all epochs, one joint mechanism over "
-                "every node and sketch (analytic calibration [BW18]); this release is "
-                "post-processing of the tree"
-            ),
+            mechanism=_mechanism_text(mech),
             epsilon=cal.epsilon,
             delta=cal.delta,
             budget_scope="the whole stream (every epoch's release together)",
@@ -1019,6 +1246,42 @@ def _release_report(
     ).to_dict()
 
 
+def _stream_section(
+    m: dict[str, Any], plan: StreamPlan, mech: ContinualMechanism, epoch: int
+) -> dict[str, Any]:
+    """The report's ``stream`` entry: the epoch, the mechanism and its noise (public)."""
+    out = {
+        "stream_id": m["stream_id"],
+        "epoch": epoch,
+        "horizon": plan.horizon,
+        "mechanism": mech.name,
+        "sensitivity_factor": mech.sensitivity_factor,
+        "noise_factor": mech.noise_factor(epoch),
+        "noise_std": _noise_stds(plan, mech, epoch),
+        "predicted_error": _noise_level(plan, mech, epoch),
+    }
+    if mech.name == TREE:
+        out["tree_levels"] = plan.levels
+        out["tree_nodes"] = [list(x) for x in tree_nodes(epoch)]
+    return out
+
+
+def _mechanism_text(mech: ContinualMechanism) -> str:
+    """The report's one-line description of the stream's mechanism."""
+    if mech.name == TREE:
+        return (
+            "Gaussian binary-tree mechanism over all epochs, one joint mechanism over "
+            "every node and sketch (analytic calibration [BW18]); this release is "
+            "post-processing of the tree"
+        )
+    return (
+        f"Gaussian {mech.name} factorization mechanism A = L R over all epochs: one "
+        "joint Gaussian mechanism on R X over every sketch, its sensitivity "
+        f"max_s ||R e_s|| = {mech.sensitivity_factor:.6g} times the one-shot one "
+        "(analytic calibration [BW18]); this release is post-processing (row epoch of L)"
+    )
+
+
 def _release_digest(f: Factorization) -> str:
     h = hashlib.sha256()
     for x in (f.U, f.S, f.V):
@@ -1039,8 +1302,8 @@ def stream_release(
     """Publish the factorization of ``A(epoch)`` to ``out``.
 
     Closes the epochs after the last closed one up to ``epoch`` (their batches
-    go into the tree), draws each tree node's keyed noise, factorizes, and
-    writes ``out`` atomically.
+    go into the running sums, or the tree), adds the mechanism's keyed noise
+    (:func:`noisy_state_sketches`), factorizes, and writes ``out`` atomically.
 
     Parameters
     ----------
@@ -1073,8 +1336,9 @@ def stream_release(
 
     Notes
     -----
-    Privacy. Post-processing of the tree's noisy p-sums, each noised exactly
-    once per node [spec 3.4, 6.3]; nothing is charged.
+    Privacy. Post-processing of the mechanism's Gaussian release ``R X``
+    (the tree: its noisy p-sums, each noised once per node [spec 3.4, 6.3]);
+    nothing is charged.
     """
     from pipeline.io.release import read_release, write_release  # heavy: dask
 
@@ -1110,8 +1374,8 @@ def stream_release(
         if epoch > m["last_closed"]:
             _close_epochs(st, plan, epoch, client)
             _crash_point("after-close")
-        seed, key = st.secrets()
-        noisy = noisy_sketches(plan, _load_tree(st, plan), epoch, key)
+        seed, _ = st.secrets()
+        noisy = noisy_state_sketches(st, epoch)
         result = release_factorization(plan, noisy, seed)
         del noisy
         _crash_point("after-noise")

@@ -62,6 +62,9 @@ def stream_secrets() -> dict[str, bytes]:
             for code in (NoiseCode.Y, NoiseCode.Z):
                 sub = key.derive("tree", int(code), level, node)
                 pats |= _key_patterns(f"node key {code.name}/{level}/{node}", sub)
+        for code in (NoiseCode.Y, NoiseCode.Z):  # a factorization's noise of epoch tau
+            sub = key.derive("epoch", int(code), tau)
+            pats |= _key_patterns(f"epoch key {code.name}/{tau}", sub)
     nbytes = (SKETCH_SEED.bit_length() + 8) // 8
     return pats | {
         "sketch seed (decimal)": str(SKETCH_SEED).encode(),

@@ -55,7 +55,7 @@ def test_init_ingest_release_status(tmp_path: Path):
     assert proc.returncode == 0, proc.stderr
     assert f"charged to the ledger {ledger_path}" in proc.stdout
     assert "4 epochs" in proc.stdout
-    assert "3 tree levels" in proc.stdout
+    assert "blt mechanism" in proc.stdout  # the default
     assert oct(stream.stat().st_mode & 0o777) == "0o700"
     assert oct((stream / "secrets.json").stat().st_mode & 0o777) == "0o600"
     _batch(tmp_path / "b1.parquet", 500, 1)
@@ -68,15 +68,38 @@ def test_init_ingest_release_status(tmp_path: Path):
     assert "whole stream" in proc.stdout
     rep = read_release(tmp_path / "r2.zarr").report
     assert rep["private"] is True
-    assert rep["stream"]["tree_nodes"] == [[1, 1]]
-    assert rep["calibration"]["tree_levels"] == 3
+    assert rep["stream"]["mechanism"] == "blt"
+    assert "tree_nodes" not in rep["stream"]
+    assert rep["calibration"]["tree_levels"] == 1  # R X is one Gaussian mechanism
     status = json.loads(run_dplr("stream", "status", stream).stdout)
+    assert status["mechanism"] == "blt"
+    assert status["noise_factor"] == rep["stream"]["noise_factor"]
+    assert status["predicted_error"] == rep["stream"]["predicted_error"]
+    assert status["predicted_error"] == rep["signal"]["noise_level"]
     assert status["last_closed"] == 2
     assert status["released"] == [2]
     assert status["ledger"] == str(ledger_path)
     assert rep["ledger"]["path"] == str(ledger_path)
     ledger = json.loads(ledger_path.read_text())
     assert len(ledger["releases"]) == 1  # the stream was charged once, at init
+
+
+def test_init_takes_the_tree_as_a_comparison_mechanism(tmp_path: Path):
+    state, ledger_path = tmp_path / "t.stream", tmp_path / "t.dplr-ledger.json"
+    proc = run_dplr("stream", "init", state, "--rows", SHAPE[0], "--cols", SHAPE[1], "--rank", 3,
+                    "--horizon", 4, "--epsilon", "1", "--delta", "1e-6", "--unit", "row",
+                    "--mechanism", "tree", "--ledger", ledger_path, "--budget-epsilon", "1",
+                    "--budget-delta", "1e-6")
+    assert proc.returncode == 0, proc.stderr
+    assert "tree mechanism (3 tree levels)" in proc.stdout
+    proc = run_dplr("stream", "release", state, "--epoch", 3, "--out", tmp_path / "r3.zarr")
+    assert proc.returncode == 0, proc.stderr
+    assert "tree mechanism, noise factor 2.449" in proc.stdout  # sqrt(L popcount(3)) = sqrt(6)
+    rep = read_release(tmp_path / "r3.zarr").report
+    assert rep["stream"]["tree_nodes"] == [[0, 3], [1, 1]]
+    assert rep["calibration"]["tree_levels"] == 3
+    status = json.loads(run_dplr("stream", "status", state).stdout)
+    assert (status["mechanism"], status["noise_factor"]) == ("tree", rep["stream"]["noise_factor"])
 
 
 def test_stream_equals_one_shot_factorize_without_noise(tmp_path: Path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,6 @@ import pytest
 import zarr
 
 import pipeline
-from pipeline.algorithms.continual import noise_std
 from pipeline.algorithms.lrf import noise_level
 from pipeline.io.batches import write_batch
 from pipeline.io.release import read_release
@@ -150,10 +150,13 @@ def test_every_stream_epoch_reports_its_signal(tmp_path: Path) -> None:
         assert sig["above"] == 0  # one update of 0.5 is far below any noise here
         assert sig["advice"]
         # a function of the released S and the epoch's public noise stds only
-        plan = stream.plan_of(stream.open_stream(state).manifest)
+        manifest = stream.open_stream(state).manifest
+        plan, mech = stream.plan_of(manifest), stream.mechanism_of(manifest)
+        # the mechanism's (BLT's) std: ||L[epoch, :]|| times the calibrated sigma
+        stds = {n: math.sqrt(mech.variance_factor(epoch)) * plan.lrf.sigma(n)
+                for n in plan.names}  # fmt: skip
         level = noise_level(
-            plan.lrf.params.algorithm, plan.lrf.oriented_shape, plan.lrf.t,
-            noise_std(plan, epoch),
+            plan.lrf.params.algorithm, plan.lrf.oriented_shape, plan.lrf.t, stds
         )  # fmt: skip
         assert sig == signal_of(rel.S, level).to_dict()
         assert read_release(tmp_path / f"e{epoch}.zarr").report["signal"] == sig

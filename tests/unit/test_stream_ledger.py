@@ -172,7 +172,7 @@ def test_a_non_private_stream_is_continued_without_a_ledger(tmp_path: Path) -> N
     assert str(exc.value).endswith(
         "To continue, create a new stream: dplr stream init NEW_STATE --rows 5 --cols 4 --rank 1 "
         "--horizon 1 --non-private --algorithm spectral --clip-norm 1.0 --unit general "
-        "--neighboring add-remove"
+        "--neighboring add-remove --mechanism blt"
     )
     with pytest.raises(InvalidParameterError, match="charged to no ledger"):
         stream_init(tmp_path / "m.stream", n_rows=5, n_cols=4, rank=1, horizon=1, private=False,
