@@ -88,39 +88,7 @@ def _add_generate_parser(sub: Any) -> None:
         help="stream-batch: number of updates (default 10000)",
     )
     _add_coherent_options(g.add_argument_group("pca-coherent"))
-    g.add_argument(
-        "--spectrum",
-        choices=("geometric", "flat"),
-        default="geometric",
-        help="decaying (decay^j) or flat tail of ones after a head",
-    )
-    g.add_argument(
-        "--decay", type=float, default=0.9, help="geometric ratio (default 0.9)"
-    )
-    g.add_argument(
-        "--head",
-        type=int,
-        default=10,
-        help="flat: number of large singular values (default 10)",
-    )
-    g.add_argument(
-        "--head-value",
-        type=float,
-        default=10.0,
-        help="flat: their value relative to the tail (default 10)",
-    )
-    g.add_argument(
-        "--max-rank",
-        type=int,
-        default=1024,
-        help="number of non-zero singular values, at most (default 1024)",
-    )
-    g.add_argument(
-        "--max-row-norm",
-        type=float,
-        default=1.0,
-        help="largest row norm after scaling (default 1)",
-    )
+    _add_lowrank_options(g.add_argument_group("lowrank"))
     g.add_argument(
         "--chunks",
         type=pair,
@@ -129,7 +97,46 @@ def _add_generate_parser(sub: Any) -> None:
     )
     g.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument(
+    g.add_argument("--overwrite", action="store_true")
+    g.set_defaults(handler=run_generate)
+
+
+def _add_lowrank_options(grp: Any) -> None:
+    """The options of ``--kind lowrank``: its spectrum, its scale, its sparsity."""
+    grp.add_argument(
+        "--spectrum",
+        choices=("geometric", "flat"),
+        default="geometric",
+        help="decaying (decay^j) or flat tail of ones after a head",
+    )
+    grp.add_argument(
+        "--decay", type=float, default=0.9, help="geometric ratio (default 0.9)"
+    )
+    grp.add_argument(
+        "--head",
+        type=int,
+        default=10,
+        help="flat: number of large singular values (default 10)",
+    )
+    grp.add_argument(
+        "--head-value",
+        type=float,
+        default=10.0,
+        help="flat: their value relative to the tail (default 10)",
+    )
+    grp.add_argument(
+        "--max-rank",
+        type=int,
+        default=1024,
+        help="number of non-zero singular values, at most (default 1024)",
+    )
+    grp.add_argument(
+        "--max-row-norm",
+        type=float,
+        default=1.0,
+        help="largest row norm after scaling (default 1)",
+    )
+    grp.add_argument(
         "--sparse",
         type=float,
         default=None,
@@ -139,8 +146,6 @@ def _add_generate_parser(sub: Any) -> None:
         "1/DENSITY dense diagonal blocks on random column sets, the spectrum "
         "dealt among them",
     )
-    g.add_argument("--overwrite", action="store_true")
-    g.set_defaults(handler=run_generate)
 
 
 def _add_demo_parser(sub: Any) -> None:
