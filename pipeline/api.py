@@ -13,7 +13,6 @@ publication; the clean-up.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
@@ -21,24 +20,20 @@ from typing import TYPE_CHECKING, Any, TextIO
 from pipeline._validation import (
     check_int_in_range,
 )
-from pipeline.accounting.ledger import Ledger
-from pipeline.algorithms.base import Factorization
-from pipeline.algorithms.lrf import TwoPassPlan, plan_lrf, plan_noise_level
-from pipeline.algorithms.lrf import model as lrf_model
-from pipeline.algorithms.pca import PcaRelease
-from pipeline.errors import (
-    InvalidParameterError,
-    PrivacyConfigError,
+from pipeline.jobs.engine import Ledger, package_versions, run_release
+from pipeline.jobs.factorize import (
+    Factorization,
+    build_report,
+    lrf_release_spec,
+    plan_factorization,
 )
-from pipeline.jobs.engine import package_versions, run_release
-from pipeline.jobs.factorize import build_report, lrf_release_spec
 from pipeline.jobs.pca import (
     PCA_BAND_BYTES,
+    PcaRelease,
     Selection,
     build_pca_report,
-    pca_plan,
-    pca_plan_summary,
     pca_release_spec,
+    plan_pca_release,
 )
 from pipeline.params import (
     Algorithm,
@@ -67,7 +62,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from pipeline.execution.clusters import ClusterConfig
+    from pipeline.jobs.clusters import ClusterConfig
 
 
 def make_params(
@@ -281,70 +276,6 @@ def factorize(
         scheduler=scheduler, cluster_config=cluster_config, progress=progress
     )
     return release_factorization(source, params, options, runtime, seed=seed)
-
-
-def plan_factorization(source: Any, params: LrfParams) -> list[dict[str, Any]]:
-    """The error model's prediction for each algorithm, before anything is read.
-
-    Parameters
-    ----------
-    source : str, os.PathLike, zarr.Array, dask.array.Array, numpy.ndarray or scipy.sparse matrix
-        The input; only its metadata (the shape) is opened.
-    params : LrfParams
-        A private release's parameters; each algorithm is planned with them
-        (its own sizes and split unless ``params`` fixes them).
-
-    Returns
-    -------
-    list of dict
-        One per algorithm: ``algorithm``, ``sketch_size``, ``core_size``,
-        ``range_weight``, ``operator``, ``passes``, ``predicted_error``,
-        ``full_gm_error`` and ``ratio_to_full_gm`` (public values only:
-        :mod:`pipeline.algorithms.lrf.model`), and ``noise_level``: the level at
-        95% that released singular values must exceed to stand above the noise
-        (:mod:`pipeline.algorithms.lrf.signal`).
-
-    Raises
-    ------
-    PrivacyConfigError
-        If ``params`` is not private (there is no noise to predict).
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> rows = plan_factorization(np.zeros((20000, 400)),
-    ...                           LrfParams.of(5, epsilon=4.0, delta=1e-6, unit="entry"))
-    >>> [(r["algorithm"], r["passes"]) for r in rows]
-    [('spectral', 1), ('low-space', 1), ('two-pass', 2)]
-    """
-    from pipeline.io import open_input  # heavy: zarr
-
-    if not params.private:
-        raise PrivacyConfigError(
-            "--plan predicts the error of a private release's noise; drop --non-private."
-        )
-    _, info = open_input(source, unit=params.clip.unit.value)
-    rows: list[dict[str, Any]] = []
-    for alg in Algorithm:
-        padded = params.padded and alg is Algorithm.LOW_SPACE
-        try:
-            plan = plan_lrf(
-                dataclasses.replace(params, algorithm=alg, padded=padded), info.shape
-            )
-        except InvalidParameterError as exc:  # e.g. sizes this algorithm cannot take
-            rows.append({"algorithm": alg.value, "refused": str(exc)})
-            continue
-        two = alg is Algorithm.TWO_PASS
-        rows.append({
-            "algorithm": alg.value, "sketch_size": plan.t, "core_size": plan.v,
-            "range_weight": (
-                plan.weight_y if isinstance(plan, TwoPassPlan) else plan.range_weight
-            ),
-            "operator": plan.operator.value, "passes": 2 if two else 1,
-            **lrf_model.predict(plan).to_dict(),
-            "noise_level": plan_noise_level(plan),
-        })  # fmt: skip
-    return rows
 
 
 def release_factorization(
@@ -565,59 +496,6 @@ def release_pca(
                      selection.expected_trials)  # fmt: skip
     spec, job = pca_release_spec(params, source, selection, options or ReleaseOptions())
     return run_release(spec, job, runtime or Runtime())  # type: ignore[no-any-return]
-
-
-def plan_pca_release(
-    source: Any, params: PcaParams, *, selection: Selection | None = None
-) -> dict[str, Any]:
-    """What a private PCA will release, and its noise level, before anything is read.
-
-    Parameters
-    ----------
-    source : str, os.PathLike, zarr.Array, dask.array.Array or numpy.ndarray
-        The input; only its metadata (the shape) is opened.
-    params : PcaParams
-        A private release's parameters (``method="auto"`` is resolved by its
-        public rule).
-    selection : Selection or None
-        A private selection's grids (its method is then chosen when it runs).
-
-    Returns
-    -------
-    dict
-        :func:`pipeline.jobs.pca.pca_plan_summary`: the method, passes, the
-        noise of each release, and ``noise_level``, the level at 95% that a
-        released eigenvalue must exceed to stand above the noise -- the value a
-        release with these parameters records as ``signal.noise_level``.
-
-    Raises
-    ------
-    PrivacyConfigError
-        If ``params`` is not private (there is no noise to predict).
-
-    Notes
-    -----
-    Privacy. Public values only: no data is read, nothing is charged or written.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> plan = plan_pca_release(np.zeros((4096, 32)),
-    ...                         PcaParams(rank=2, epsilon=1.0, delta=1e-6))
-    >>> plan["method"], plan["passes"]
-    ('analyze-gauss', 1)
-    """
-    from pipeline.io import open_input  # heavy: zarr
-
-    if not params.private:
-        raise PrivacyConfigError(
-            "--plan predicts the noise of a private release; drop --non-private."
-        )
-    if selection is not None:
-        Selection.of(params, True, selection.radii, selection.iterations,
-                     selection.expected_trials)  # fmt: skip
-    _, info = open_input(source, unit=None, band_bytes=PCA_BAND_BYTES)
-    return pca_plan_summary(pca_plan(params, info.shape, selection), selection)
 
 
 def _path(value: str | os.PathLike[str] | None) -> str | None:

@@ -580,7 +580,7 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):  
         if isinstance(X, tuple):
             return int(X[1])
         if not hasattr(X, "shape"):  # a Zarr path: its shape from the metadata
-            from pipeline.io import open_input  # heavy: zarr
+            from pipeline.jobs.data import open_input  # heavy: zarr
 
             X = open_input(X, unit=None, band_bytes=PCA_BAND_BYTES)[1]
         return int(X.shape[1])

@@ -11,7 +11,7 @@ from typing import Any
 
 from pipeline._validation import check_privacy_pair
 from pipeline.cli.common import EXIT_OK
-from pipeline.io.objectstore import local_path
+from pipeline.jobs.locations import local_path
 
 
 def add_parser(sub: Any) -> None:
@@ -53,10 +53,7 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """``dplr budget init|show``: declare or show a dataset's lifetime budget."""
     # heavy: scipy, kept off the import path of `dplr --help`
-    from pipeline.accounting.ledger import Ledger
-
-    # heavy: scipy, kept off the import path of `dplr --help`
-    from pipeline.jobs.engine import default_ledger_of
+    from pipeline.jobs.engine import Ledger, default_ledger_of
 
     # beside a local store; an object-store dataset must name its ledger
     path = (

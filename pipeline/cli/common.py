@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from pipeline.errors import InvalidParameterError
-from pipeline.io.objectstore import redact
+from pipeline.jobs.locations import redact
 from pipeline.params import ReleaseOptions, Runtime, assemble, flag_fields
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_BUDGET = 0, 1, 2, 3
@@ -204,7 +204,7 @@ def cluster_of(args: argparse.Namespace) -> Any:
     if args.cluster is None:
         return None
     # heavy: zarr, kept off the import path of `dplr --help`
-    from pipeline.execution.clusters import load_cluster_config
+    from pipeline.jobs.clusters import load_cluster_config
 
     return load_cluster_config(args.cluster)
 
@@ -215,7 +215,7 @@ def unless_locked(
     """``handler(args)``, or exit code 75 (retry later) when another run holds the
     stream's lock; any other error propagates to main()."""
     # heavy: zarr, behind pipeline.io: kept off the import path of ``dplr --help``
-    from pipeline.io.stream_state import StateLockedError
+    from pipeline.jobs.data import StateLockedError
 
     try:
         return handler(args)

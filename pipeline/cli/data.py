@@ -182,7 +182,7 @@ def _add_demo_parser(sub: Any) -> None:
 
 def run_generate(args: argparse.Namespace) -> int:
     """``dplr generate``: a synthetic store with its ground truth in the attributes."""
-    from pipeline.io import generate_store  # heavy: zarr
+    from pipeline.jobs.data import generate_store  # heavy: zarr
 
     def bar(done: int, total: int) -> None:
         sys.stderr.write(
@@ -231,7 +231,7 @@ def run_generate(args: argparse.Namespace) -> int:
 
 def _generate_sparse(args: argparse.Namespace, bar: Any, given: list[str]) -> int:
     """``dplr generate --sparse DENSITY``: a CSR group with a known spectrum."""
-    from pipeline.io import generate_sparse_store  # heavy: zarr
+    from pipeline.jobs.data import generate_sparse_store  # heavy: zarr
 
     if given:
         raise InvalidParameterError(
@@ -269,7 +269,7 @@ def _wrote(args: argparse.Namespace, detail: str) -> int:
 
 def _generate_batch(args: argparse.Namespace) -> int:
     """``--kind stream-batch``: uniform cells, standard normal values, entity = row."""
-    from pipeline.io import generate_batch  # heavy: zarr
+    from pipeline.jobs.data import generate_batch  # heavy: zarr
 
     if os.path.lexists(args.out) and not args.overwrite:
         raise InvalidParameterError(
@@ -290,7 +290,7 @@ def _generate_batch(args: argparse.Namespace) -> int:
 
 
 def _generate_pca(args: argparse.Namespace, bar: Any) -> int:
-    from pipeline.io import generate_pca_store  # heavy: zarr
+    from pipeline.jobs.data import generate_pca_store  # heavy: zarr
 
     missing = [
         f"--{name}"
@@ -356,7 +356,7 @@ def _say(args: argparse.Namespace, line: str) -> None:
 def _demo(args: argparse.Namespace, params: Any, work: str) -> None:
     # heavy: scipy, kept off the import path of `dplr --help`
     from pipeline.api import factorize
-    from pipeline.io import generate_store  # heavy: zarr
+    from pipeline.jobs.data import generate_store  # heavy: zarr
 
     store = os.path.join(work, "sample.zarr")
     out = os.path.join(work, "release.zarr")

@@ -23,7 +23,7 @@ from pipeline.cli.common import (
     option_strings,
 )
 from pipeline.errors import BudgetExceededError, PipelineError
-from pipeline.io.objectstore import redact
+from pipeline.jobs.locations import redact
 
 __all__ = ["EXIT_BUDGET", "EXIT_FAILURE", "EXIT_OK", "EXIT_USAGE", "main"]
 

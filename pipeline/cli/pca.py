@@ -23,7 +23,7 @@ from pipeline.cli.common import (
     warn_signal,
 )
 from pipeline.errors import InvalidParameterError
-from pipeline.io.objectstore import redact
+from pipeline.jobs.locations import redact
 from pipeline.params import PcaParams
 
 if TYPE_CHECKING:

@@ -21,11 +21,10 @@ import json
 import math
 from typing import Any
 
-import pipeline.io
 from pipeline.cli import plot
 from pipeline.cli.common import EXIT_OK, ledger_lines
 from pipeline.errors import InvalidParameterError, StoreLayoutError
-from pipeline.io.objectstore import redact
+from pipeline.jobs.locations import redact
 
 #: Released values printed in the summary, at most (the picture shows them all).
 SHOWN_VALUES = 10
@@ -128,19 +127,23 @@ def load(path: str, epoch: int | None = None) -> Shown:
     InvalidParameterError
         ``epoch`` was not released, or is given for a single release.
     """
-    if pipeline.io.is_stream_state(path):
+    from pipeline.jobs import data as stores  # heavy: zarr, kept off `dplr --help`
+
+    if stores.is_stream_state(path):
         return _load_stream(path, epoch)
     if epoch is not None:
         raise InvalidParameterError(
             f"--epoch applies to a stream state (made by dplr stream init); "
             f"{redact(path)!r} is not one."
         )
-    report, arrays = pipeline.io.open_published(path)
+    report, arrays = stores.open_published(path)
     return Shown(path=path, report=report, arrays=arrays)
 
 
 def _load_stream(state: str, epoch: int | None) -> Shown:
-    m = pipeline.io.StreamStore.open(state).manifest
+    from pipeline.jobs import data as stores  # heavy: zarr, kept off `dplr --help`
+
+    m = stores.StreamStore.open(state).manifest
     released = {int(e): r["out"] for e, r in m["releases"].items()}
     listed = ", ".join(str(e) for e in sorted(released))
     if not released:
@@ -154,7 +157,7 @@ def _load_stream(state: str, epoch: int | None) -> Shown:
             f"epoch {chosen} of the stream {state!r} was not released; "
             f"released epochs: {listed}."
         )
-    report, arrays = pipeline.io.open_published(released[chosen])
+    report, arrays = stores.open_published(released[chosen])
     view = StreamView(state=state, stream_id=m["stream_id"], epoch=chosen,
                       released=dict(sorted(released.items())))  # fmt: skip
     return Shown(path=released[chosen], report=report, arrays=arrays, stream=view)
@@ -447,9 +450,11 @@ def true_spectrum(shown: Shown) -> list[float] | None:
     row exceeds the clip norm). None when the input is gone, of another shape, or
     from another writer.
     """
+    from pipeline.jobs import data as stores  # heavy: zarr, kept off `dplr --help`
+
     rep = shown.report
     path = (rep.get("input") or {}).get("path")
-    truth = pipeline.io.synthetic_truth(path)
+    truth = stores.synthetic_truth(path)
     if truth is None or list(truth["shape"]) != list(rep.get("shape", [])):
         return None
     sigma = [float(x) for x in truth["singular_values"]]
@@ -462,11 +467,13 @@ def true_spectrum(shown: Shown) -> list[float] | None:
 def stream_chart(shown: Shown) -> tuple[plot.Chart, list[str]]:
     """Each released singular value of a stream across its released epochs, and
     the noise level of each epoch where its report records one."""
+    from pipeline.jobs import data as stores  # heavy: zarr, kept off `dplr --help`
+
     assert shown.stream is not None
     epochs, spectra, levels, notes = [], [], [], []
     for epoch, out in shown.stream.released.items():
         try:
-            rep, arrays = pipeline.io.open_published(out)
+            rep, arrays = stores.open_published(out)
         except StoreLayoutError:
             notes.append(f"epoch {epoch}'s release {out} is missing")
             continue

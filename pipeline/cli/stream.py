@@ -134,7 +134,7 @@ def _init(a: argparse.Namespace) -> int:
     )
     if info.ledger is not None:
         # heavy: scipy, kept off the import path of `dplr --help`
-        from pipeline.accounting.ledger import Ledger
+        from pipeline.jobs.engine import Ledger
 
         book = Ledger.open(info.ledger)
         eps_used, _ = book.spent()
@@ -169,7 +169,7 @@ def _release(a: argparse.Namespace) -> int:
         f, new = stream_release(a.state, epoch=a.epoch, out=a.out)
     else:
         # heavy: zarr, kept off the import path of `dplr --help`
-        from pipeline.execution import cluster_client
+        from pipeline.jobs.clusters import cluster_client
 
         with cluster_client(a.scheduler, cluster_config=cluster_of(a)) as (client, _):
             f, new = stream_release(a.state, epoch=a.epoch, out=a.out, client=client)

@@ -66,6 +66,7 @@ __all__ = [
     "CRASH_ENV",
     "NON_PRIVATE_REPORT",
     "InputRef",
+    "Ledger",
     "ReleaseAlgorithm",
     "ReleaseJob",
     "ReleaseSpec",

@@ -31,6 +31,7 @@ from pipeline.algorithms.lrf import (
     seed_fingerprint,
 )
 from pipeline.algorithms.lrf import model as lrf_model
+from pipeline.errors import InvalidParameterError, PrivacyConfigError
 from pipeline.io import scratch as scratch_dirs
 from pipeline.io.objectstore import redact
 from pipeline.jobs.engine import (
@@ -50,7 +51,14 @@ from pipeline.jobs.reports import (
 from pipeline.mechanisms.signal import signal_of
 from pipeline.params import Algorithm, LrfParams, ReleaseOptions
 
-__all__ = ["LrfJob", "SketchJournal", "build_report", "lrf_release_spec"]
+__all__ = [
+    "Factorization",
+    "LrfJob",
+    "SketchJournal",
+    "build_report",
+    "lrf_release_spec",
+    "plan_factorization",
+]
 
 
 def build_report(
@@ -363,3 +371,67 @@ def _gather(x: Any, client: Any) -> np.ndarray:
 
     (out,) = gather_blocks(client, [x])
     return out
+
+
+def plan_factorization(source: Any, params: LrfParams) -> list[dict[str, Any]]:
+    """The error model's prediction for each algorithm, before anything is read.
+
+    Parameters
+    ----------
+    source : str, os.PathLike, zarr.Array, dask.array.Array, numpy.ndarray or scipy.sparse matrix
+        The input; only its metadata (the shape) is opened.
+    params : LrfParams
+        A private release's parameters; each algorithm is planned with them
+        (its own sizes and split unless ``params`` fixes them).
+
+    Returns
+    -------
+    list of dict
+        One per algorithm: ``algorithm``, ``sketch_size``, ``core_size``,
+        ``range_weight``, ``operator``, ``passes``, ``predicted_error``,
+        ``full_gm_error`` and ``ratio_to_full_gm`` (public values only:
+        :mod:`pipeline.algorithms.lrf.model`), and ``noise_level``: the level at
+        95% that released singular values must exceed to stand above the noise
+        (:mod:`pipeline.algorithms.lrf.signal`).
+
+    Raises
+    ------
+    PrivacyConfigError
+        If ``params`` is not private (there is no noise to predict).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rows = plan_factorization(np.zeros((20000, 400)),
+    ...                           LrfParams.of(5, epsilon=4.0, delta=1e-6, unit="entry"))
+    >>> [(r["algorithm"], r["passes"]) for r in rows]
+    [('spectral', 1), ('low-space', 1), ('two-pass', 2)]
+    """
+    from pipeline.io import open_input  # heavy: zarr
+
+    if not params.private:
+        raise PrivacyConfigError(
+            "--plan predicts the error of a private release's noise; drop --non-private."
+        )
+    _, info = open_input(source, unit=params.clip.unit.value)
+    rows: list[dict[str, Any]] = []
+    for alg in Algorithm:
+        padded = params.padded and alg is Algorithm.LOW_SPACE
+        try:
+            plan = plan_lrf(
+                dataclasses.replace(params, algorithm=alg, padded=padded), info.shape
+            )
+        except InvalidParameterError as exc:  # e.g. sizes this algorithm cannot take
+            rows.append({"algorithm": alg.value, "refused": str(exc)})
+            continue
+        two = alg is Algorithm.TWO_PASS
+        rows.append({
+            "algorithm": alg.value, "sketch_size": plan.t, "core_size": plan.v,
+            "range_weight": (
+                plan.weight_y if isinstance(plan, TwoPassPlan) else plan.range_weight
+            ),
+            "operator": plan.operator.value, "passes": 2 if two else 1,
+            **lrf_model.predict(plan).to_dict(),
+            "noise_level": plan_noise_level(plan),
+        })  # fmt: skip
+    return rows

@@ -33,7 +33,7 @@ from pipeline.algorithms.pca import (
     run_pca,
     run_selection,
 )
-from pipeline.errors import InvalidParameterError
+from pipeline.errors import InvalidParameterError, PrivacyConfigError
 from pipeline.io.objectstore import redact
 from pipeline.jobs.engine import (
     InputRef,
@@ -55,6 +55,7 @@ __all__ = [
     "PCA_BAND_BYTES",
     "JobJournal",
     "PcaJob",
+    "PcaRelease",
     "Selection",
     "build_pca_report",
     "pca_noise_level",
@@ -62,6 +63,7 @@ __all__ = [
     "pca_plan_summary",
     "pca_release_spec",
     "pca_signal",
+    "plan_pca_release",
     "relation_text",
 ]
 
@@ -543,3 +545,56 @@ def _selection_report(
         ),
         signal=signal,
     ).to_dict()
+
+
+def plan_pca_release(
+    source: Any, params: PcaParams, *, selection: Selection | None = None
+) -> dict[str, Any]:
+    """What a private PCA will release, and its noise level, before anything is read.
+
+    Parameters
+    ----------
+    source : str, os.PathLike, zarr.Array, dask.array.Array or numpy.ndarray
+        The input; only its metadata (the shape) is opened.
+    params : PcaParams
+        A private release's parameters (``method="auto"`` is resolved by its
+        public rule).
+    selection : Selection or None
+        A private selection's grids (its method is then chosen when it runs).
+
+    Returns
+    -------
+    dict
+        :func:`pipeline.jobs.pca.pca_plan_summary`: the method, passes, the
+        noise of each release, and ``noise_level``, the level at 95% that a
+        released eigenvalue must exceed to stand above the noise -- the value a
+        release with these parameters records as ``signal.noise_level``.
+
+    Raises
+    ------
+    PrivacyConfigError
+        If ``params`` is not private (there is no noise to predict).
+
+    Notes
+    -----
+    Privacy. Public values only: no data is read, nothing is charged or written.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> plan = plan_pca_release(np.zeros((4096, 32)),
+    ...                         PcaParams(rank=2, epsilon=1.0, delta=1e-6))
+    >>> plan["method"], plan["passes"]
+    ('analyze-gauss', 1)
+    """
+    from pipeline.io import open_input  # heavy: zarr
+
+    if not params.private:
+        raise PrivacyConfigError(
+            "--plan predicts the noise of a private release; drop --non-private."
+        )
+    if selection is not None:
+        Selection.of(params, True, selection.radii, selection.iterations,
+                     selection.expected_trials)  # fmt: skip
+    _, info = open_input(source, unit=None, band_bytes=PCA_BAND_BYTES)
+    return pca_plan_summary(pca_plan(params, info.shape, selection), selection)

@@ -10,6 +10,8 @@
   or under ``TYPE_CHECKING``, read from the AST) has no cycle, no import from a
   layer to a layer above it (:data:`LAYERS`) and no ``_private`` name taken from
   another module;
+* the faces (``api``, ``estimators``, ``cli``) import only ``params``, ``jobs``,
+  the ground layer and each other (:data:`FACE_MAY_IMPORT`);
 * a function-local import sits at the dependency boundary: it keeps a heavy or
   optional third-party module (:data:`BOUNDARY`) off its module's import path,
   which the graph of runtime module-level imports decides, and its line says
@@ -483,6 +485,46 @@ def test_no_import_from_a_layer_above() -> None:
 
 def every_module_has_a_layer() -> bool:
     return all(_layer(m) >= 0 for m in EDGES)
+
+
+#: The faces: the Python function API, the scikit-learn estimators and the CLI.
+FACES = ("api", "estimators", "cli")
+#: What a face may import (issue: "the faces import params and jobs only"): the
+#: parameters, the release layer, the ground layer (LAYERS[0]) and the other faces
+#: -- the CLI calls the Python face (``pipeline.api``) as any user would, and the
+#: estimators wrap it; a face never reaches into the core, io or execution.
+FACE_MAY_IMPORT = frozenset({"params", "jobs", *LAYERS[0], *FACES})
+
+
+def face_imports(edges: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """Imports of a face (:data:`FACES`) of anything outside :data:`FACE_MAY_IMPORT`."""
+    return {
+        (m, t)
+        for m, ts in edges.items()
+        if m.split(".")[1:2] and m.split(".")[1] in FACES
+        for t in ts
+        if t.split(".")[1:2] and t.split(".")[1] not in FACE_MAY_IMPORT
+    }
+
+
+def test_faces_import_params_jobs_and_the_ground_only() -> None:
+    assert sorted(face_imports(EDGES)) == []
+
+
+def test_negative_control_a_face_importing_io_is_caught() -> None:
+    imports = _synthetic(
+        cli__x="def f():\n    from pipeline.io import generate_store  # heavy: zarr\n",
+        api="import pipeline.io.objectstore\nfrom pipeline.jobs.data import open_input\n",
+        estimators="from pipeline.api import pca\nfrom pipeline.params import PcaParams\n",
+        io__objectstore="def redact(): ...\n",
+        io="",
+        jobs__data="",
+        params="",
+    )
+    assert face_imports(graph(imports)) == {
+        ("pipeline.cli.x", "pipeline.io"),
+        ("pipeline.api", "pipeline.io.objectstore"),
+    }
 
 
 def test_no_private_name_imported_across_modules() -> None:
