@@ -50,6 +50,7 @@ from pipeline.jobs.pca import (
     pca_release_spec,
     relation_text,
 )
+from pipeline.jobs.reports import CentredPcaReport, PcaPrivacy, PcaReport
 from pipeline.mechanisms.noise import GaussianNoise, NoiseKey
 from pipeline.params import (
     Neighboring,
@@ -467,42 +468,61 @@ class _CentredPca:
 
 
 def centring_report(report: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    """The PCA's report extended by the mean release and the composed guarantee."""
-    report["parameters"] = dict(report["parameters"], centred=True)
+    """The PCA's report extended by the mean release and the composed guarantee
+    (a :class:`~pipeline.jobs.reports.CentredPcaReport`, serialised)."""
+    pca = PcaReport.from_dict(report)
     # the PCA ran on centred rows derived from the input: name the input itself
-    report["input"] = dict(report["input"], path=extra["path"])
+    pca = dataclasses.replace(
+        pca,
+        parameters=dict(pca.parameters, centred=True),
+        input=dict(pca.input, path=extra["path"]),
+    )
     plan = extra["plan"]
     if plan is None:
-        report["centring"] = {"mechanism": None, "note": "exact mean; NOT PRIVATE"}
-        return report
+        centring = {"mechanism": None, "note": "exact mean; NOT PRIVATE"}
+        return CentredPcaReport(pca=pca, centring=centring).to_dict()
+    return _private_centring(pca, plan, extra).to_dict()
+
+
+def _private_centring(
+    pca: PcaReport, plan: dict[str, Any], extra: dict[str, Any]
+) -> CentredPcaReport:
+    """A private centred PCA's report: the PCA part restated for the whole
+    release (its relation is the contract's; its PCA part is calibrated for a
+    replaced row, since centring turns a zero row into -mean)."""
     dlt = plan["delta"]
-    # the release's relation is the contract's; its PCA part is calibrated for
-    # a replaced row, since centring turns a zero row into -mean
-    report["neighboring"] = relation_text(report["contract"]["neighboring"])
-    report["pca_release"] = {
-        "neighboring": relation_text("replace"),
-        "epsilon": plan["epsilon_pca"],
-        "delta": dlt,
-        "mu": plan["mu_pca"],
-        "realised_epsilon": report.get("realised_epsilon"),
-    }
-    report["centring"] = {
-        "mechanism": "Gaussian mean of the clipped rows, divided by the public n; "
-        "rows centred with it and re-clipped to norm 1",
-        "sensitivity": plan["sensitivity_mean"],
-        "sigma": plan["sigma_mean"],
-        "mu": plan["mu_mean"],
-        "epsilon": plan["mean_calibration"].epsilon,
-        "delta": dlt,
-        "n": extra["n"],
-        "ledger_release_id": extra["mean_release_id"],
-    }
-    report["epsilon"] = plan["epsilon"]
-    report["delta"] = dlt
-    report["mu_total"] = plan["mu_joint"]
-    report["realised_epsilon"] = gaussian_epsilon(1.0 / plan["mu_joint"], dlt)
-    report["mechanism"] = (
-        f"DP mean (Gaussian), then {report.get('mechanism')}; the two composed "
-        "exactly as Gaussian mechanisms (mu-GDP)"
+    private = pca.privacy
+    assert isinstance(private, PcaPrivacy)
+    whole = dataclasses.replace(
+        private,
+        neighboring=relation_text(pca.core.contract["neighboring"]),  # type: ignore[index]
+        epsilon=plan["epsilon"],
+        delta=dlt,
+        realised_epsilon=gaussian_epsilon(1.0 / plan["mu_joint"], dlt),
+        mechanism=(
+            f"DP mean (Gaussian), then {private.mechanism}; the two composed "
+            "exactly as Gaussian mechanisms (mu-GDP)"
+        ),
     )
-    return report
+    return CentredPcaReport(
+        pca=dataclasses.replace(pca, privacy=whole),
+        pca_release={
+            "neighboring": relation_text("replace"),
+            "epsilon": plan["epsilon_pca"],
+            "delta": dlt,
+            "mu": plan["mu_pca"],
+            "realised_epsilon": private.realised_epsilon,
+        },
+        centring={
+            "mechanism": "Gaussian mean of the clipped rows, divided by the public "
+            "n; rows centred with it and re-clipped to norm 1",
+            "sensitivity": plan["sensitivity_mean"],
+            "sigma": plan["sigma_mean"],
+            "mu": plan["mu_mean"],
+            "epsilon": plan["mean_calibration"].epsilon,
+            "delta": dlt,
+            "n": extra["n"],
+            "ledger_release_id": extra["mean_release_id"],
+        },
+        mu_total=plan["mu_joint"],
+    )

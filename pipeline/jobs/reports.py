@@ -24,6 +24,7 @@ from pipeline.mechanisms.signal import Signal
 
 __all__ = [
     "OMIT",
+    "CentredPcaReport",
     "FactorizePrivacy",
     "FactorizeReport",
     "NonPrivate",
@@ -211,6 +212,19 @@ class PcaReport(Report):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class CentredPcaReport(Report):
+    """The report of a centred PCA (``DPPCA(centre=True)``): the PCA's report, its
+    parameters, input and guarantee restated for the whole release, then the mean's
+    release and the composed guarantee (``pca_release`` and ``mu_total`` only when
+    private)."""
+
+    pca: PcaReport = dataclasses.field(metadata={"flat": lambda _: PcaReport})
+    pca_release: dict[str, Any] = OMIT
+    centring: dict[str, Any]
+    mu_total: float = OMIT
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class StreamPrivacy(Report):
     """The privacy fields of a private stream's release."""
 
@@ -261,6 +275,8 @@ def load_report(d: Mapping[str, Any]) -> Report:
     ('PcaReport', 2, True)
     """
     if d.get("format") == "dplr-pca-release/1":
+        if "centring" in d:
+            return CentredPcaReport.from_dict(d)
         return PcaReport.from_dict(d)
     if "stream" in d:
         return StreamReport.from_dict(d)

@@ -12,12 +12,18 @@ import zarr
 
 import pipeline
 from pipeline.algorithms.lrf import noise_level
+from pipeline.estimators import DPPCA
 from pipeline.io.batches import write_batch
 from pipeline.io.release import read_release
 from pipeline.io.synthetic import generate_store
 from pipeline.jobs import stream
 from pipeline.jobs.pca import pca_signal
-from pipeline.jobs.reports import FactorizeReport, PcaReport, load_report
+from pipeline.jobs.reports import (
+    CentredPcaReport,
+    FactorizeReport,
+    PcaReport,
+    load_report,
+)
 from pipeline.mechanisms.signal import Signal, signal_of
 from pipeline.params import Algorithm
 
@@ -128,6 +134,13 @@ def test_typed_reports_read_back_to_the_same_dict(global_seed: int) -> None:
     assert isinstance(typed, PcaReport)
     assert typed.to_dict() == rep
     assert typed.signal == Signal.from_dict(rep["signal"])
+    # a centred PCA's report is a type of its own, private or not
+    for kw in ({"epsilon": 1.0, "delta": 1e-6, "dataset": OWN}, {"private": False}):
+        rep = DPPCA(2, method="analyze-gauss", centre=True, **kw).fit(A).privacy_report_
+        typed = load_report(rep)
+        assert isinstance(typed, CentredPcaReport)
+        assert typed.to_dict() == rep
+        assert list(typed.to_dict()) == list(rep)
 
 
 def test_every_stream_epoch_reports_its_signal(tmp_path: Path) -> None:
