@@ -452,7 +452,8 @@ class LrfParams:
     def __post_init__(self) -> None:
         """Validate every field and turn names into enums (no data needed)."""
         set_ = object.__setattr__
-        _checked(self, "rank")
+        # the rank is required: None is refused here, not skipped as "unset"
+        set_(self, "rank", check_param(LrfParams, "rank", self.rank))
         _checked(self, "sketch_size", "core_size", write=False)
         _checked(self, "private", "padded", "range_clip", write=False)
         if self.private:
