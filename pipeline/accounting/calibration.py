@@ -139,6 +139,17 @@ class SketchNoise:
     weight: float
     sigma: float
 
+    def summary(self) -> dict[str, Any]:
+        """The statistic as a release report lists it (name, shape, sensitivity,
+        sigma, weight): public calibration values only."""
+        return {
+            "name": self.name,
+            "shape": list(self.shape),
+            "sensitivity": self.sensitivity,
+            "sigma": self.sigma,
+            "weight": self.weight,
+        }
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ReleaseCalibration:

@@ -132,16 +132,7 @@ def _privacy(plan: LrfPlan | TwoPassPlan) -> NonPrivate | FactorizePrivacy:
         # a user-given seed is public: the calibration used its operators' worst case
         sensitivity=cal.sensitivity,
         calibration=cal.to_dict(),
-        sketches=[
-            {
-                "name": s.name,
-                "shape": list(s.shape),
-                "sensitivity": s.sensitivity,
-                "sigma": s.sigma,
-                "weight": s.weight,
-            }
-            for s in cal.sketches
-        ],
+        sketches=[s.summary() for s in cal.sketches],
         # spec 7.3: public pre-flight estimate of the additive error, from the
         # error model (public values only)
         noise_floor_estimate=predicted.error,

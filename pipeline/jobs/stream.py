@@ -1227,16 +1227,7 @@ def _release_report(
             neighbour_relation="continual: sum over epochs of ||D_tau - D'_tau||_F <= Delta_F",
             clip_norm=p["clip_norm"],
             calibration=cal.to_dict(),
-            sketches=[
-                {
-                    "name": s.name,
-                    "shape": list(s.shape),
-                    "sensitivity": s.sensitivity,
-                    "sigma": s.sigma,
-                    "weight": s.weight,
-                }
-                for s in cal.sketches
-            ],
+            sketches=[s.summary() for s in cal.sketches],
             ledger=m["ledger"],
             note="noise drawn from a public seed (insecure_noise_seed): NOT PRIVATE"
             if insecure
