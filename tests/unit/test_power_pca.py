@@ -832,3 +832,36 @@ def test_update_kernel_matches_the_definition(
     np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(band_update(a, X, trials), ref, rtol=1e-12, atol=1e-12)
     assert np.all(np.isfinite(got))
+
+
+@pytest.mark.parametrize(("d", "want_rows"), [(200, [4096, 4096, 808]), (16, [8192, 808])])
+def test_gram_kernel_partials_span_thousands_of_rows(
+    rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch, d: int, want_rows: list[int]
+) -> None:
+    """A band's Gram matrix is summed from partial Grams of 4096 rows or more.
+
+    Each partial costs a fresh ``d x d`` product and an addition besides its
+    ``r d^2`` multiply-adds, so cache-sized sub-blocks (655 rows of 200 columns)
+    would spend as much on those as on the products. Control: 16 columns, whose
+    cache-sized sub-blocks (8192 rows) are already larger, keep them. The sum
+    equals the Gram of the prepared rows to the bound of a float64 sum of
+    ``n`` products of entries at most 1 in size (``n^2 eps``, Higham 3.1).
+    """
+    from pipeline.algorithms.pca import kernels as pca_kernels
+
+    rows: list[int] = []
+    real = pca_kernels.band_gram
+
+    def counting(a: np.ndarray, scale: Any = None) -> np.ndarray:
+        rows.append(a.shape[0])
+        return real(a, scale)
+
+    monkeypatch.setattr(pca_kernels, "band_gram", counting)
+    n = 9000
+    A = (rng.standard_normal((n, d)) * rng.choice([0.01, 1.0, 1e3], size=(n, 1))).astype(
+        np.float32
+    )
+    got = band_pass(A, "gram", None, 2.0, True)
+    assert rows == want_rows
+    a = prep_rows(A, 2.0)
+    np.testing.assert_allclose(got, a.T @ a, rtol=0, atol=n * n * np.finfo(float).eps)
