@@ -327,8 +327,9 @@ SUB_BLOCK_BYTES = 2**20
 #: addition besides its r d^2 multiply-adds: with the 131-row sub-blocks of
 #: 1000-column rows those overheads (page faults included, on workers whose
 #: allocator returns every large block to the system) cost as much as the
-#: products, and the Gram pass ran at 2x its floor; from 4096 rows on the
-#: kernel measured within 10% of one ``X^T X`` of the whole band in float64.
+#: products, and the Gram pass ran at 2x its floor. With 4096 rows the kernel
+#: measured 0.16 s per 10000 x 1000 float32 band on one thread, against 0.15 s
+#: for ``X^T X`` of the band in float64 and 0.45 s for 131-row partials.
 #: The float64 buffer is then at most the band's own float64 size.
 GRAM_ROWS = 4096
 
