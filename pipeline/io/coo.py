@@ -107,7 +107,8 @@ def coo_to_csr(
     InvalidParameterError
         A shape or ``band_entries`` below 1 (before any file is opened).
     StoreLayoutError
-        ``out`` exists and ``overwrite`` is false (before any file is read).
+        ``out`` exists and ``overwrite`` is false, or its directory does not
+        exist (before any file is read).
     BatchError
         A file is missing, not Parquet, unreadable, lacks a column, holds the
         wrong type, a null or an index outside the shape, or changed between
@@ -121,6 +122,11 @@ def coo_to_csr(
         raise StoreLayoutError(
             f"{path!r} already exists; pass overwrite to replace it."
         )
+    parent, base = os.path.split(path)
+    if not os.path.isdir(parent):
+        raise StoreLayoutError(
+            f"the directory of {path!r} does not exist; create it first."
+        )
     files = [_check_file(os.fspath(b)) for b in batches]
     counts = np.zeros(m, dtype=np.int64)
     for where in files:
@@ -129,8 +135,7 @@ def coo_to_csr(
     cum = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(counts)])
     del counts
     bounds = _band_bounds(cum, band_entries)
-    parent, base = os.path.split(path)
-    spill = tempfile.mkdtemp(prefix=f".{base}.spill-", dir=parent or None)
+    spill = tempfile.mkdtemp(prefix=f".{base}.spill-", dir=parent)
     try:
         _scatter(files, (m, n), bounds, band_entries, spill)
         bands = _bands(spill, bounds, cum, n, files)

@@ -181,6 +181,12 @@ def test_bad_files_and_shapes_exit_2(
         line = assert_one_line_error(proc, 2, "dplr: error:")
         assert rule in line, line
         assert_nothing_at(out)
+    nowhere = tmp_path / "no" / "m.zarr"
+    proc = run_in_process(
+        capsys, "convert", good, "--rows", M, "--cols", N, "--out", nowhere
+    )
+    assert "does not exist" in assert_one_line_error(proc, 2, "dplr: error:")
+    assert not nowhere.parent.exists()
 
 
 def test_a_bad_batch_exits_2_as_a_subprocess(
