@@ -32,7 +32,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WORK = os.path.join(HERE, "work")
 
 _MAXRSS = (
-    "import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); "
+    "import resource, subprocess, sys; "
+    "r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL); "
     "print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
 )
 _IN_MEMORY = """

@@ -191,7 +191,9 @@ def _schema(where: str, pf: pq.ParquetFile) -> None:
 def _pieces(where: str, shape: tuple[int, int], rows: int) -> Iterator[Triples]:
     """The checked triples of ``where``, ``rows`` at a time (never the whole file)."""
     try:
-        pf = pq.ParquetFile(where)
+        # no pre-buffering: it fetches the column chunks of many row groups ahead,
+        # so the memory of a read would grow with the file
+        pf = pq.ParquetFile(where, pre_buffer=False)
     except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for a bad file
         raise _unreadable(where, exc) from None
     with pf:
