@@ -140,9 +140,7 @@ def run_matrix(name: str, X: Any, k: int, repeat: int) -> list[dict[str, Any]]:
 
 def markdown(rows: list[dict[str, Any]], args: argparse.Namespace, wall: float) -> str:
     lines = [
-        f"`python benchmarks/bench_sparse_sklearn.py {' '.join(sys.argv[1:])}`".replace(
-            "  ", " "
-        ),
+        f"`{' '.join(['python benchmarks/bench_sparse_sklearn.py', *sys.argv[1:]])}`",
         "",
         (
             f"{time.strftime('%Y-%m-%d')}; {os.cpu_count()} CPUs, BLAS threads "
