@@ -8,6 +8,8 @@ stores rather than releases, re-exported deliberately from :mod:`pipeline.io`:
 * reading what was published: :func:`open_published`, :func:`is_stream_state`,
   :class:`StreamStore` (a stream's state) and :class:`StateLockedError` (another
   run holds a stream's lock);
+* converting the COO Parquet files of a stream batch into a CSR store, out of
+  core: :func:`coo_to_csr`;
 * writing synthetic data with a known spectrum: :func:`generate_store`,
   :func:`generate_sparse_store`, :func:`generate_pca_store`, :func:`generate_batch`,
   and :func:`synthetic_truth` (the spectrum a synthetic store was built with).
@@ -18,6 +20,7 @@ Importing it imports zarr; the faces import it where they use it.
 from __future__ import annotations
 
 from pipeline.io.batches import generate_batch
+from pipeline.io.coo import coo_to_csr
 from pipeline.io.inputs import open_input
 from pipeline.io.release import open_published
 from pipeline.io.stream_state import StateLockedError, StreamStore, is_stream_state
@@ -31,6 +34,7 @@ from pipeline.io.synthetic import (
 __all__ = [
     "StateLockedError",
     "StreamStore",
+    "coo_to_csr",
     "generate_batch",
     "generate_pca_store",
     "generate_sparse_store",

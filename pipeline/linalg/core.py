@@ -46,6 +46,49 @@ def orth(Y: FloatArray) -> FloatArray:
     return Q
 
 
+#: Smallest ``lambda_min / lambda_max`` of ``Y^T Y`` at which :func:`cholesky_qr2`
+#: runs: ``kappa(Y) <= 1e4``, well inside CholeskyQR2's range ``kappa <= u^{-1/2}``.
+CHOLESKY_QR_MIN_RATIO = 1e-8
+
+
+def cholesky_qr2(Y: FloatArray) -> tuple[FloatArray, FloatArray] | None:
+    """Thin QR of a tall, well-conditioned ``Y`` by CholeskyQR2; None otherwise.
+
+    Two rounds of ``R_i = chol(Q^T Q)``, ``Q <- Q R_i^{-1}``: the second corrects
+    the first's loss of orthogonality, so ``||Q^T Q - I||`` and
+    ``||Q R - Y|| / ||Y||`` are O(m t u) like Householder QR's, at the cost of
+    four BLAS-3 products instead of a panel factorization (4-5x faster for
+    m >> t on one thread) [Fukaya et al. 2014; Yamamoto et al. 2015, Thm 3.3].
+
+    Parameters
+    ----------
+    Y : ndarray of shape (m, t), m >= t
+
+    Returns
+    -------
+    (Q, R) or None
+        ``Q`` (m, t) orthonormal and ``R`` (t, t) upper triangular with
+        ``Y = Q R`` (``R``'s diagonal positive), or None when ``Y`` is not finite
+        or its Gram matrix's eigenvalue ratio is below
+        :data:`CHOLESKY_QR_MIN_RATIO` (then Householder QR is the answer).
+    """
+    Y = np.asarray(Y, dtype=np.float64)
+    gram = Y.T @ Y
+    if not np.isfinite(gram).all():
+        return None
+    w = np.linalg.eigvalsh(gram)
+    if not w[0] > CHOLESKY_QR_MIN_RATIO * w[-1]:  # also catches w[-1] == 0
+        return None
+    eye = np.eye(Y.shape[1])
+    R1 = sla.cholesky(gram, lower=False)
+    # Y R^{-1} as a GEMM with the inverted triangle: the second round absorbs
+    # the first's rounding
+    Q = Y @ sla.solve_triangular(R1, eye, lower=False)
+    R2 = sla.cholesky(Q.T @ Q, lower=False)
+    Q = Q @ sla.solve_triangular(R2, eye, lower=False)
+    return Q, R2 @ R1
+
+
 def _svd(M: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray]:
     # gesdd is fast but can fail to converge on rare inputs; gesvd is the fallback
     try:

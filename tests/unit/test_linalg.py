@@ -5,7 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.linalg.core import core_one_sided, core_two_sided, orth, sign_convention
+from pipeline.linalg.core import (
+    cholesky_qr2,
+    core_one_sided,
+    core_two_sided,
+    orth,
+    sign_convention,
+)
 from pipeline.linalg.metrics import hmt_bound, spectral_error
 from pipeline.linalg.synthetic import (
     low_rank_matrix,
@@ -195,3 +201,29 @@ def test_orth_and_synthetic_helpers(rng: np.random.Generator) -> None:
     np.testing.assert_array_equal(flat, [7.0, 7.0, 1.0, 1.0, 1.0, 1.0])
     with pytest.raises(ValueError, match="kind"):
         make_spectrum(3, kind="linear")
+
+
+def test_cholesky_qr2_is_a_qr_to_working_precision(rng: np.random.Generator) -> None:
+    # kappa(Y) = 1e3: inside CholeskyQR2's range (kappa <= u^{-1/2}), where
+    # ||Q^T Q - I|| and ||QR - Y|| / ||Y|| are O(m t u) [Yamamoto et al. 2015, Thm 3.3]
+    m, t = 3000, 12
+    u, _ = np.linalg.qr(rng.standard_normal((m, t)))
+    w, _ = np.linalg.qr(rng.standard_normal((t, t)))
+    Y = (u * np.geomspace(1.0, 1e-3, t)) @ w
+    out = cholesky_qr2(Y)
+    assert out is not None
+    Q, R = out
+    bound = m * t * np.finfo(np.float64).eps
+    np.testing.assert_allclose(Q.T @ Q, np.eye(t), rtol=0, atol=bound)
+    np.testing.assert_allclose(Q @ R, Y, rtol=0, atol=bound * np.abs(Y).max())
+    np.testing.assert_allclose(R, np.triu(R), rtol=0, atol=0)
+    # the same column space as Householder QR: Q differs by column signs only
+    Qh, _ = np.linalg.qr(Y)
+    np.testing.assert_allclose(np.abs(Qh.T @ Q), np.eye(t), rtol=0, atol=1e3 * bound)
+    # negative controls: beyond its range (rank-deficient, or kappa = 1e7) and on
+    # non-finite input it declines, and the caller falls back to Householder QR
+    assert cholesky_qr2(np.hstack([Y, Y[:, :1]])) is None
+    assert cholesky_qr2((u * np.geomspace(1.0, 1e-7, t)) @ w) is None
+    bad = Y.copy()
+    bad[0, 0] = np.nan
+    assert cholesky_qr2(bad) is None
