@@ -104,6 +104,7 @@ from pipeline.io.objectstore import local_path
 from pipeline.io.stream_state import (
     LEGACY_FORMAT,
     STATE_FORMAT,
+    StateLockedError,
     StreamStore,
 )
 from pipeline.jobs.engine import InputRef, ReleaseJob, ReleaseSpec
@@ -131,6 +132,7 @@ from pipeline.params import (
 
 __all__ = [
     "DuplicateBatchError",
+    "StateLockedError",
     "StreamInfo",
     "StreamManifest",
     "StreamParams",
