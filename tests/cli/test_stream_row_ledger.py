@@ -30,7 +30,12 @@ from dp_accounting.pld import pld_privacy_accountant
 from pipeline.accounting.ledger import Ledger
 from pipeline.errors import PrivacyUnitError
 from pipeline.io.batches import write_batch
-from pipeline.jobs.stream import stream_ingest, stream_init
+from pipeline.jobs.stream import (
+    continue_command,
+    open_stream,
+    stream_ingest,
+    stream_init,
+)
 
 # runs without --scheduler go to the session's cluster (tests/conftest.py)
 pytestmark = pytest.mark.usefixtures("cli_cluster")
@@ -238,3 +243,14 @@ def test_the_command_refuses_it_in_one_line_exit_2(tmp_path: Path) -> None:
     _assert_no_data(assert_one_line_error(proc, 2, "dplr: error:"), e, r)
     assert _tree_bytes(state) == before
     assert ledger.read_bytes() == book
+
+
+def test_the_stream_that_continues_an_exclusive_one_is_exclusive(tmp_path: Path) -> None:
+    """The horizon refusal's command creates the same contract on the same ledger."""
+    ledger = tmp_path / "people.dplr-ledger.json"
+    stream_init(tmp_path / "s.stream", n_rows=ROWS, n_cols=COLS, rank=3, horizon=4,
+                epsilon=1.5, delta=1e-6, unit="row", exclusive=True, ledger=ledger,
+                budget=(6.0, 1e-5))  # fmt: skip
+    words = continue_command(open_stream(tmp_path / "s.stream").manifest).split()
+    assert "--exclusive" in words
+    assert words[words.index("--ledger") + 1] == str(ledger)
