@@ -34,6 +34,20 @@ Parts (results in benchmarks/results/stream[_quick].json|md):
   times sqrt(popcount). Then a real 200 x 100 stream (stream_init, 64 x (stream_ingest,
   stream_release)) whose ledger must hold exactly one charge.
 
+* ``costs`` what a stream costs by mechanism (blt, sqrt-factorization, tree): (1) the
+  state's statistics (the bytes of its running sums, BLT buffers or tree p-sums) and
+  its size on disk (the state directory, secrets included) of a 2000 x 200
+  stream (rank 5, unit ``entry``; a batch of 500 cells at the first epoch of each tree
+  node of the release epoch, so that every p-sum holds data) right after its release at
+  epoch 2^floor(log2 T) - 1 (255 for T = 366, 4095 for T = 4096: the tree holds the
+  most p-sums there), for T = 366 and T = 4096; (2) the wall time
+  of ``dplr stream ingest`` as a subprocess (process start and imports included) of ONE
+  Parquet file of 10^6 updates (``dplr generate --kind stream-batch``, each entity a row)
+  into epoch 1 of a fresh private 10^5 x 10^5 stream (rank 10, unit ``row``, horizon 366),
+  the default mechanism, once plain and once ``--exclusive`` (the one-entity-per-row check
+  on); ``--repeat`` runs each, alternating, the children's CPU time (user + sys) beside
+  the wall time. ``--sizes/--no-sizes``: the state sizes can be skipped to rerun the ingest.
+
 Nothing here is an assertion. The machine is a shared 2-core VM: the load average is
 recorded before and after every part.
 """
@@ -61,7 +75,7 @@ sys.path.insert(1, os.path.dirname(HERE))
 import _common as C
 import numpy as np
 
-PARTS = ("throughput", "continual")
+PARTS = ("throughput", "continual", "costs")
 EPS, DELTA = 1.0, 1e-6
 T = time.perf_counter
 
@@ -86,6 +100,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--no-cluster", action="store_true", help="throughput: in-process only"
     )
+    p.add_argument(
+        "--sizes", action=argparse.BooleanOptionalAction, default=True,
+        help="costs: measure the state sizes (--no-sizes keeps the last run's)",
+    )  # fmt: skip
     p.add_argument("--workdir", default=C.WORK)
     p.add_argument("--results", default=os.path.join(HERE, "results"))
     return p.parse_args(argv)
@@ -133,6 +151,131 @@ def merge_results(
     doc["versions"] = C.versions()
     C.dump_json(doc, path)
     return doc
+
+
+# -- costs -------------------------------------------------------------------------------
+
+COST_MECHANISMS = ("blt", "sqrt-factorization", "tree")
+
+
+def _state_size(work: str, mech: str, horizon: int) -> dict[str, Any]:
+    """Bytes of a 2000 x 200 stream's state after its release at epoch 2^L - 1."""
+    from pipeline.io.batches import write_batch
+    from pipeline.jobs.stream import (
+        open_stream,
+        stream_ingest,
+        stream_init,
+        stream_release,
+    )
+
+    m, n = 2000, 200
+    state = os.path.join(work, f"{mech}-{horizon}.stream")
+    stream_init(state, n_rows=m, n_cols=n, rank=5, horizon=horizon, epsilon=EPS,
+                delta=DELTA, unit="entry", mechanism=mech,
+                ledger=os.path.join(work, f"{mech}-{horizon}.json"), budget=(1e6, 0.5))  # fmt: skip
+    tau = 2 ** int(math.log2(horizon)) - 1  # all bits set: the tree's most p-sums
+    levels = int(math.log2(tau + 1))
+    # one batch at the first epoch of each of tau's tree nodes, so that every p-sum
+    # the tree holds at tau is one of data (an epoch without updates adds none)
+    firsts = [tau + 1 - 2 ** (levels - j) + 1 for j in range(levels)]
+    rng = np.random.default_rng(0)
+    cells = rng.choice(m * n, 500 * levels, replace=False).reshape(levels, 500)
+    for k, (epoch, c) in enumerate(zip(firsts, cells, strict=True)):
+        batch = os.path.join(work, f"{mech}-{horizon}-{k}.npz")
+        write_batch(batch, {"entity": c, "i": c // n, "j": c % n,
+                            "s": rng.normal(size=c.size) * 0.1})  # fmt: skip
+        stream_ingest(state, batch, epoch=epoch)
+    t0 = time.perf_counter()
+    stream_release(state, epoch=tau, out=state + ".zarr")
+    secs = time.perf_counter() - t0
+    st = open_stream(state)
+    held = {p: sum(st.read(x).nbytes for x in st.names(p)) for p in ("running/", "blt/", "tree/")}
+    # on disk the arrays are compressed: the statistics' own size is the comparison
+    return {"epoch": tau, "bytes": dir_bytes(state), "statistics_bytes": sum(held.values()),
+            "by_prefix": held, "close_and_release_s": secs}  # fmt: skip
+
+
+def _cli_ingest(work: str, batch: str, exclusive: bool, tag: str) -> dict[str, float]:
+    state = os.path.join(work, f"ingest-{tag}.stream")
+    dplr = [sys.executable, "-m", "pipeline", "stream"]
+    init = [*dplr, "init", state, "--rows", "100000", "--cols", "100000", "--rank", "10",
+            "--horizon", "366", "--epsilon", "1", "--delta", "1e-6", "--unit", "row",
+            "--ledger", state + ".json", "--budget-epsilon", "8", "--budget-delta", "1e-5"]  # fmt: skip
+    subprocess.run([*init, *(["--exclusive"] if exclusive else [])], check=True,
+                   capture_output=True)  # fmt: skip
+    before = os.times()
+    t0 = time.perf_counter()
+    subprocess.run([*dplr, "ingest", state, batch, "--epoch", "1"], check=True,
+                   capture_output=True)  # fmt: skip
+    wall = time.perf_counter() - t0
+    after = os.times()
+    cpu = (after.children_user - before.children_user) + (
+        after.children_system - before.children_system
+    )
+    shutil.rmtree(state)
+    return {"wall_s": wall, "cpu_s": cpu, "loadavg_1": os.getloadavg()[0]}
+
+
+def part_costs(args: argparse.Namespace) -> dict[str, Any]:
+    horizons = (366,) if args.quick else (366, 4096)
+    updates = 10**5 if args.quick else 10**6
+    out: dict[str, Any] = {"load_before": load_info(), "git": git_state(), "sizes": {}}
+    if not args.sizes:  # keep the sizes of the last run
+        import json
+
+        with open(out_path(args, "json")) as f:
+            out["sizes"] = json.load(f)["costs"]["sizes"]
+    with tempfile.TemporaryDirectory(dir=args.workdir) as work:
+        for mech in COST_MECHANISMS if args.sizes else ():
+            for T_ in horizons:
+                r = _state_size(work, mech, T_)
+                out["sizes"][f"{mech} T={T_}"] = r
+                print(f"  state {mech} T={T_}: {r['statistics_bytes'] / 2**20:.2f} MiB held, "
+                      f"{r['bytes'] / 2**20:.2f} MiB on disk at epoch {r['epoch']}",
+                      flush=True)  # fmt: skip
+        batch = os.path.join(work, "batch.parquet")
+        subprocess.run([sys.executable, "-m", "pipeline", "generate", batch, "--kind",
+                        "stream-batch", "--rows", "100000", "--cols", "100000",
+                        "--updates", str(updates), "--seed", "1"], check=True,
+                       capture_output=True)  # fmt: skip
+        out["updates"] = updates
+        out["ingest"] = {"plain": [], "exclusive": []}
+        for k in range(args.repeat):
+            for tag in ("plain", "exclusive"):
+                r = _cli_ingest(work, batch, tag == "exclusive", f"{tag}{k}")
+                out["ingest"][tag].append(r)
+                print(f"  dplr stream ingest ({tag}): {r['wall_s']:.2f} s wall, "
+                      f"{r['cpu_s']:.2f} s CPU = {updates / r['wall_s']:.3g} updates/s "
+                      f"(load {r['loadavg_1']:.1f})", flush=True)  # fmt: skip
+    out["load_after"] = load_info()
+    doc = merge_results(args, "costs", out)
+    write_md(args, doc)
+    return out
+
+
+def md_costs(r: dict[str, Any]) -> str:
+    lines = ["## Costs by mechanism\n",
+             ("State on disk of a 2000 x 200 stream (rank 5, unit entry) after its "
+              "release at epoch 2^floor(log2 T) - 1 (the tree's p-sums all held):\n"),
+             "| mechanism | horizon | epoch | statistics held MiB | state on disk MiB |",
+             "|---|---:|---:|---:|---:|"]  # fmt: skip
+    for k, v in r["sizes"].items():
+        mech, T_ = k.split(" T=")
+        lines.append(f"| {mech} | {T_} | {v['epoch']} | {v['statistics_bytes'] / 2**20:.2f} "
+                     f"| {v['bytes'] / 2**20:.2f} |")  # fmt: skip
+    n = r["updates"]
+    lines += ["", (f"`dplr stream ingest` of one Parquet file of {n:,} updates (subprocess, "
+                   "process start included), median over runs:\n"),
+              ("| stream | wall s (median / best) | CPU s | updates/s (median / best wall) "
+               "| load avg |"), "|---|---:|---:|---:|---|"]  # fmt: skip
+    for tag, runs in r["ingest"].items():
+        walls = [x["wall_s"] for x in runs]
+        w, b = _med(walls), min(walls)
+        c = _med([x["cpu_s"] for x in runs])
+        loads = [x["loadavg_1"] for x in runs]
+        lines.append(f"| {tag} | {w:.2f} / {b:.2f} | {c:.2f} | {n / w:.3g} / {n / b:.3g} | "
+                     f"{min(loads):.1f}-{max(loads):.1f} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 # -- throughput --------------------------------------------------------------------------
@@ -1057,6 +1200,8 @@ def write_md(args: argparse.Namespace, doc: dict[str, Any]) -> None:
         parts.append(md_throughput(doc["throughput"]))
     if "continual" in doc:
         parts.append(md_continual(doc["continual"]))
+    if "costs" in doc:
+        parts.append(md_costs(doc["costs"]))
     with open(out_path(args, "md"), "w") as f:
         f.write("\n".join(parts))
 
@@ -1073,7 +1218,8 @@ def main(argv: list[str] | None = None) -> int:
         # one BLAS thread: threaded BLAS thrashes on a shared 2-core machine; the
         # cluster's workers have one thread each anyway
         with threadpool_limits(1 if part == "continual" else None):
-            {"throughput": part_throughput, "continual": part_continual}[part](args)
+            {"throughput": part_throughput, "continual": part_continual,
+             "costs": part_costs}[part](args)  # fmt: skip
     print(f"results: {out_path(args, 'json')} and .md")
     return 0
 

@@ -715,6 +715,11 @@ class StreamParams:
             "stream", "--mechanism", choices=values(StreamMechanism), default="blt",
             help="continual-release mechanism: blt (default), sqrt-factorization, or "
             "tree (the binary tree, for comparison)")))  # fmt: skip
+    exclusive: bool = field(default=False, metadata=meta(check=_bool, flag=_flag(
+        "stream", "--exclusive", switch=True,
+        help="no two entities share a row (column, cell) of --unit: each entity is one "
+        "row's (column's, cell's) individual, so the stream is a release at that unit "
+        "and composes on its ledger with dplr factorize and pca releases")))  # fmt: skip
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -737,6 +742,12 @@ class StreamParams:
         _checked(self, "clip_norm")
         _check_others(self, ("unit", "neighboring", "rank", "horizon", "n_rows",
                              "n_cols", "private", "clip_norm", "algorithm"))  # fmt: skip
+        if self.exclusive and self.unit is StreamUnit.GENERAL:
+            raise InvalidParameterError(
+                "exclusive=True (--exclusive) binds each entity to one row, column or "
+                "cell that no other entity touches; it needs unit 'row', 'column' or "
+                "'entry', got unit='general'."
+            )
 
     def to_manifest(self) -> dict[str, Any]:
         """The parameters as the stream's manifest records them (JSON-ready).
@@ -745,7 +756,7 @@ class StreamParams:
         (``pipeline.algorithms.lrf.plan.default_operator`` without an exact
         sparse map): Gaussian when private, sparse sign otherwise.
         ``mechanism`` is absent from states written before it existed: they
-        release by the binary tree.
+        release by the binary tree; ``exclusive`` likewise (they are not).
         """
         operator = OperatorKind.GAUSSIAN if self.private else OperatorKind.SPARSE_SIGN
         return {
@@ -756,6 +767,7 @@ class StreamParams:
             "neighboring": self.neighboring.value, "sketch_size": self.sketch_size,
             "core_size": self.core_size, "delta_jl_fraction": 0.5,
             "operator": operator.value, "mechanism": self.mechanism.value,
+            "exclusive": self.exclusive,
         }  # fmt: skip
 
 

@@ -35,6 +35,12 @@ it is read there, or ``None`` where no conversion is proven. The proofs are in
   touch; several entities may share a row, a column or a cell) converts to no
   matrix unit and no matrix unit converts to it; refused. Entity releases
   compose with each other under the relation rule above.
+* An **exclusive stream** (each entity bound to one row, column or cell that no
+  other entity touches, enforced at ingest) is a release at that matrix unit:
+  removing one row's individual removes exactly one entity. Its sensitivity is
+  a sum over epochs, not a norm of one ``dA``, so a stream of cells is read at
+  the entry unit only (``entry_reads`` empty): a row of cells spent in
+  different epochs moves it by up to ``n_cols`` times, not ``sqrt(n_cols)``.
 
 The ``entry -> row`` factor over-counts a replace-one entry release read under
 add/remove (the true factor is ``sqrt(n_cols) / 2``), and so does ``replace ->
@@ -149,7 +155,8 @@ class PrivacyContract:
         For an entry-unit release, the units (``"row"``, ``"column"``) at which
         its sensitivity is linear in ``||dA||_F`` and a ledger may read it
         (:func:`gdp_scale`). A sparse sign co-range sketch is exact along one
-        axis only (:func:`pipeline.algorithms.lrf.plan.sparse_is_exact`).
+        axis only (:func:`pipeline.algorithms.lrf.plan.sparse_is_exact`); a
+        stream of cells along none (empty: read at ``entry`` only).
 
     Examples
     --------
@@ -198,13 +205,9 @@ class PrivacyContract:
             )
         set_(self, "shape", shape)
         reads = tuple(self.entry_reads)
-        if (
-            not reads
-            or not set(reads) <= {"row", "column"}
-            or len(set(reads)) != len(reads)
-        ):
+        if not set(reads) <= {"row", "column"} or len(set(reads)) != len(reads):
             raise InvalidParameterError(
-                "entry_reads must name 'row' and/or 'column' once each, got "
+                "entry_reads must name 'row' and/or 'column' at most once each, got "
                 f"entry_reads={self.entry_reads!r}."
             )
         set_(self, "entry_reads", reads)

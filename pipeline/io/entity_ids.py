@@ -75,7 +75,9 @@ class EntityIds:
 
     @classmethod
     def empty(cls) -> EntityIds:
-        return cls(pa.array([], type=pa.large_binary()))
+        # pa.nulls, not pa.array([]): a Python list makes pyarrow import pandas
+        # (0.2 s) to test whether it is a pandas object, on every ingest
+        return cls(pa.nulls(0, type=pa.large_binary()))
 
     def __len__(self) -> int:
         return len(self.ids)

@@ -104,6 +104,7 @@ from pipeline.io.objectstore import local_path
 from pipeline.io.stream_state import (
     LEGACY_FORMAT,
     STATE_FORMAT,
+    StateLockedError,
     StreamStore,
 )
 from pipeline.jobs.engine import InputRef, ReleaseJob, ReleaseSpec
@@ -131,6 +132,7 @@ from pipeline.params import (
 
 __all__ = [
     "DuplicateBatchError",
+    "StateLockedError",
     "StreamInfo",
     "StreamManifest",
     "StreamParams",
@@ -140,6 +142,7 @@ __all__ = [
     "noisy_state_sketches",
     "open_stream",
     "read_manifest",
+    "stream_contract",
     "stream_ingest",
     "stream_init",
     "stream_release",
@@ -360,6 +363,7 @@ def stream_init(
     sketch_size: int | None = None,
     core_size: int | None = None,
     mechanism: str = "blt",
+    exclusive: bool = False,
     ledger: str | os.PathLike[str] | None = None,
     budget: tuple[float, float] | None = None,
     seed: int | None = None,
@@ -397,6 +401,14 @@ def stream_init(
         Toeplitz factorization (default; its parameters are fitted to the
         horizon here and recorded), the square-root factorization, or the
         binary tree (for comparison).
+    exclusive : bool
+        No two entities share a row (column, cell) of ``unit``: refused at
+        ingest otherwise. Each entity is then one row's (column's, cell's)
+        individual, and the stream is charged as a release at that unit
+        (:func:`stream_contract`), composing on a ``row`` (``column``,
+        ``entry``) ledger with ``factorize`` and ``pca`` releases. Without
+        it, the stream protects entities and composes only on an ``entity``
+        ledger.
     ledger : path
         The privacy ledger of the stream's population, which every stream and
         release on that population charges. Required for a private stream
@@ -452,6 +464,7 @@ def stream_init(
         sketch_size=sketch_size,
         core_size=core_size,
         mechanism=check_enum(StreamMechanism, mechanism, "mechanism"),
+        exclusive=exclusive,
     ).to_manifest()
     params["public_seed"] = (
         seed  # a user-given seed is public: the noise covers its operators
@@ -546,12 +559,8 @@ def _init_spec(
             "given; pass --ledger PATH (ledger=PATH), with --budget-epsilon/--budget-delta "
             "(budget=(epsilon, delta)) if that ledger does not exist yet."
         )
-    contract = None if cal is None else PrivacyContract(
-        # the individual is an entity id, whatever row, column or entry it is bound to
-        unit=EntityUnit.ENTITY, neighboring=params["neighboring"],
-        clip_norm=params["clip_norm"], epsilon=cal.epsilon, delta=cal.delta,
-        accountant=Accountant.ANALYTIC_GAUSSIAN,
-        shape=(params["n_rows"], params["n_cols"]), secret_noise=insecure is None,
+    contract = None if cal is None else stream_contract(
+        params, cal.epsilon, cal.delta, secret_noise=insecure is None,
         public_operators=seed is not None,
     )  # fmt: skip
     shape = (params["n_rows"], params["n_cols"])
@@ -562,6 +571,39 @@ def _init_spec(
         ledger=ledger, budget=None if budget is None else tuple(budget),
         insecure_noise_seed=insecure, sketch_seed=seed, uses_sketch_seed=True,
         sketch_seed_fingerprint=None if seed is None else seed_fingerprint(seed),
+    )  # fmt: skip
+
+
+def stream_contract(
+    params: dict[str, Any],
+    epsilon: float,
+    delta: float,
+    *,
+    secret_noise: bool = True,
+    public_operators: bool = False,
+) -> PrivacyContract:
+    """The privacy contract of a stream's one charge, from its manifest's parameters.
+
+    The individual is an entity id (unit ``entity``), whatever row, column or
+    cell it is bound to: several entities may share one. An **exclusive**
+    stream refuses at ingest any row (column, cell) touched by two entities,
+    so one row's individual is exactly one entity and its guarantee per
+    entity is a guarantee per row (column, cell): it is charged at that unit,
+    under the same relation (removing the row's individual removes the
+    entity's whole contribution over all epochs). A stream of cells is read
+    at the entry unit only (``entry_reads`` empty): its sensitivity is a sum
+    over epochs, so a row of cells spent in different epochs is not bounded
+    by ``sqrt(n_cols)`` cells (:mod:`pipeline.accounting.contract`).
+    """
+    unit: PrivacyUnit | EntityUnit = EntityUnit.ENTITY
+    if params.get("exclusive", False):  # states before the field: not exclusive
+        unit = PrivacyUnit(params["unit"])
+    return PrivacyContract(
+        unit=unit, neighboring=params["neighboring"], clip_norm=params["clip_norm"],
+        epsilon=epsilon, delta=delta, accountant=Accountant.ANALYTIC_GAUSSIAN,
+        shape=(params["n_rows"], params["n_cols"]), secret_noise=secret_noise,
+        public_operators=public_operators,
+        entry_reads=() if unit is PrivacyUnit.ENTRY else ("row", "column"),
     )  # fmt: skip
 
 
@@ -643,6 +685,8 @@ def continue_command(manifest: dict[str, Any]) -> str:
         if p[key] is not None:
             words += [flag, p[key]]
     words += ["--mechanism", p.get("mechanism", TREE)]
+    if p.get("exclusive", False):
+        words += ["--exclusive"]
     if manifest["ledger"] is not None:
         words += ["--ledger", manifest["ledger"]["path"]]
     return shlex.join(str(w) for w in words)
@@ -808,6 +852,7 @@ def _clipped_cells(
         unit=StreamUnit(p["unit"]),
         clip_norm=p["clip_norm"],
         n_cols=p["n_cols"],
+        exclusive=bool(p.get("exclusive", False)),
     )
     budgets: dict[str, Any] = {}
     if clipped.table is not None and len(b):
@@ -864,7 +909,9 @@ def stream_ingest(
     StoreLayoutError
         String ids for a state of format 1, whose hashed keys two ids can share.
     PrivacyUnitError
-        An entity contradicts the stream's unit.
+        An entity contradicts the stream's unit, or (an exclusive stream) two
+        entities touch one row (column, cell), in the batch or with the
+        entities of earlier batches; nothing is applied.
     StateLockedError
         Another process is writing the stream.
     """

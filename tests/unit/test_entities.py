@@ -84,6 +84,32 @@ def test_unit_violation_across_batches_is_refused_and_units_hold_otherwise():
     _clip([4], [3], [0], [0.1], table=first.table, unit=StreamUnit.GENERAL)
 
 
+@pytest.mark.parametrize(
+    ("unit", "cells"),
+    [(StreamUnit.ROW, ([1, 1], [0, 5])), (StreamUnit.COLUMN, ([0, 5], [2, 2])),
+     (StreamUnit.ENTRY, ([3, 3], [4, 4]))],
+)  # fmt: skip
+def test_exclusive_refuses_two_entities_on_one_row_column_or_cell(unit, cells):
+    i, j = cells
+    kw = {"unit": unit, "exclusive": True}
+    with pytest.raises(PrivacyUnitError, match="two entities touch one") as exc:
+        clip_updates(np.array([7, 8]), np.array(i), np.array(j), np.array([0.25, 0.5]),
+                     table=EntityTable.empty(), clip_norm=1.0, n_cols=10, **kw)  # fmt: skip
+    assert not {"7", "8", "0.25", "0.5"} & set(str(exc.value).split())
+    # across batches: a new entity on a held row (column, cell) is refused, the
+    # entity that holds it may come back
+    first = clip_updates(np.array([7]), np.array(i[:1]), np.array(j[:1]), np.array([0.25]),
+                         table=EntityTable.empty(), clip_norm=1.0, n_cols=10, **kw)  # fmt: skip
+    again = (np.array(i[:1]), np.array(j[:1]), np.array([0.25]))
+    clip_updates(np.array([7]), *again, table=first.table, clip_norm=1.0, n_cols=10, **kw)
+    with pytest.raises(PrivacyUnitError, match="earlier batch"):
+        clip_updates(np.array([8]), np.array(i[1:]), np.array(j[1:]), np.array([0.5]),
+                     table=first.table, clip_norm=1.0, n_cols=10, **kw)  # fmt: skip
+    # negative control: without exclusive, both batches are fine
+    out = _clip([7, 8], i, j, [0.25, 0.5], unit=unit)
+    assert len(out.table) == 2
+
+
 def test_float_limits_subnormals_and_negative_zero():
     big = np.finfo(float).max
     out = _clip([1, 1, 1], [0, 0, 0], [0, 0, 1], [big, big, big])  # duplicate sum overflows naively
