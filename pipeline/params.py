@@ -752,9 +752,11 @@ class StreamParams:
     def to_manifest(self) -> dict[str, Any]:
         """The parameters as the stream's manifest records them (JSON-ready).
 
-        ``operator`` is the default co-range operator of a stream
-        (``pipeline.algorithms.lrf.plan.default_operator`` without an exact
-        sparse map): Gaussian when private, sparse sign otherwise.
+        ``operator`` is the co-range operator of a stream of the first plan
+        version (Gaussian when private, sparse sign otherwise); ``stream_init``
+        replaces it by its plan's operator and adds ``plan_version``
+        (``pipeline.algorithms.continual.plan_stream``), and a manifest without
+        ``plan_version`` is re-planned with the first version's rule.
         ``mechanism`` is absent from states written before it existed: they
         release by the binary tree; ``exclusive`` likewise (they are not).
         """

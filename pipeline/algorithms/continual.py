@@ -56,32 +56,40 @@ from pipeline._types import FloatArray, IntArray
 from pipeline._validation import check_int_in_range
 from pipeline.algorithms.base import ArraySource, Factorization
 from pipeline.algorithms.lrf.kernels import low_space_post, spectral_post
+from pipeline.algorithms.lrf.model import predict
 from pipeline.algorithms.lrf.plan import (
     LrfPlan,
     Reach,
     calibrate_plan,
     plan_operators,
+    reach_of,
     resolve_sizes,
+    sparse_is_exact,
 )
 from pipeline.algorithms.lrf.run import plan_lrf
 from pipeline.errors import EpochError, HorizonExceededError, InvalidParameterError
 from pipeline.mechanisms.noise import GaussianNoise, NoiseCode, NoiseKey
-from pipeline.params import Algorithm, LrfParams
+from pipeline.params import Algorithm, LrfParams, OperatorKind, PrivacyUnit, StreamUnit
 from pipeline.sketches.operators import SketchOperator
 
 __all__ = [
+    "LEGACY_PLAN_VERSION",
+    "PLAN_VERSION",
     "SketchDelta",
     "StreamPlan",
     "advance_tree",
     "apply_delta",
     "empty_sketches",
     "lowest_set_bit",
+    "model_error",
     "noise_code",
     "noisy_sketches",
+    "operator_notes",
     "partition_cells",
     "plan_stream",
     "release_factorization",
     "sketch_cells",
+    "stream_reach",
     "tree_levels",
     "tree_nodes",
 ]
@@ -128,6 +136,42 @@ def tree_nodes(tau: int) -> list[tuple[int, int]]:
     return [(j, tau >> j) for j in range(tau.bit_length()) if (tau >> j) & 1]
 
 
+#: How a stream's plan picks its operators, sizes and split. 2: the batch
+#: one-pass release's exact machinery where the stream's unit allows it
+#: (:func:`plan_stream`). 1: every state written before the version was
+#: recorded -- the spec's sizes, an even split and a Gaussian co-range operator
+#: with its tail bound whatever the unit (:func:`_stream_sizes`).
+PLAN_VERSION = 2
+LEGACY_PLAN_VERSION = 1
+
+
+def stream_reach(unit: StreamUnit, transpose: bool, *, public_seed: bool) -> Reach:
+    """What one entity of a stream of ``unit`` may touch in the sketched ``X``.
+
+    An entity is bound to one row, column or cell of ``A`` for the whole stream
+    (:mod:`pipeline.mechanisms.entities` refuses a batch that moves it), so every
+    per-epoch difference of a row or column entity lies along that axis of
+    ``X`` (:func:`~pipeline.algorithms.lrf.plan.reach_of`), and a cell's within
+    one row of ``X``. A cell entity with a public sketch seed keeps
+    ``Reach.ANY``, as an entry-unit batch release does
+    (:func:`~pipeline.algorithms.lrf.plan.sparse_is_exact`); a ``general``
+    entity may touch any cells.
+
+    Examples
+    --------
+    >>> stream_reach(StreamUnit.ENTRY, False, public_seed=False).value
+    'row'
+    >>> stream_reach(StreamUnit.ROW, True, public_seed=False).value
+    'column'
+    """
+    if unit is StreamUnit.GENERAL:
+        return Reach.ANY
+    if unit is StreamUnit.ENTRY:
+        exact = sparse_is_exact(PrivacyUnit.ENTRY, transpose, public_seed=public_seed)
+        return Reach.ROW if exact else Reach.ANY
+    return reach_of(PrivacyUnit(unit.value), transpose)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StreamPlan:
     """Public plan of a stream: shapes, sizes, orientation, tree and calibration.
@@ -137,13 +181,18 @@ class StreamPlan:
     factorization mechanism (``sensitivity_factor`` set), the mechanism's
     Gaussian release ``R X``: every sensitivity and sigma of the one-shot
     calibration times ``sensitivity_factor = max_s ||R e_s||``
-    (:mod:`pipeline.algorithms.continual_factorization`).
+    (:mod:`pipeline.algorithms.continual_factorization`). ``lrf.predicted_error``
+    is the one-shot release's (:func:`model_error` scales it to an epoch).
+    ``version`` is the rule that planned it (:data:`PLAN_VERSION`), ``unit``
+    what one entity may touch.
     """
 
     lrf: LrfPlan
     horizon: int
     levels: int
     sensitivity_factor: float | None = None
+    unit: StreamUnit = StreamUnit.GENERAL
+    version: int = PLAN_VERSION
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -210,8 +259,10 @@ def plan_stream(
     shape: tuple[int, int],
     horizon: int,
     *,
+    unit: StreamUnit = StreamUnit.GENERAL,
     public_seed: int | None = None,
     sensitivity_factor: float | None = None,
+    version: int = PLAN_VERSION,
 ) -> StreamPlan:
     """Validate a stream's public parameters and calibrate its tree or factorization.
 
@@ -219,20 +270,26 @@ def plan_stream(
     ----------
     params : LrfParams
         Algorithm, rank, sizes, budget of the *whole stream*, clip norm and
-        neighbouring relation (``clip.unit`` is not used: streams clip per entity).
+        neighbouring relation (``clip.unit`` is not used: streams clip per
+        entity, and ``unit`` says what an entity may touch). ``operator`` None
+        takes the plan's; a recorded one must be exact for ``unit``.
     shape : (n_rows, n_cols)
         Public shape of the matrix.
     horizon : int
         ``T >= 1``, the number of epochs the budget covers.
+    unit : StreamUnit
+        What one entity may touch (:func:`stream_reach`).
     public_seed : int or None
-        The sketch seed when it is public: the tree is calibrated with the
-        worst-case sensitivity of its operators for a difference anywhere in
-        the matrix (``Reach.ANY``: a stream's entity may touch any cells).
+        The sketch seed when it is public: the plan is calibrated with the
+        worst-case sensitivity of its operators for what an entity may touch.
     sensitivity_factor : float or None
         None: the binary tree, calibrated over its ``L`` levels. A float: a
         factorization mechanism ``A = L R`` with ``max_s ||R e_s||`` this value
         (``ContinualMechanism.sensitivity_factor``), calibrated as the one-shot
         release with every sensitivity and sigma scaled by it.
+    version : int
+        :data:`PLAN_VERSION`, or :data:`LEGACY_PLAN_VERSION` for a state
+        written before the version was recorded (its operators, sizes and split).
 
     Returns
     -------
@@ -241,11 +298,26 @@ def plan_stream(
     Raises
     ------
     InvalidParameterError
-        For a padded Low-Space stream [spec 3.4, P7], a two-pass one or
-        inconsistent sizes.
+        For a padded Low-Space stream [spec 3.4, P7], a two-pass one,
+        inconsistent sizes or an unknown version.
 
     Notes
     -----
+    Machinery (version 2). The batch one-pass release's, through the same
+    functions: :func:`~pipeline.algorithms.lrf.run.plan_lrf` with the
+    entity's reach (:func:`stream_reach`) picks a sparse sign ``S`` exactly
+    where an entity stays in one row of ``X`` -- every column of ``S`` has norm
+    1, so ``||S M||_F = ||M||_F`` for the stacked per-epoch differences ``M``
+    of such an entity -- and otherwise the Gaussian ``S`` with its tail bound;
+    the error model's sizes and budget split
+    (:func:`~pipeline.algorithms.lrf.model.choose_private_sizes`: a continual
+    mechanism scales every sigma by the same factor, so the one-shot split is
+    the stream's best too, and the model's error scales by the noise factor,
+    :func:`model_error`); and the denoised range basis (``basis_rank = k``).
+    The range sketch keeps the Gaussian ``Phi`` with its tail bound: a
+    stream's ``Y`` is a running sum over epochs, so its rows cannot be clipped
+    in sketch space once per individual as a batch release's are.
+
     Privacy. One Gaussian mechanism over every node of the tree:
     ``sigma_i = Delta_F Delta_i s sqrt(L / w_i)`` [spec 4.5]. A tree node sums
     the differences of its epochs, of total Frobenius norm at most ``Delta_F``
@@ -260,8 +332,10 @@ def plan_stream(
     --------
     >>> p = plan_stream(LrfParams(algorithm=Algorithm.SPECTRAL, rank=2, epsilon=1.0,
     ...                           delta=1e-6), (500, 300), horizon=64)
-    >>> p.levels, p.lrf.calibration.tree_levels
-    (7, 7)
+    >>> p.levels, p.lrf.calibration.tree_levels, p.lrf.operator.value
+    (7, 7, 'gaussian')
+    >>> plan_stream(p.lrf.params, (500, 300), 64, unit=StreamUnit.ENTRY).lrf.operator.value
+    'sparse-sign'
     """
     if params.padded:
         raise InvalidParameterError(
@@ -269,18 +343,19 @@ def plan_stream(
             "would cancel between them (spec sketch-lrf 3.4); use the unpadded mode."
         )
     levels = tree_levels(horizon)
-    params = _stream_sizes(params, shape)
-    one = plan_lrf(params, shape, public_seed=public_seed, reach=Reach.ANY)
+    params, reach = _machinery(params, shape, unit, public_seed, version)
+    one = plan_lrf(params, shape, public_seed=public_seed, reach=reach)
     if not isinstance(one, LrfPlan):  # a two-pass plan: its tree could not be built
         raise InvalidParameterError(
             "a stream is read once, so algorithm='two-pass' (stored matrices only) "
             "does not apply; use 'spectral' or 'low-space'."
         )
+    base = StreamPlan(
+        lrf=one, horizon=int(horizon), levels=levels, unit=unit, version=version,
+        sensitivity_factor=None if sensitivity_factor is None else float(sensitivity_factor),
+    )  # fmt: skip
     if one.calibration is None:
-        return StreamPlan(
-            lrf=one, horizon=int(horizon), levels=levels,
-            sensitivity_factor=sensitivity_factor,
-        )  # fmt: skip
+        return base
     # the operators' worst-case factors do not depend on the tree: reuse them
     factors = (
         {sk.name: sk.jl_factor for sk in one.calibration.sketches}
@@ -288,18 +363,34 @@ def plan_stream(
         else None
     )
     if sensitivity_factor is None:
-        return StreamPlan(
-            lrf=calibrate_plan(one, factors, tree_levels=levels),
-            horizon=int(horizon),
-            levels=levels,
+        lrf = calibrate_plan(one, factors, tree_levels=levels)
+    else:
+        lrf = _scaled(calibrate_plan(one, factors), sensitivity_factor)
+    return dataclasses.replace(base, lrf=lrf)
+
+
+def _machinery(
+    params: LrfParams,
+    shape: tuple[int, int],
+    unit: StreamUnit,
+    public_seed: int | None,
+    version: int,
+) -> tuple[LrfParams, Reach]:
+    """The parameters and reach :func:`plan_stream` plans with, by plan version."""
+    if version == LEGACY_PLAN_VERSION:
+        return _stream_sizes(params, shape), Reach.ANY
+    if version != PLAN_VERSION:
+        raise InvalidParameterError(
+            f"stream plan version {version!r} is not one this dplr version knows "
+            f"({LEGACY_PLAN_VERSION} or {PLAN_VERSION}); use the dplr version that "
+            "created the stream."
         )
-    lrf = calibrate_plan(one, factors)
-    return StreamPlan(
-        lrf=_scaled(lrf, sensitivity_factor),
-        horizon=int(horizon),
-        levels=levels,
-        sensitivity_factor=float(sensitivity_factor),
+    m, n = (
+        check_int_in_range(x, nm, 1)
+        for x, nm in zip(shape, ("n_rows", "n_cols"), strict=True)
     )
+    transpose = m < n  # plan_lrf's unpadded orientation
+    return params, stream_reach(unit, transpose, public_seed=public_seed is not None)
 
 
 def _scaled(plan: LrfPlan, factor: float) -> LrfPlan:
@@ -328,13 +419,13 @@ def _scaled(plan: LrfPlan, factor: float) -> LrfPlan:
 
 
 def _stream_sizes(params: LrfParams, shape: tuple[int, int]) -> LrfParams:
-    """A stream's sizes and split: the spec's defaults, fixed for its lifetime.
+    """The sizes and split of a plan of :data:`LEGACY_PLAN_VERSION`: the spec's defaults.
 
-    A stream's state keeps an ``M x t`` sketch per tree node, so it does not
-    take the larger ``t`` the one-shot error model picks
-    (:mod:`pipeline.algorithms.lrf.model`); its budget split is the even one
-    its states were created with. An entity's cells may lie in several rows,
-    so ``plan_lrf(reach=Reach.ANY)`` keeps the Gaussian co-range operator.
+    What every stream was planned with before the plan version was recorded,
+    kept so that their states release as they were created: the spec's ``t``
+    and ``v`` (not the error model's), the even budget split, and (with
+    ``plan_lrf(reach=Reach.ANY)``) the Gaussian co-range operator whatever the
+    unit.
     """
     if not params.private:
         return params
@@ -616,6 +707,63 @@ def noise_std(plan: StreamPlan, epoch: int) -> dict[str, float]:
         return {name: 0.0 for name in plan.names}
     pc = int(epoch).bit_count()
     return {name: math.sqrt(pc) * plan.lrf.sigma(name) for name in plan.names}
+
+
+def model_error(plan: StreamPlan, noise_factor: float) -> dict[str, float] | None:
+    """The error model's additive spectral error of a release whose noise is ``noise_factor``
+    times the one-shot release's (None for a non-private stream).
+
+    A continual mechanism multiplies every released sketch's noise by the same
+    factor at an epoch (``ContinualMechanism.noise_factor``), and the model's
+    error is linear in the noise (:mod:`pipeline.algorithms.lrf.model`), so the
+    one-shot prediction scales by it; so does its ratio to the full-matrix
+    Gaussian mechanism of the same (epsilon, delta).
+    """
+    if plan.lrf.calibration is None:
+        return None
+    p = predict(plan.lrf)
+    return {
+        "predicted_error": noise_factor * p.error,
+        "full_gm_error": p.full_gm_error,
+        "ratio_to_full_gm": noise_factor * p.ratio,
+    }
+
+
+def operator_notes(plan: StreamPlan) -> dict[str, str]:
+    """Which operators a stream's plan uses and why (public; status and reports say it)."""
+    lrf = plan.lrf
+    if plan.version == LEGACY_PLAN_VERSION:
+        why = "the stream was created before streams used the batch release's exact operators"
+        return {
+            "co_range": f"{lrf.operator.value}; {why}",
+            "range": "Gaussian with its tail bound",
+            "sizes": "the spec's defaults and an even budget split (fixed at creation)",
+        }
+    if lrf.operator is OperatorKind.SPARSE_SIGN:
+        co = (
+            f"sparse sign, exact: each entity (unit {plan.unit.value}) stays in one row "
+            "of the sketched matrix, where every column of S has norm 1"
+        )
+    elif plan.unit is StreamUnit.GENERAL:
+        co = (
+            "Gaussian with its tail bound: an entity of unit general may span rows of "
+            "the sketched matrix, where a sparse sign has no exact bound"
+        )
+    else:
+        co = (
+            f"Gaussian with its tail bound: an entity of unit {plan.unit.value} spans "
+            "a column of the sketched matrix (or a public seed covers any difference), "
+            "where a sparse sign has no exact bound"
+        )
+    worst = " (worst case of the public operators)" if lrf.public_sketch_seed else ""
+    return {
+        "co_range": co + worst,
+        "range": (
+            "Gaussian with its tail bound: a stream's range sketch is a running sum "
+            "over epochs, so its rows cannot be clipped once per individual"
+        ),
+        "sizes": "the batch error model's sizes and budget split; denoised range basis",
+    }
 
 
 def sum_deltas(

@@ -67,11 +67,15 @@ from pipeline._version import __version__
 from pipeline.accounting.contract import Accountant, EntityUnit, PrivacyContract
 from pipeline.algorithms.base import Factorization
 from pipeline.algorithms.continual import (
+    LEGACY_PLAN_VERSION,
+    PLAN_VERSION,
     StreamPlan,
     advance_tree,
+    model_error,
     noise_code,
     noise_std,
     noisy_sketches,
+    operator_notes,
     partition_cells,
     plan_stream,
     release_factorization,
@@ -175,8 +179,26 @@ def _lrf_params(p: dict[str, Any]) -> LrfParams:
         clip=ClipSpec(unit=PrivacyUnit.ROW, clip_norm=p["clip_norm"]),
         neighboring=Neighboring(p["neighboring"]),
         delta_jl_fraction=p["delta_jl_fraction"],
-        # states written before the field existed used Gaussian operators
-        operator=OperatorKind(p.get("operator", OperatorKind.GAUSSIAN.value)),
+        # states written before the field existed used Gaussian operators; a new
+        # stream's is chosen by its plan (None) and recorded
+        operator=None
+        if p.get("operator", "gaussian") is None
+        else OperatorKind(p.get("operator", OperatorKind.GAUSSIAN.value)),
+    )
+
+
+def _plan_params(p: dict[str, Any], sensitivity_factor: float | None) -> StreamPlan:
+    """The stream's plan from its manifest's public parameters (by its plan version)."""
+    return plan_stream(
+        _lrf_params(p),
+        (p["n_rows"], p["n_cols"]),
+        p["horizon"],
+        unit=StreamUnit(p.get("unit", StreamUnit.GENERAL.value)),
+        public_seed=p.get("public_seed"),
+        sensitivity_factor=sensitivity_factor,
+        # states written before the version was recorded: the operators, sizes and
+        # split they were created with
+        version=int(p.get("plan_version", LEGACY_PLAN_VERSION)),
     )
 
 
@@ -190,21 +212,22 @@ def plan_of(manifest: dict[str, Any]) -> StreamPlan:
             "privacy than they have; create a new stream."
         )
     mech = mechanism_of(manifest)
-    plan = plan_stream(
-        _lrf_params(p),
-        (p["n_rows"], p["n_cols"]),
-        p["horizon"],
-        public_seed=p.get("public_seed"),
-        sensitivity_factor=None if mech.name == TREE else mech.sensitivity_factor,
-    )
+    try:
+        plan = _plan_params(p, None if mech.name == TREE else mech.sensitivity_factor)
+    except InvalidParameterError as e:  # e.g. a recorded operator no longer exact
+        raise StoreLayoutError(
+            f"the stream state's plan cannot be rebuilt by this dplr version ({e}); "
+            "use the dplr version that created the stream."
+        ) from None
     want = manifest["plan"]
     recorded = want.get("mechanism", {}).get("sensitivity_factor")
-    if (plan.lrf.t, plan.lrf.v, plan.lrf.transpose, plan.levels) != (
-        want["sketch_size"],
-        want["core_size"],
-        want["transposed"],
-        want["levels"],
-    ) or (recorded is not None and recorded != mech.sensitivity_factor):
+    cal = plan.lrf.calibration
+    if (
+        (plan.lrf.t, plan.lrf.v, plan.lrf.transpose, plan.levels)
+        != (want["sketch_size"], want["core_size"], want["transposed"], want["levels"])
+        or (recorded is not None and recorded != mech.sensitivity_factor)
+        or (cal is not None and want.get("calibration") not in (None, cal.to_dict()))
+    ):
         raise StoreLayoutError(
             "the stream state's plan does not match what this dplr version derives "
             "from its parameters; use the dplr version that created the stream."
@@ -302,6 +325,11 @@ class StreamInfo:
     #: the released singular values' noise level at the last closed epoch
     #: (the report's signal level; None if non-private or no epoch closed)
     predicted_error: float | None
+    #: the error model's additive spectral error at the last closed epoch, with
+    #: the mechanism's noise factor (None if non-private or no epoch closed)
+    model_error: dict[str, float] | None
+    #: the operators and sizes the stream was planned with, and why
+    operators: dict[str, str]
 
     def to_dict(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in self.__slots__}
@@ -330,6 +358,8 @@ def _info(store: Any) -> StreamInfo:
         mechanism=mech.name,
         noise_factor=mech.noise_factor(tau) if tau else None,
         predicted_error=_noise_level(plan, mech, tau) if tau else None,
+        model_error=model_error(plan, mech.noise_factor(tau)) if tau else None,
+        operators=operator_notes(plan),
     )
 
 
@@ -473,12 +503,12 @@ def stream_init(
         raise InvalidParameterError(
             "a non-private stream is charged to no ledger; drop ledger and budget."
         )
-    shape = (params["n_rows"], params["n_cols"])
     mech = continual_mechanism(params["mechanism"], params["horizon"])
-    plan = plan_stream(
-        _lrf_params(params), shape, params["horizon"], public_seed=seed,
-        sensitivity_factor=None if mech.name == TREE else mech.sensitivity_factor,
-    )  # fmt: skip
+    # the plan picks the operators (exact where the unit allows); both are recorded,
+    # and every later step re-plans from them (plan_of)
+    params |= {"operator": None, "plan_version": PLAN_VERSION}
+    plan = _plan_params(params, None if mech.name == TREE else mech.sensitivity_factor)
+    params["operator"] = plan.lrf.operator.value
     state = local_path(state, "stream state")
     spec = functools.partial(
         _init_spec, params, plan, state, ledger, budget, seed, insecure_noise_seed
@@ -1297,6 +1327,8 @@ def _stream_section(
         "noise_factor": mech.noise_factor(epoch),
         "noise_std": _noise_stds(plan, mech, epoch),
         "predicted_error": _noise_level(plan, mech, epoch),
+        "model_error": model_error(plan, mech.noise_factor(epoch)),
+        "operators": operator_notes(plan),
     }
     if mech.name == TREE:
         out["tree_levels"] = plan.levels

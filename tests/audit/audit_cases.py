@@ -691,7 +691,8 @@ CONT_EPOCH = 3  # the epoch in which the audited entity's updates arrive
 def continual_plan(
     epsilon: float, *, horizon: int = CONT_T, delta: float = DELTA
 ) -> StreamPlan:
-    """The project's stream plan: Spectral-LRF sizes of the one-shot audit, replace-one."""
+    """The project's stream plan: Spectral-LRF sizes of the one-shot audit, replace-one,
+    entities of one row (the unit :func:`continual_entity_sketch` clips with)."""
     params = LrfParams(
         algorithm=Algorithm.SPECTRAL,
         rank=LRF_RANK,
@@ -702,7 +703,7 @@ def continual_plan(
         clip=ClipSpec(unit=PrivacyUnit.ROW, clip_norm=CLIP),
         neighboring=Neighboring.REPLACE,
     )
-    return plan_stream(params, LRF_SHAPE, horizon)
+    return plan_stream(params, LRF_SHAPE, horizon, unit=StreamUnit.ROW)
 
 
 def continual_entity_sketch(plan: StreamPlan, sign: float) -> dict[str, np.ndarray]:
