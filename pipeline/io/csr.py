@@ -71,8 +71,10 @@ __all__ = [
 CSR_ENCODING = {"encoding-type": "csr_matrix", "encoding-version": "0.1.0"}
 #: Entries of ``indptr`` / ``indices`` read at once by the validation pass.
 VALIDATE_CHUNK = 2**22
-#: Entries per chunk of the arrays written by :func:`write_csr`.
-WRITE_CHUNK = 2**20
+#: Entries per chunk of the arrays written by :func:`write_csr` (2 MiB of
+#: float64 values): a row band decodes the chunks it overlaps whole, so chunks
+#: much larger than a band's entries would be decoded several times per pass.
+WRITE_CHUNK = 2**18
 
 
 def _attrs(node: Any) -> dict[str, Any]:

@@ -32,9 +32,10 @@ ROW_BAND_LIMIT = 256 * 2**20
 
 #: Cells (rows x columns) of the full-width row band a pass task reads from a
 #: CSR store: ``max(1, CSR_BAND_CELLS // n)`` rows. Fixed by the public shape
-#: alone, never by the stored entries (docs/sparse.md): 2^28 cells hold 32 MiB of
-#: values at 1% density.
-CSR_BAND_CELLS = 2**28
+#: alone, never by the stored entries (docs/sparse.md): 2^25 cells hold 4 MiB of
+#: values at 1% density, so a store of a few million non-zeros already gives the
+#: workers several bands to share.
+CSR_BAND_CELLS = 2**25
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
