@@ -410,7 +410,11 @@ def _csr_input(reader: CsrReader, path: str | None) -> tuple[da.Array, InputInfo
 
 
 def open_input(
-    source: Any, *, unit: str | None = "row", band_bytes: int | None = None
+    source: Any,
+    *,
+    unit: str | None = "row",
+    band_bytes: int | None = None,
+    validate: bool = True,
 ) -> tuple[da.Array | np.ndarray, InputInfo]:
     """Open ``source`` lazily and validate it from metadata alone (no data read).
 
@@ -429,6 +433,11 @@ def open_input(
         row chunks, about this many bytes each in float64 (at least one store
         chunk): the unit of work of row-wise algorithms such as PCA. A CSR
         store is banded by :data:`CSR_BAND_CELLS` instead.
+    validate : bool
+        Run a CSR store's streamed check (:func:`~pipeline.io.csr.open_csr`).
+        False only where the shape alone is needed and the job that reads the
+        data opens the store again (checked then): the check reads all of
+        ``indptr`` and ``indices``, so it runs once per job.
 
     Returns
     -------
@@ -462,7 +471,8 @@ def open_input(
         f"input store {objectstore.redact(path)!r}" if path else "the input zarr array"
     )
     if isinstance(z, zarr.Group):
-        return _csr_input(open_csr(z, what=what if path else None), path)
+        checked = open_csr(z, validate=validate, what=what if path else None)
+        return _csr_input(checked, path)
     _check_array_meta(z.shape, z.dtype, what)
     store_chunks = _pair(z.shards or z.chunks)
     if band_bytes is not None:
