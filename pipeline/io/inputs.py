@@ -31,11 +31,27 @@ from pipeline.io.nodes import open_node
 ROW_BAND_LIMIT = 256 * 2**20
 
 #: Cells (rows x columns) of the full-width row band a pass task reads from a
-#: CSR store: ``max(1, CSR_BAND_CELLS // n)`` rows. Fixed by the public shape
-#: alone, never by the stored entries (docs/sparse.md): 2^25 cells hold 4 MiB of
-#: values at 1% density, so a store of a few million non-zeros already gives the
-#: workers several bands to share.
+#: CSR store: about ``CSR_BAND_CELLS // n`` rows (:func:`csr_band_rows`). Fixed by
+#: the public shape alone, never by the stored entries (docs/sparse.md): 2^25
+#: cells hold 4 MiB of values at 1% density, so a store of a few million
+#: non-zeros already gives the workers several bands to share.
 CSR_BAND_CELLS = 2**25
+#: ... but a wide matrix's bands have up to ``n`` rows, within this many cells:
+#: a band's co-range partial ``S X`` is v x n whatever its rows, so bands of at
+#: least ``n`` rows keep that cost at v per row.
+CSR_WIDE_BAND_CELLS = 2**28
+
+
+def csr_band_rows(n: int) -> int:
+    """Rows of the bands a CSR store of ``n`` columns is read in: ``max(CELLS // n,
+    min(n, WIDE_CELLS // n))``, at least 1 (the shape alone decides them).
+
+    Examples
+    --------
+    >>> csr_band_rows(2_000), csr_band_rows(10_000), csr_band_rows(100_000)
+    (16777, 10000, 2684)
+    """
+    return max(1, CSR_BAND_CELLS // n, min(n, CSR_WIDE_BAND_CELLS // n))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -386,11 +402,11 @@ def canonical_csr(source: Any) -> sp.csr_matrix:
 def _csr_input(reader: CsrReader, path: str | None) -> tuple[da.Array, InputInfo]:
     """A checked CSR store as a dask array of full-width CSR row bands.
 
-    The bands have ``max(1, CSR_BAND_CELLS // n)`` rows: the public shape alone
-    decides them (docs/sparse.md, "What the wiring must keep").
+    The bands have :func:`csr_band_rows` rows: the public shape alone decides
+    them (docs/sparse.md, "What the wiring must keep").
     """
     m, n = reader.shape
-    chunks = (min(m, max(1, CSR_BAND_CELLS // n)), n)
+    chunks = (min(m, csr_band_rows(n)), n)
     arr = da.from_array(
         reader,
         chunks=chunks,
@@ -432,7 +448,7 @@ def open_input(
         When given, a Zarr input is read in full-width row bands of whole store
         row chunks, about this many bytes each in float64 (at least one store
         chunk): the unit of work of row-wise algorithms such as PCA. A CSR
-        store is banded by :data:`CSR_BAND_CELLS` instead.
+        store is banded by :func:`csr_band_rows` instead.
     validate : bool
         Run a CSR store's streamed check (:func:`~pipeline.io.csr.open_csr`).
         False only where the shape alone is needed and the job that reads the
@@ -442,8 +458,8 @@ def open_input(
     Returns
     -------
     array : dask.array.Array of shape (n_rows, n_cols), the numpy array itself, or a CSR matrix
-        A CSR store gives full-width CSR row bands of ``max(1, CSR_BAND_CELLS //
-        n_cols)`` rows (the public shape alone decides them).
+        A CSR store gives full-width CSR row bands of :func:`csr_band_rows`
+        rows (the public shape alone decides them).
     info : InputInfo
 
     Raises
