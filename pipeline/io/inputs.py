@@ -31,27 +31,24 @@ from pipeline.io.nodes import open_node
 ROW_BAND_LIMIT = 256 * 2**20
 
 #: Cells (rows x columns) of the full-width row band a pass task reads from a
-#: CSR store: about ``CSR_BAND_CELLS // n`` rows (:func:`csr_band_rows`). Fixed by
-#: the public shape alone, never by the stored entries (docs/sparse.md): 2^25
-#: cells hold 4 MiB of values at 1% density, so a store of a few million
-#: non-zeros already gives the workers several bands to share.
-CSR_BAND_CELLS = 2**25
-#: ... but a wide matrix's bands have up to ``n`` rows, within this many cells:
-#: a band's co-range partial ``S X`` is v x n whatever its rows, so bands of at
-#: least ``n`` rows keep that cost at v per row.
-CSR_WIDE_BAND_CELLS = 2**28
+#: CSR store: ``max(1, CSR_BAND_CELLS // n)`` rows (:func:`csr_band_rows`). Fixed
+#: by the public shape alone, never by the stored entries (docs/sparse.md): 2^28
+#: cells hold 32 MiB of values at 1% density. Large bands: a band's fixed costs
+#: (its v x n co-range partial, its tasks in the pass and in the steps over the
+#: tall sketches) are paid per band, whatever its entries.
+CSR_BAND_CELLS = 2**28
 
 
 def csr_band_rows(n: int) -> int:
-    """Rows of the bands a CSR store of ``n`` columns is read in: ``max(CELLS // n,
-    min(n, WIDE_CELLS // n))``, at least 1 (the shape alone decides them).
+    """Rows of the bands a CSR store of ``n`` columns is read in:
+    ``max(1, CSR_BAND_CELLS // n)`` (the shape alone decides them).
 
     Examples
     --------
-    >>> csr_band_rows(2_000), csr_band_rows(10_000), csr_band_rows(100_000)
-    (16777, 10000, 2684)
+    >>> csr_band_rows(2_000), csr_band_rows(100_000)
+    (134217, 2684)
     """
-    return max(1, CSR_BAND_CELLS // n, min(n, CSR_WIDE_BAND_CELLS // n))
+    return max(1, CSR_BAND_CELLS // n)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -80,7 +80,6 @@ def stores(tmp_path: Path, global_seed: int) -> tuple[np.ndarray, str, str]:
 def small_bands(monkeypatch: pytest.MonkeyPatch) -> None:
     """CSR bands of BAND_ROWS rows (public shape only) and one per PCA task."""
     monkeypatch.setattr(pipeline.io.inputs, "CSR_BAND_CELLS", BAND_ROWS * N)
-    monkeypatch.setattr(pipeline.io.inputs, "CSR_WIDE_BAND_CELLS", BAND_ROWS * N)
     monkeypatch.setattr(pipeline.execution.pca, "BAND_BYTES", 1)
 
 
