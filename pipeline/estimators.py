@@ -582,7 +582,8 @@ class DPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):  
         if not hasattr(X, "shape"):  # a Zarr path: its shape from the metadata
             from pipeline.jobs.data import open_input  # heavy: zarr
 
-            X = open_input(X, unit=None, band_bytes=PCA_BAND_BYTES)[1]
+            # the shape only: the fit's job checks the store when it reads it
+            X = open_input(X, unit=None, band_bytes=PCA_BAND_BYTES, validate=False)[1]
         return int(X.shape[1])
 
     # -- post-processing ---------------------------------------------------

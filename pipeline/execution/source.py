@@ -491,7 +491,8 @@ class DaskSource:
         and the workers' chunk read buffers."""
         while self._secrets:
             remove_secret(self.client, self._secrets.pop())
-        if self.reader is not None:
+        if getattr(self.reader, "layout", None) is not None:
+            # only a plain store's direct reads use the buffers (not a CSR store's)
             with contextlib.suppress(Exception):  # a closed client: workers are gone
                 self.client.run(release_read_buffers)
 

@@ -71,8 +71,10 @@ __all__ = [
 CSR_ENCODING = {"encoding-type": "csr_matrix", "encoding-version": "0.1.0"}
 #: Entries of ``indptr`` / ``indices`` read at once by the validation pass.
 VALIDATE_CHUNK = 2**22
-#: Entries per chunk of the arrays written by :func:`write_csr`.
-WRITE_CHUNK = 2**20
+#: Entries per chunk of the arrays written by :func:`write_csr` (2 MiB of
+#: float64 values): a row band decodes the chunks it overlaps whole, so chunks
+#: much larger than a band's entries would be decoded several times per pass.
+WRITE_CHUNK = 2**18
 
 
 def _attrs(node: Any) -> dict[str, Any]:
@@ -403,6 +405,18 @@ def write_csr(
     return m, n
 
 
+def _flush_pointers(z: Any, pending: list[np.ndarray], done: int, step: int) -> int:
+    """Write the whole multiples of ``step`` of the ``pending`` pointers to ``z``
+    from entry ``done`` on; keep the rest pending. Returns the new ``done``."""
+    if sum(p.size for p in pending) < step:
+        return done
+    buf = np.concatenate(pending)
+    cut = buf.size // step * step
+    z[done : done + cut] = buf[:cut]
+    pending[:] = [buf[cut:]]
+    return done + cut
+
+
 def _write_bands(
     where: str, bands: Iterable[Any], shape: tuple[int, int], chunk_nnz: int
 ) -> None:
@@ -411,11 +425,19 @@ def _write_bands(
     index_dtype = np.int32 if n < 2**31 else np.int64
     arrays: dict[str, Any] = {}
     rows = nnz = 0
-    ptr_parts: list[np.ndarray] = []
+    # the row pointers are written as they come too, a whole chunk at a time:
+    # O(band + chunk) memory, not O(m)
+    ptr_chunk = min(m + 1, chunk_nnz)
+    indptr = group.create_array(
+        "indptr", shape=(m + 1,), dtype=np.int64, chunks=(ptr_chunk,)
+    )
+    pending, done = [np.zeros(1, dtype=np.int64)], 0
     for band in bands:
         x = sp.csr_matrix(band, copy=True)
         if x.shape[1] != n:
             raise ValueError(f"a band has {x.shape[1]} columns, the shape {n}.")
+        if rows + x.shape[0] > m:
+            raise ValueError(f"the bands hold more than the shape's {m} rows.")
         x.sum_duplicates()  # canonical: sorted, unique indices per row
         if not arrays:
             for name, dt in (("indices", index_dtype), ("data", x.dtype)):
@@ -426,15 +448,12 @@ def _write_bands(
         for name, values in (("indices", x.indices), ("data", x.data)):
             arrays[name].resize((nnz + k,))
             arrays[name][nnz : nnz + k] = values
-        ptr_parts.append(x.indptr[1:].astype(np.int64) + nnz)
+        pending.append(x.indptr[1:].astype(np.int64) + nnz)
         rows, nnz = rows + x.shape[0], nnz + k
+        done = _flush_pointers(indptr, pending, done, ptr_chunk)
     if rows != m:
         raise ValueError(f"the bands hold {rows} rows, the shape {m}.")
     if not arrays:  # pragma: no cover - m >= 1 means at least one band
         raise ValueError("no band to write.")
-    indptr = np.concatenate([np.zeros(1, dtype=np.int64), *ptr_parts])
-    z = group.create_array(
-        "indptr", shape=(m + 1,), dtype=np.int64, chunks=(min(m + 1, chunk_nnz),)
-    )
-    z[:] = indptr
+    _flush_pointers(indptr, pending, done, 1)
     group.attrs.update({**CSR_ENCODING, "shape": [m, n]})

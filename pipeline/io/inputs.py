@@ -31,10 +31,24 @@ from pipeline.io.nodes import open_node
 ROW_BAND_LIMIT = 256 * 2**20
 
 #: Cells (rows x columns) of the full-width row band a pass task reads from a
-#: CSR store: ``max(1, CSR_BAND_CELLS // n)`` rows. Fixed by the public shape
-#: alone, never by the stored entries (docs/sparse.md): 2^28 cells hold 32 MiB of
-#: values at 1% density.
+#: CSR store: ``max(1, CSR_BAND_CELLS // n)`` rows (:func:`csr_band_rows`). Fixed
+#: by the public shape alone, never by the stored entries (docs/sparse.md): 2^28
+#: cells hold 32 MiB of values at 1% density. Large bands: a band's fixed costs
+#: (its v x n co-range partial, its tasks in the pass and in the steps over the
+#: tall sketches) are paid per band, whatever its entries.
 CSR_BAND_CELLS = 2**28
+
+
+def csr_band_rows(n: int) -> int:
+    """Rows of the bands a CSR store of ``n`` columns is read in:
+    ``max(1, CSR_BAND_CELLS // n)`` (the shape alone decides them).
+
+    Examples
+    --------
+    >>> csr_band_rows(2_000), csr_band_rows(100_000)
+    (134217, 2684)
+    """
+    return max(1, CSR_BAND_CELLS // n)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -385,11 +399,11 @@ def canonical_csr(source: Any) -> sp.csr_matrix:
 def _csr_input(reader: CsrReader, path: str | None) -> tuple[da.Array, InputInfo]:
     """A checked CSR store as a dask array of full-width CSR row bands.
 
-    The bands have ``max(1, CSR_BAND_CELLS // n)`` rows: the public shape alone
-    decides them (docs/sparse.md, "What the wiring must keep").
+    The bands have :func:`csr_band_rows` rows: the public shape alone decides
+    them (docs/sparse.md, "What the wiring must keep").
     """
     m, n = reader.shape
-    chunks = (min(m, max(1, CSR_BAND_CELLS // n)), n)
+    chunks = (min(m, csr_band_rows(n)), n)
     arr = da.from_array(
         reader,
         chunks=chunks,
@@ -409,7 +423,11 @@ def _csr_input(reader: CsrReader, path: str | None) -> tuple[da.Array, InputInfo
 
 
 def open_input(
-    source: Any, *, unit: str | None = "row", band_bytes: int | None = None
+    source: Any,
+    *,
+    unit: str | None = "row",
+    band_bytes: int | None = None,
+    validate: bool = True,
 ) -> tuple[da.Array | np.ndarray, InputInfo]:
     """Open ``source`` lazily and validate it from metadata alone (no data read).
 
@@ -427,13 +445,18 @@ def open_input(
         When given, a Zarr input is read in full-width row bands of whole store
         row chunks, about this many bytes each in float64 (at least one store
         chunk): the unit of work of row-wise algorithms such as PCA. A CSR
-        store is banded by :data:`CSR_BAND_CELLS` instead.
+        store is banded by :func:`csr_band_rows` instead.
+    validate : bool
+        Run a CSR store's streamed check (:func:`~pipeline.io.csr.open_csr`).
+        False only where the shape alone is needed and the job that reads the
+        data opens the store again (checked then): the check reads all of
+        ``indptr`` and ``indices``, so it runs once per job.
 
     Returns
     -------
     array : dask.array.Array of shape (n_rows, n_cols), the numpy array itself, or a CSR matrix
-        A CSR store gives full-width CSR row bands of ``max(1, CSR_BAND_CELLS //
-        n_cols)`` rows (the public shape alone decides them).
+        A CSR store gives full-width CSR row bands of :func:`csr_band_rows`
+        rows (the public shape alone decides them).
     info : InputInfo
 
     Raises
@@ -461,7 +484,8 @@ def open_input(
         f"input store {objectstore.redact(path)!r}" if path else "the input zarr array"
     )
     if isinstance(z, zarr.Group):
-        return _csr_input(open_csr(z, what=what if path else None), path)
+        checked = open_csr(z, validate=validate, what=what if path else None)
+        return _csr_input(checked, path)
     _check_array_meta(z.shape, z.dtype, what)
     store_chunks = _pair(z.shards or z.chunks)
     if band_bytes is not None:

@@ -299,12 +299,17 @@ def generate_sparse_store(
         min(m, n, int(max_rank)), kind=spectrum, decay=decay, head=head,
         head_value=head_value,
     )  # fmt: skip
-    blocks = _sparse_blocks(m, n, g, sigma, seed)
-    row_max = max(
-        float(np.sqrt(((u * s) ** 2).sum(axis=1)).max()) for u, s, _, _ in blocks
-    )
+    block = _sparse_blocks(m, n, g, sigma, seed)
+    # out of core: one block's factors at a time, made again from its seed when
+    # it is written (a pass for the largest row norm, then the writing pass)
+    row_max, values = 0.0, []
+    for j in range(g):
+        u, s, _, _ = block(j)
+        row_max = max(row_max, float(np.sqrt(((u * s) ** 2).sum(axis=1)).max()))
+        values.append(s)
+        del u
     scale = float(max_row_norm) / row_max
-    kept = np.sort(np.concatenate([s for _, s, _, _ in blocks]))[::-1]
+    kept = np.sort(np.concatenate(values))[::-1]
     meta = {
         "spectrum": spectrum, "decay": decay, "head": head, "head_value": head_value,
         "rank": int(kept.size), "scale": scale, "max_row_norm": max_row_norm,
@@ -314,7 +319,8 @@ def generate_sparse_store(
     step = None if chunks[0] == -1 else max(1, int(chunks[0]))
 
     def bands() -> Any:
-        for j, (u, s, v, cols) in enumerate(blocks):
+        for j in range(g):
+            u, s, v, cols = block(j)
             w = ((scale * s)[:, None] * v.T).astype(np.float64)  # r_j x b_j
             rows = u.shape[0]
             for r0 in range(0, rows, step or rows):
@@ -337,25 +343,27 @@ def generate_sparse_store(
 
 def _sparse_blocks(
     m: int, n: int, g: int, sigma: np.ndarray, seed: int
-) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-    """``(U_j, sigma_j, V_j, columns_j)`` of the ``g`` diagonal blocks."""
+) -> Callable[[int], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """A function of ``j``: ``(U_j, sigma_j, V_j, columns_j)`` of diagonal block
+    ``j`` of ``g``, made from its own seed on every call (the same arrays each
+    time), so that only the block being written is in memory: ``U_j`` has about
+    ``m / g`` rows and ``len(sigma_j)`` columns."""
     rng = np.random.Generator(
         np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(2,)))
     )
     row_sizes = [len(a) for a in np.array_split(np.arange(m), g)]
     col_sets = np.array_split(rng.permutation(n), g)
-    out = []
-    for j in range(g):
+
+    def block(j: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         cols = np.sort(col_sets[j]).astype(np.int64)
         s = sigma[j::g][: min(row_sizes[j], cols.size)]
         bj = np.random.Generator(
             np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(3, j)))
         )
-        out.append(
-            (orthonormal_columns(row_sizes[j], s.size, bj), s,
-             orthonormal_columns(cols.size, s.size, bj), cols)
-        )  # fmt: skip
-    return out
+        u = orthonormal_columns(row_sizes[j], s.size, bj)
+        return u, s, orthonormal_columns(cols.size, s.size, bj), cols
+
+    return block
 
 
 def synthetic_truth(path: str | os.PathLike[str] | None) -> dict[str, Any] | None:

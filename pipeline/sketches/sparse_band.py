@@ -45,6 +45,12 @@ def left_product(g_t: Any, x: Any) -> FloatArray:
     """``g_t @ x`` as a dense float array, for ``g_t`` (d, b) dense or sparse and
     ``x`` (b, N) sparse: O(nnz(x) d) or, for sparse ``g_t``, O(nnz(x) zeta)."""
     if sp.issparse(g_t):
+        # the operator in the band's format: scipy converts the right operand of
+        # a product of two formats, the band (O(z)) where the operator costs
+        # O(b zeta). Either way each entry sums over the band's rows in
+        # increasing order: the same products in the same order, the same bits
+        if g_t.format != x.format and x.format in ("csr", "csc"):
+            g_t = g_t.asformat(x.format)
         return np.asarray((g_t @ x).toarray())
     # dense @ sparse as (x^T g_t^T)^T: scipy's sparse-dense kernel streams x once
     return np.ascontiguousarray(np.asarray(x.T @ np.asarray(g_t).T).T)

@@ -222,3 +222,30 @@ def test_estimators_take_scipy_sparse(global_seed: int) -> None:
     # a centred fit would densify: refused before anything is read or charged
     with pytest.raises(InvalidParameterError, match="centre=True takes a dense input"):
         DPPCA(RANK, centre=True, **kw).fit(X)
+
+
+@pytest.mark.timeout(120)
+def test_a_store_is_validated_once_per_fit(
+    client: Client,
+    stores: tuple[np.ndarray, str, str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """The streamed check reads all of ``indptr`` and ``indices``: once per job.
+    A fit without ``n_components`` needs only the shape first (metadata)."""
+    _, _, sparse = stores
+    checked: list[bool] = []
+    real = pipeline.io.inputs.open_csr
+
+    def counting(source: Any, *, validate: bool = True, what: Any = None) -> Any:
+        checked.append(validate)
+        return real(source, validate=validate, what=what)
+
+    monkeypatch.setattr(pipeline.io.inputs, "open_csr", counting)
+    kw = {**PRIVACY, "method": "analyze-gauss", "budget": BUDGET,
+          "ledger": tmp_path / "ledger.json"}  # fmt: skip
+    DPPCA(None, **kw).fit(sparse)
+    assert checked.count(True) == 1, checked
+    checked.clear()
+    DPPCA(2, **kw).fit(sparse)  # negative control: the fit itself checks the store
+    assert checked == [True]
