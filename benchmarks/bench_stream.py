@@ -225,6 +225,7 @@ def part_costs(args: argparse.Namespace) -> dict[str, Any]:
 
         with open(out_path(args, "json")) as f:
             out["sizes"] = json.load(f)["costs"]["sizes"]
+    os.makedirs(args.workdir, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.workdir) as work:
         for mech in COST_MECHANISMS if args.sizes else ():
             for T_ in horizons:
