@@ -23,6 +23,10 @@ rotating order:
   n_power_iter=0, seed=0))`` (its two passes are one graph: each chunk read once)
 * ``pca_never``, ``pca_auto`` (with ``--methods``): the power method, T = 3, R = 0.05
 
+Beside the wall time, each run records the CPU seconds (user + system) the two
+worker processes and the client process spent (psutil): on a machine shared with
+other jobs, time-slicing stretches wall times but not CPU time.
+
 The private runs use ``insecure_noise_seed`` so that the script can check that
 ``dp2_auto`` released exactly what ``dp2_never`` released (the timing is that of the
 private path: the noise is drawn by the same generator either way).
@@ -109,13 +113,23 @@ def methods(path: str, ledger: str) -> dict[str, Any]:
             "svdc": svdc, "pca_never": power("never"), "pca_auto": power("auto")}  # fmt: skip
 
 
+def cpu_seconds(procs: list[Any]) -> float:
+    """User + system CPU seconds spent so far by ``procs`` (psutil processes)."""
+    return sum(p.cpu_times().user + p.cpu_times().system for p in procs)
+
+
 def timing(args: argparse.Namespace, path: str, ledger: str) -> dict[str, Any]:
     import numpy as np
+    import psutil
 
     cluster, client = C.start_cluster(2)
     limits = [w["memory_limit"] for w in client.scheduler_info()["workers"].values()]
+    workers = [psutil.Process(pid) for pid in client.run(os.getpid).values()]
+    me = psutil.Process()
     run = methods(path, ledger)
     times: dict[str, list[float]] = {m: [] for m in args.methods}
+    cpu: dict[str, list[float]] = {m: [] for m in args.methods}
+    client_cpu: dict[str, list[float]] = {m: [] for m in args.methods}
     released: dict[str, Any] = {}
     plans: dict[str, Any] = {}
     try:
@@ -124,32 +138,41 @@ def timing(args: argparse.Namespace, path: str, ledger: str) -> dict[str, Any]:
                 : rep % len(args.methods)
             ]
             for m in order:
+                c0, m0 = cpu_seconds(workers), cpu_seconds([me])
                 t0 = time.perf_counter()
                 values, report = run[m]()
                 wall = time.perf_counter() - t0
+                c1, m1 = cpu_seconds(workers), cpu_seconds([me])
                 if report is not None:
                     plans[m] = report["cluster"]["cache"]
                     released.setdefault(m, values)
                     assert np.array_equal(values, released[m]), m
                 if rep >= 0:
                     times[m].append(wall)
-                print(f"rep {rep} {m:>10}: {wall:6.2f} s", flush=True)
+                    cpu[m].append(c1 - c0)
+                    client_cpu[m].append(m1 - m0)
+                print(f"rep {rep} {m:>10}: {wall:6.2f} s, workers' CPU {c1 - c0:6.2f} s, "
+                      f"client CPU {m1 - m0:5.2f} s", flush=True)  # fmt: skip
     finally:
         client.close()
         cluster.close()
     for a, b in (("dp2_auto", "dp2_never"), ("pca_auto", "pca_never")):
         if a in released and b in released:
             assert np.array_equal(released[a], released[b]), (a, b)
-    ratios = {}
+    ratios, cpu_ratios = {}, {}
     for a, b in (("dp2_never", "read"), ("dp2_auto", "read"), ("dp2_never", "svdc"),
                  ("dp2_auto", "svdc"), ("dp2_auto", "dp2_never"), ("svdc", "read"),
                  ("pca_auto", "pca_never"), ("pca_auto", "read")):  # fmt: skip
         if times.get(a) and times.get(b):
             ratios[f"{a}/{b}"] = C.ratio(times[a], times[b])
+            cpu_ratios[f"{a}/{b}"] = C.ratio(cpu[a], cpu[b])
     return {
         "memory_limits_MiB": [round(x / MiB) for x in limits],
         "times_s": {m: C.summary(v) for m, v in times.items()},
+        "worker_cpu_s": {m: C.summary(v) for m, v in cpu.items()},
+        "client_cpu_s": {m: C.summary(v) for m, v in client_cpu.items()},
         "ratios": ratios,
+        "worker_cpu_ratios": cpu_ratios,
         "cache_plans": plans,
         "same_release": {"dp2_auto == dp2_never": "dp2_auto" in released},
     }
@@ -201,9 +224,11 @@ def main(argv: list[str] | None = None) -> int:
         result["out_of_core"] = out_of_core(args, path, ledger)
     else:
         result["timing"] = timing(args, path, ledger)
-        for name, r in result["timing"]["ratios"].items():
-            print(f"{name:>22}: paired median {r.get('paired_median', float('nan')):.3f}"
-                  f" (of medians {r['of_median']:.3f}, of min {r['of_min']:.3f})")  # fmt: skip
+        for kind in ("ratios", "worker_cpu_ratios"):
+            print(kind)
+            for name, r in result["timing"][kind].items():
+                print(f"{name:>22}: paired median {r.get('paired_median', float('nan')):.3f}"
+                      f" (of medians {r['of_median']:.3f}, of min {r['of_min']:.3f})")  # fmt: skip
     if args.out:
         C.dump_json(result, args.out)
     return 0
