@@ -115,6 +115,7 @@ def factorize(
     scratch: str | os.PathLike[str] | None = None,
     insecure_noise_seed: int | None = None,
     progress: TextIO | None = None,
+    cache: str = "auto",
 ) -> Factorization:
     """Differentially private rank-``rank`` factorization ``A ~ U diag(S) V^T``.
 
@@ -216,6 +217,15 @@ def factorize(
         Test-only: reproducible noise; the report says ``"private": false``.
     progress : text stream or None
         Where progress bars go.
+    cache : {"auto", "never", "always"}
+        Whether the row bands of a dense stored or dask input, read by the first
+        pass, stay in the workers' memory for the later passes (the two-pass
+        release's second pass): ``"auto"`` when they fit within the workers'
+        memory limits with a margin (decided from public sizes before the
+        first read; the report's ``cluster.cache`` says what was decided),
+        ``"never"`` (every pass reads the store), or ``"always"`` (refused
+        before anything is read when they cannot fit). The release is the same
+        either way; the bands are released when the job ends.
 
     Returns
     -------
@@ -273,7 +283,10 @@ def factorize(
         insecure_noise_seed=insecure_noise_seed, dataset=dataset,
     )  # fmt: skip
     runtime = Runtime(
-        scheduler=scheduler, cluster_config=cluster_config, progress=progress
+        scheduler=scheduler,
+        cluster_config=cluster_config,
+        progress=progress,
+        cache=cache,
     )
     return release_factorization(source, params, options, runtime, seed=seed)
 
@@ -339,6 +352,7 @@ def pca(
     journal: str | os.PathLike[str] | None = None,
     insecure_noise_seed: int | None = None,
     progress: TextIO | None = None,
+    cache: str = "auto",
 ) -> PcaRelease:
     """Differentially private top-``rank`` PCA subspace of a matrix whose rows are individuals.
 
@@ -408,8 +422,9 @@ def pca(
     out : path or None
         Zarr v3 group to publish to (``components``, ``eigenvalues``, report).
     overwrite : bool
-    ledger, budget, dataset, scheduler, cluster_config, insecure_noise_seed, progress
-        As in :func:`factorize`.
+    ledger, budget, dataset, scheduler, cluster_config, insecure_noise_seed, progress, cache
+        As in :func:`factorize` (``cache``: every power iteration and every
+        candidate of a selection reads the held bands).
     journal : path or None
         The release journal (trusted zone; holds the noise key). Default
         ``.<out>.dplr-journal`` beside ``out``; without ``out``, beside a
@@ -464,7 +479,10 @@ def pca(
         journal=_path(journal), insecure_noise_seed=insecure_noise_seed, dataset=dataset,
     )  # fmt: skip
     runtime = Runtime(
-        scheduler=scheduler, cluster_config=cluster_config, progress=progress
+        scheduler=scheduler,
+        cluster_config=cluster_config,
+        progress=progress,
+        cache=cache,
     )
     return release_pca(source, params, options, runtime, selection=selection)
 

@@ -32,6 +32,7 @@ from pipeline.errors import InvalidParameterError, PrivacyConfigError
 
 __all__ = [
     "AUTO",
+    "CACHE_MODES",
     "DEFAULT_TILE_SIZE",
     "Algorithm",
     "ClipSpec",
@@ -854,13 +855,49 @@ class ReleaseOptions:
         }  # fmt: skip
 
 
+#: The values of ``Runtime.cache``: keep the bands read by a dense input's first
+#: pass in worker memory when they fit (``auto``), never, or always (refused
+#: before anything is read when they cannot fit).
+CACHE_MODES = ("auto", "never", "always")
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Runtime:
-    """Where and how a job runs (never part of what is released)."""
+    """Where and how a job runs (never part of what is released).
+
+    Attributes
+    ----------
+    scheduler : str or None
+        A Dask scheduler's address (None: ``DASK_SCHEDULER_ADDRESS``, the active
+        client, else an embedded local cluster).
+    cluster_config : path, ClusterConfig or None
+        A cluster configuration to start or connect to.
+    progress : text stream or None
+        Where progress lines go.
+    cache : {"auto", "never", "always"}
+        Whether the row bands of a dense input, read by the first pass, stay in
+        the workers' memory for the later passes: ``auto`` when they fit within
+        the workers' public memory limits (with a margin), ``never``, or
+        ``always`` (refused before anything is read when they cannot fit). The
+        release is the same either way.
+    """
 
     scheduler: str | None = None
     cluster_config: Any = None
     progress: TextIO | None = None
+    cache: str = field(default="auto", metadata=meta(
+        check=_choice(CACHE_MODES),
+        flag=Flag(names=("--cache",), section="runtime", choices=CACHE_MODES,
+                  default="auto",
+                  help="keep the row bands the first pass reads in the workers' "
+                  "memory for the later passes: auto (when they fit within the "
+                  "workers' memory limits, with a margin), never, or always "
+                  "(refused before anything is read when they cannot fit); the "
+                  "release is the same"),
+    ))  # fmt: skip
+
+    def __post_init__(self) -> None:
+        _check_others(self, ())
 
     def say(self, msg: str) -> None:
         if self.progress is not None:

@@ -328,10 +328,11 @@ def options_of(args: argparse.Namespace) -> Any:
 
 
 def runtime_of(args: argparse.Namespace) -> Any:
-    """Where a release runs: the scheduler or cluster file; progress on stderr
-    unless ``--quiet``."""
+    """Where a release runs: the scheduler or cluster file, the flags of the
+    ``runtime`` section (``--cache``); progress on stderr unless ``--quiet``."""
 
     return Runtime(
         scheduler=args.scheduler, cluster_config=cluster_of(args),
         progress=None if args.quiet else sys.stderr,
+        **params_kwargs(Runtime, args),
     )  # fmt: skip

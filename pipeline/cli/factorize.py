@@ -18,7 +18,7 @@ from pipeline.cli.common import (
     warn_signal,
 )
 from pipeline.errors import InvalidParameterError
-from pipeline.params import LrfParams
+from pipeline.params import LrfParams, Runtime
 
 
 def add_parser(sub: Any) -> None:
@@ -64,6 +64,7 @@ def add_parser(sub: Any) -> None:
         "uses a private subdirectory and removes it",
     )
     add_cluster(f)
+    add_params(f, Runtime, "runtime")
     f.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
     f.add_argument("--json", action="store_true", help="print the full report as JSON")
     add_privacy(f, LrfParams)

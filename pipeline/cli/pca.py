@@ -24,7 +24,7 @@ from pipeline.cli.common import (
 )
 from pipeline.errors import InvalidParameterError
 from pipeline.jobs.locations import redact
-from pipeline.params import PcaParams
+from pipeline.params import PcaParams, Runtime
 
 if TYPE_CHECKING:
     from pipeline.jobs.pca import Selection
@@ -67,6 +67,7 @@ def add_parser(sub: Any) -> None:
         help="release journal for crash recovery (default: .OUT.dplr-journal beside OUT)",
     )
     add_cluster(pc)
+    add_params(pc, Runtime, "runtime")
     pc.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
     pc.add_argument("--json", action="store_true", help="print the full report as JSON")
     add_privacy(pc, PcaParams)

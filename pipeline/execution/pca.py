@@ -21,9 +21,12 @@ from typing import Any, TextIO
 
 import dask.array as da
 import numpy as np
+import scipy.sparse as sp
+from distributed import futures_of
 
 from pipeline._types import FloatArray, Shape2D
 from pipeline.algorithms.pca import Secret, band_pass
+from pipeline.execution.cache import CachePlan, plan_cache, worker_memory_limits
 from pipeline.execution.progress import show_progress
 from pipeline.execution.source import (
     add_tree_sum,
@@ -88,6 +91,11 @@ class DaskRowSource:
     clip : bool
         False for the non-private variant.
     progress : text stream or None
+    cache : {"never", "auto", "always"}
+        Whether the first pass keeps its row bands in worker memory for the later
+        passes (:mod:`pipeline.execution.cache`), decided here before anything is
+        read; :attr:`cache_plan` says what was decided, :meth:`close` releases
+        the bands.
     """
 
     def __init__(
@@ -98,6 +106,7 @@ class DaskRowSource:
         row_norm_bound: float = 1.0,
         clip: bool = True,
         progress: TextIO | None = None,
+        cache: str = "never",
     ) -> None:
         if A.numblocks[1] > 1:
             A = A.rechunk({1: -1})
@@ -108,6 +117,21 @@ class DaskRowSource:
         self.progress = progress
         self.n_passes = 0
         self.n_tasks = 0
+        self._held: da.Array | None = None
+        self.cache_plan: CachePlan = self._plan_cache(cache)
+
+    def _plan_cache(self, mode: str) -> CachePlan:
+        """The cache decision from the bands' public sizes (before any read)."""
+        if mode == "never":
+            return plan_cache(mode, [], [])
+        A = self.A
+        row = int(A.shape[1]) * np.dtype(A.dtype).itemsize
+        return plan_cache(
+            mode,
+            [sum(A.chunks[0][a:b]) * row for a, b in self._bands],
+            worker_memory_limits(self.client),
+            dense=not sp.issparse(getattr(A, "_meta", None)),
+        )
 
     @property
     def shape(self) -> Shape2D:
@@ -126,10 +150,32 @@ class DaskRowSource:
             return (self.A.name, a, 0)
         return (concat_rows, [(self.A.name, r, 0) for r in range(a, b)], a, 0)
 
+    def _hold(self) -> None:
+        """Submit the bands as tasks whose results the client holds (once: the
+        first pass computes them, the later ones find them in memory)."""
+        if not self.cache_plan.used or self._held is not None:
+            return
+        A, name = self.A, task_name("pca-band")
+        layer = {(name, c, 0): self._band(a, b) for c, (a, b) in enumerate(self._bands)}
+        brows = tuple(sum(A.chunks[0][a:b]) for a, b in self._bands)
+        held = da.Array(
+            layer_graph(name, layer, dependencies=[A]), name,
+            chunks=(brows, A.chunks[1]), meta=A._meta,
+        )  # fmt: skip
+        self._held = self.client.persist(held)
+
+    def close(self) -> None:
+        """Release the held bands (when the job ends)."""
+        if self._held is not None:
+            for future in futures_of(self._held):
+                future.release()
+            self._held = None
+
     def _pass(
         self, kind: str, payload: Any, out_shape: tuple[int, int], label: str
     ) -> Secret:
         A = self.A
+        self._hold()
         layer: dict[Any, Any] = {}
         pay: Any = _Payload(payload)
         if _nbytes(payload) > INLINE_PAYLOAD_BYTES:
@@ -141,7 +187,7 @@ class DaskRowSource:
         for c, (a, b) in enumerate(self._bands):
             layer[(pname, c)] = (
                 _band_kernel,
-                self._band(a, b),
+                self._band(a, b) if self._held is None else (self._held.name, c, 0),
                 kind,
                 pay,
                 self.row_norm_bound,
@@ -149,7 +195,8 @@ class DaskRowSource:
             )
             leaves.append((pname, c))
         add_tree_sum(layer, oname, (oname, 0, 0), leaves, None)
-        graph = layer_graph(oname, layer, dependencies=[A])
+        deps = [A] if self._held is None else [A, self._held]
+        graph = layer_graph(oname, layer, dependencies=deps)
         total = da.Array(
             graph, oname, chunks=((out_shape[0],), (out_shape[1],)), dtype=np.float64
         )

@@ -40,6 +40,7 @@ from distributed import futures_of
 
 from pipeline._types import FloatArray, Shape2D
 from pipeline.algorithms.base import RowBlockFn
+from pipeline.execution.cache import CachePlan, plan_cache, worker_memory_limits
 from pipeline.execution.progress import show_progress
 from pipeline.execution.secrets import install_secret, remove_secret
 from pipeline.io.inputs import release_read_buffers
@@ -167,6 +168,17 @@ def _read_block_task(
         where=where,
     )
     return _spill_parts(parts, spill)
+
+
+def _kept_rows(
+    reader: Any, cuts: tuple[int, ...], cols: tuple[int, int], first: int, c: int
+) -> Any:
+    """:func:`_read_rows` as a band kept in worker memory: never a view of the
+    thread's read buffer (which the next read overwrites)."""
+    block = _read_rows(reader, cuts, cols, first, c)
+    if isinstance(block, np.ndarray) and block.base is not None:
+        return np.array(block, copy=True)
+    return block
 
 
 def _band_where(first: int, last: int, c: int) -> str:
@@ -454,6 +466,12 @@ class DaskSource:
         A private directory, reachable by every worker, for the blocks of the
         tall objects (``Y``, ``Q``) between steps; None keeps them in worker
         memory. The caller creates and removes it.
+    cache : {"never", "auto", "always"}
+        Whether the first pass keeps the row bands it reads in worker memory for
+        the later passes (:mod:`pipeline.execution.cache`); decided here, from
+        the bands' sizes and the workers' memory limits, before anything is
+        read (``always`` raises when they cannot fit). :attr:`cache_plan` says
+        what was decided; :meth:`close` releases the bands.
     """
 
     def __init__(
@@ -464,6 +482,7 @@ class DaskSource:
         progress: TextIO | None = None,
         reader: Any = None,
         scratch: str | os.PathLike[str] | None = None,
+        cache: str = "never",
     ) -> None:
         self.A = A
         self.reader = reader
@@ -473,6 +492,8 @@ class DaskSource:
         self.n_passes = 0
         self.n_tasks = 0
         self._secrets: list[str] = []
+        self.cache_plan: CachePlan = self._plan_cache(cache)
+        self._held: da.Array | None = None
 
     @property
     def shape(self) -> Shape2D:
@@ -486,9 +507,54 @@ class DaskSource:
         self._secrets.append(plugin)
         return sealed
 
+    def _plan_cache(self, mode: str) -> CachePlan:
+        """The cache decision from the bands' public sizes (before any read)."""
+        A = self.A
+        if mode == "never":
+            return plan_cache(mode, [], [])
+        itemsize = np.dtype(A.dtype).itemsize
+        width = max(A.chunks[1])
+        sizes = [
+            sum(A.chunks[0][a:b]) * width * itemsize
+            for a, b in row_bands(A.chunks)
+            for _ in range(A.numblocks[1])
+        ]
+        dense = not sp.issparse(getattr(A, "_meta", None))
+        return plan_cache(mode, sizes, worker_memory_limits(self.client), dense=dense)
+
+    def _hold(self, bands: list[tuple[int, int]]) -> None:
+        """Submit the bands as tasks whose results the client holds (once: the
+        first pass computes them, the later ones find them in memory)."""
+        if not self.cache_plan.used or self._held is not None:
+            return
+        A = self.A
+        name = task_name("band")
+        layer: dict[Any, Any] = {}
+        rkey = None
+        if self.reader is not None:
+            rkey = task_name("band-reader")
+            layer[rkey] = _Holder(self.reader)
+        for i, band in enumerate(bands):
+            for c in range(A.numblocks[1]):
+                layer[(name, i, c)] = self._band_source(band, c, rkey, keep=True)
+        brows = tuple(sum(A.chunks[0][a:b]) for a, b in bands)
+        held = da.Array(
+            layer_graph(name, layer, dependencies=[A]), name,
+            chunks=(brows, A.chunks[1]), meta=A._meta,
+        )  # fmt: skip
+        self._held = self.client.persist(held)
+
+    def _deps(self) -> list[da.Array]:
+        """The collections a pass graph depends on: ``A``, and the held bands."""
+        return [self.A] if self._held is None else [self.A, self._held]
+
     def close(self) -> None:
         """Remove this job's secrets from the cluster (after its last compute),
-        and the workers' chunk read buffers."""
+        the held bands, and the workers' chunk read buffers."""
+        if self._held is not None:
+            for future in futures_of(self._held):
+                future.release()
+            self._held = None
         while self._secrets:
             remove_secret(self.client, self._secrets.pop())
         if getattr(self.reader, "layout", None) is not None:
@@ -544,15 +610,18 @@ class DaskSource:
         return kept, gathered
 
     # -- the pass over A --------------------------------------------------------
-    def _band_source(self, band: tuple[int, int], c: int, rkey: Any) -> Any:
-        """The graph expression of one row band of column block ``c`` (numpy)."""
+    def _band_source(
+        self, band: tuple[int, int], c: int, rkey: Any, *, keep: bool = False
+    ) -> Any:
+        """The graph expression of one row band of column block ``c`` (numpy);
+        ``keep``: a band to hold in worker memory (never a read buffer's view)."""
         A = self.A
         a, b = band
         if rkey is not None:
             roff, coff = _offsets(A.chunks[0]), _offsets(A.chunks[1])
             return (
-                _read_rows, (_unhold, rkey), tuple(roff[a : b + 1]),
-                (coff[c], coff[c + 1]), a, c,
+                _kept_rows if keep else _read_rows, (_unhold, rkey),
+                tuple(roff[a : b + 1]), (coff[c], coff[c + 1]), a, c,
             )  # fmt: skip
         if b - a == 1:
             return (A.name, a, c)
@@ -580,7 +649,11 @@ class DaskSource:
         for i, band in enumerate(bands):
             for c in range(nc):
                 where = _band_where(band[0], band[1] - 1, c)
-                src = self._band_source(band, c, rkey)
+                src = (
+                    (self._held.name, i, c)
+                    if self._held is not None
+                    else self._band_source(band, c, rkey)
+                )
                 layer[(nname, i, c)] = (_block_sumsq, src, axis, where)
         for j in range(nc if axis == 0 else nb):
             leaves = (
@@ -609,9 +682,14 @@ class DaskSource:
         for i, (a, b) in enumerate(bands):
             for c in range(A.numblocks[1]):
                 common = (request, scales[0].get(i), scales[1].get(c))
-                if self.reader is None:
+                if self.reader is None or self._held is not None:
+                    src = (
+                        (self._held.name, i, c)
+                        if self._held is not None
+                        else self._band_source((a, b), c, None)
+                    )
                     layer[(pname, i, c)] = (
-                        _block_task, self._band_source((a, b), c, None), roff[a], coff[c],
+                        _block_task, src, roff[a], coff[c],
                         *common, _band_where(a, b - 1, c), spill(i, c),
                     )  # fmt: skip
                 else:
@@ -650,8 +728,9 @@ class DaskSource:
             # the sum over them: no local QR, the post-processing runs TSQR instead
             request = dataclasses.replace(request, local_qr=())
         layer: dict[Any, Any] = {}
+        self._hold(bands)
         rkey = None
-        if self.reader is not None:
+        if self.reader is not None and self._held is None:
             rkey = task_name("reader")
             layer[rkey] = _Holder(self.reader)
         row_keys, col_keys = self._scale_keys(request, layer, bands, rkey)
@@ -699,7 +778,7 @@ class DaskSource:
         self.n_tasks += len(layer)
         arrays = {}
         for name, (oname, chunks) in out_names.items():
-            graph = layer_graph(oname, layer, dependencies=[A])
+            graph = layer_graph(oname, layer, dependencies=self._deps())
             arrays[name] = da.Array(graph, oname, chunks=chunks, dtype=np.float64)
         self.n_passes += 1
         return self._gather_pass(request, arrays, spilled, tuple(x_row_chunks))

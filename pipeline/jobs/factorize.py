@@ -255,14 +255,19 @@ class LrfJob:
 
         tmp = scratch_dirs.make_scratch(self.scratch, job.spec.out)
         self.cluster = {**(cluster or {}), "n_graph_tasks_pass": 0}
-        self.source = DaskSource(
-            self.array, client, progress=job.runtime.progress,
-            reader=self.info.reader, scratch=tmp,
-        )  # fmt: skip
+        source = None
         try:
-            yield self.source
+            # the cache is decided (or refused) here, before anything is read
+            source = self.source = DaskSource(
+                self.array, client, progress=job.runtime.progress,
+                reader=self.info.reader, scratch=tmp, cache=job.runtime.cache,
+            )  # fmt: skip
+            self.cluster["cache"] = source.cache_plan.to_dict()
+            yield source
         finally:
-            self.source.close()  # the job's sealed secrets leave the cluster
+            if source is not None:
+                # the job's sealed secrets and held bands leave the cluster
+                source.close()
             if tmp is not None:
                 scratch_dirs.remove_scratch(tmp)
 

@@ -222,13 +222,21 @@ class PcaJob:
             return
         from pipeline.execution.pca import DaskRowSource  # heavy: distributed, dask
 
-        self.source = DaskRowSource(
+        # the cache is decided (or refused) here, before anything is read
+        source = self.source = DaskRowSource(
             self.array, client, row_norm_bound=p.row_norm_bound, clip=p.private,
             # a selection's passes would reveal the number of trials (spec 3.5)
             progress=None if self.select else job.runtime.progress,
+            cache=job.runtime.cache,
         )  # fmt: skip
-        self.cluster = {**(cluster or {}), "n_row_bands": self.source.n_bands}
-        yield self.source
+        self.cluster = {
+            **(cluster or {}), "n_row_bands": source.n_bands,
+            "cache": source.cache_plan.to_dict(),
+        }  # fmt: skip
+        try:
+            yield source
+        finally:
+            source.close()  # the held bands leave the workers
 
     def compute(self, job: ReleaseJob, src: Any) -> PcaRelease:
         p, cal = self.plan.params, self.plan.calibration

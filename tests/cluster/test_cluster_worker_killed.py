@@ -66,6 +66,10 @@ def _command(kind: str, store: Path, out: Path, ledger: Path, address: str) -> l
         # "factorize": the one-pass path (Spectral-LRF, sparse S); the default
         # private algorithm is two-pass, which its own case runs
         algorithm = ["--algorithm", "two-pass" if kind == "two-pass" else "spectral"]
+        if kind == "two-pass":
+            # the kill follows the second pass's reads of the store: without the
+            # cache (tests/distributed/test_cache.py kills a worker holding bands)
+            algorithm += ["--cache", "never"]
         return [sys.executable, "-m", "pipeline", "factorize", str(store), "--rank", "3", "--seed", "3",
                 *algorithm, *common]
     return [sys.executable, "-m", "pipeline", "pca", str(store), "--rank", "2", "--iterations", "2",

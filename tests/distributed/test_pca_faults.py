@@ -127,7 +127,10 @@ def test_worker_killed_mid_power_pass_gives_the_undisturbed_release(
     path = write_matrix(
         tmp_path / "A.zarr", seeded_matrix(global_seed, M, N), (ROWS_PER_CHUNK, N)
     )
-    kw = {**PRIVACY, "iterations": T_KILL, "insecure_noise_seed": NOISE_SEED}
+    # the out-of-core path: every power pass reads the store (with the cache,
+    # test_cache.py, the power passes read no chunk for the kill to follow)
+    kw = {**PRIVACY, "iterations": T_KILL, "insecure_noise_seed": NOISE_SEED,
+          "cache": "never"}  # fmt: skip
 
     def bands(store: SlowStore) -> da.Array:
         return da.from_zarr(

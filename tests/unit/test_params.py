@@ -16,6 +16,7 @@ from pipeline.params import (
     Flag,
     LrfParams,
     PcaParams,
+    Runtime,
     StreamParams,
     check_param,
     flag_fields,
@@ -80,7 +81,7 @@ def test_a_new_field_gets_its_flag_its_check_and_round_trips(
 def test_every_flag_is_in_a_section_its_verb_adds() -> None:
     """A flag in a section no verb lists would silently not exist."""
     listed = {LrfParams: {*LRF_SECTIONS, "privacy"}, PcaParams: {*PCA_SECTIONS, "privacy"},
-              StreamParams: {"stream"}}  # fmt: skip
+              StreamParams: {"stream"}, Runtime: {"runtime"}}  # fmt: skip
     for cls, sections in listed.items():
         found = {flag.section for _, flag, _ in flag_fields(cls)}
         assert found == sections, cls
