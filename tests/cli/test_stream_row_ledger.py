@@ -4,7 +4,7 @@ A stream declared ``--exclusive`` binds each entity to one row (``--unit row``) 
 one cell (``--unit entry``) that no other entity touches: removing one row's
 individual removes exactly one entity, so the stream is a release at the matrix
 unit and is charged there. It then composes, in either order, with ``dplr
-factorize`` releases charged to the same ledger.
+factorize`` and ``dplr pca`` releases charged to the same ledger.
 
 The composed epsilon is recomputed independently of the ledger's code by
 dp_accounting's PLD accountant over the same Gaussian events (each record's noise
@@ -130,6 +130,35 @@ def test_factorize_then_row_stream_compose_on_one_row_ledger(tmp_path: Path) -> 
                    "--out", tmp_path / "r1.zarr")  # fmt: skip
     assert rel.returncode == 0, rel.stderr
     _assert_composed(ledger, 2)
+
+
+def _pca(store: Path, out: Path, ledger: Path, *extra: str):
+    return run_dplr("pca", store, "--rank", 2, "--out", out, "--epsilon", "1",
+                    "--delta", "1e-6", "--ledger", ledger, *extra)  # fmt: skip
+
+
+def test_row_stream_and_pca_compose_on_one_row_ledger_in_both_orders(tmp_path: Path) -> None:
+    """A PCA release (Analyze Gauss, unit row) is the other batch release of a
+    population: an exclusive row stream composes with it in either order."""
+    store = _store(tmp_path)
+    rows = np.arange(ROWS)
+    for order in ("stream-first", "pca-first"):
+        d = tmp_path / order
+        d.mkdir()
+        ledger, state = d / "people.dplr-ledger.json", d / "s.stream"
+        if order == "pca-first":
+            assert _pca(store, d / "p.zarr", ledger, *BUDGET).returncode == 0
+            assert _stream_init(state, ledger, "--exclusive").returncode == 0
+        else:
+            assert _stream_init(state, ledger, "--exclusive", *BUDGET).returncode == 0
+        batch = _rows_batch(d / "b.parquet", rows, rows)
+        assert run_dplr("stream", "ingest", state, batch, "--epoch", 1).returncode == 0
+        if order == "stream-first":
+            proc = _pca(store, d / "p.zarr", ledger)
+            assert proc.returncode == 0, proc.stderr
+        _assert_composed(ledger, 2)
+        kinds = [r["algorithm"] for r in Ledger.open(ledger).releases]
+        assert any(k.startswith("pca-") for k in kinds), kinds
 
 
 def test_a_stream_of_entities_is_still_refused_on_a_row_ledger(tmp_path: Path) -> None:
