@@ -99,6 +99,13 @@ def zero_non_finite(block: FloatArray, unit: PrivacyUnit | None) -> FloatArray:
     >>> zero_non_finite(np.array([[1.0, np.nan], [2.0, 3.0]]), PrivacyUnit.ROW).tolist()
     [[0.0, 0.0], [2.0, 3.0]]
     """
+    # the sum is finite only if every entry is (NaN and +-Inf propagate; +Inf and
+    # -Inf make NaN): a finite total clears the block in one reduction, with no
+    # block-sized temporary; an overflowing total takes the entry-wise check
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = np.sum(block)
+    if np.isfinite(total):
+        return block
     bad = ~np.isfinite(block)
     if not bad.any():
         return block
