@@ -317,6 +317,13 @@ class StreamInfo:
     delta: float | None
     #: the population's ledger, charged once at creation (None: non-private)
     ledger: str | None
+    #: what each entity's updates are bound to (``--unit``: row, column, entry, general)
+    unit: str
+    #: no two entities share a row (column, cell): ``--exclusive``
+    exclusive: bool
+    #: whom the stream's one charge protects: ``entity``, or the matrix unit of an
+    #: exclusive stream (:func:`stream_contract`); None for a non-private stream
+    privacy_unit: str | None
     #: the continual-release mechanism ("blt", "sqrt-factorization", "tree")
     mechanism: str
     #: per-entry noise std at the last closed epoch over the one-shot sigma
@@ -333,6 +340,13 @@ class StreamInfo:
 
     def to_dict(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in self.__slots__}
+
+
+def _privacy_unit(params: dict[str, Any]) -> str | None:
+    """The unit a stream's charge protects, as its contract reads it (None: non-private)."""
+    if not params["private"]:
+        return None
+    return str(stream_contract(params, params["epsilon"], params["delta"]).unit.value)
 
 
 def _info(store: Any) -> StreamInfo:
@@ -355,6 +369,9 @@ def _info(store: Any) -> StreamInfo:
         epsilon=p["epsilon"],
         delta=p["delta"],
         ledger=None if m["ledger"] is None else m["ledger"]["path"],
+        unit=p["unit"],
+        exclusive=bool(p.get("exclusive", False)),
+        privacy_unit=_privacy_unit(p),
         mechanism=mech.name,
         noise_factor=mech.noise_factor(tau) if tau else None,
         predicted_error=_noise_level(plan, mech, tau) if tau else None,

@@ -283,3 +283,20 @@ def test_the_stream_that_continues_an_exclusive_one_is_exclusive(tmp_path: Path)
     words = continue_command(open_stream(tmp_path / "s.stream").manifest).split()
     assert "--exclusive" in words
     assert words[words.index("--ledger") + 1] == str(ledger)
+
+
+@pytest.mark.parametrize(("extra", "protects"), [(("--exclusive",), "row"), ((), "entity")])
+def test_status_says_what_the_stream_protects(
+    tmp_path: Path, extra: tuple[str, ...], protects: str
+) -> None:
+    """``dplr stream status`` names the unit each entity is bound to, whether the
+    stream is exclusive, and the privacy unit its one charge protects (the ledger's
+    record says the same)."""
+    ledger = tmp_path / "l.json"
+    assert _stream_init(tmp_path / "s.stream", ledger, *extra, *BUDGET).returncode == 0
+    status = json.loads(run_dplr("stream", "status", tmp_path / "s.stream").stdout)
+    assert status["unit"] == "row"
+    assert status["exclusive"] is bool(extra)
+    assert status["privacy_unit"] == protects
+    (record,) = Ledger.open(ledger).releases
+    assert record["contract"]["unit"] == protects
