@@ -25,6 +25,7 @@ import collections
 import os
 import re
 import sysconfig
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -57,23 +58,27 @@ def _sklearn(name: str) -> np.ndarray:
     return loader[name]().data
 
 
-def _source_blocks() -> list[list[str]]:
+def installed_text_blocks(suffixes: tuple[str, ...], block_lines: int) -> Iterator[str]:
+    """The lower-cased text of every ``block_lines``-line block of the files under
+    site-packages ending in ``suffixes``, in a fixed order (sorted directories and
+    names); files that cannot be read as UTF-8 are skipped."""
     root = sysconfig.get_paths()["purelib"]
-    blocks: list[list[str]] = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
         for fn in sorted(filenames):
-            if not fn.endswith(".py"):
+            if not fn.endswith(suffixes):
                 continue
             try:
                 with open(os.path.join(dirpath, fn), encoding="utf-8") as f:
                     lines = f.readlines()
             except (OSError, UnicodeDecodeError):
                 continue
-            for i in range(0, len(lines), BLOCK_LINES):
-                text = "".join(lines[i : i + BLOCK_LINES]).lower()
-                blocks.append(_TOKEN.findall(text))
-    return blocks
+            for i in range(0, len(lines), block_lines):
+                yield "".join(lines[i : i + block_lines]).lower()
+
+
+def _source_blocks() -> list[list[str]]:
+    return [_TOKEN.findall(text) for text in installed_text_blocks((".py",), BLOCK_LINES)]
 
 
 def _source_bow() -> np.ndarray:

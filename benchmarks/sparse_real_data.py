@@ -23,11 +23,11 @@ from __future__ import annotations
 import collections
 import os
 import re
-import sysconfig
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
+from pca_real_data import installed_text_blocks
 
 SPARSE_DATASETS = ("tfidf_docs",)
 _TOKEN = re.compile(r"[A-Za-z]{3,}")
@@ -38,22 +38,10 @@ BLOCK_LINES, VOCAB, MIN_TOKENS, MAX_DF = 200, 1000, 5, 0.05
 
 
 def _documents() -> list[collections.Counter[str]]:
-    root = sysconfig.get_paths()["purelib"]
-    docs: list[collections.Counter[str]] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for fn in sorted(filenames):
-            if not fn.endswith(SUFFIXES):
-                continue
-            try:
-                with open(os.path.join(dirpath, fn), encoding="utf-8") as f:
-                    lines = f.readlines()
-            except (OSError, UnicodeDecodeError):
-                continue
-            for i in range(0, len(lines), BLOCK_LINES):
-                text = "".join(lines[i : i + BLOCK_LINES]).lower()
-                docs.append(collections.Counter(_TOKEN.findall(text)))
-    return docs
+    return [
+        collections.Counter(_TOKEN.findall(text))
+        for text in installed_text_blocks(SUFFIXES, BLOCK_LINES)
+    ]
 
 
 def _tfidf(docs: list[collections.Counter[str]]) -> sp.csr_matrix:
