@@ -17,6 +17,17 @@ model's ratio (:func:`pipeline.algorithms.lrf.model.sketch_ratio`).
 ``pipeline/algorithms/lrf/model.py`` states the constants fitted from these rows
 (``C_CORANGE``, ``KAPPA_ONE_PASS``) and the split rule they support. Noise comes
 from seeded test-only keys, so a run is reproducible. No timing here.
+
+``--noise-factors F ...`` instead checks the model above the one-shot noise (a
+continual release carries ``f`` times it, model.py "Noise above the one-shot
+release's") on the stream benchmark's matrices (bench_stream_mechanism.py:
+bench_utility's 10000 x 500 low-rank matrix, k = 5, and the real source
+bag-of-words, k = 8; unit entry, epsilon = 2): for each ``f``, the one-shot
+release's plan with every sigma times ``f`` (``plan_stream`` of one epoch with
+sensitivity factor ``f``), with the one-shot split and with the split the model
+gives at ``f``, measured and predicted::
+
+    python benchmarks/lrf_model_fit.py --noise-factors 1.69 2.87 --draws 3
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ import sys
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 RANK = 5
@@ -41,6 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="t:v pairs")  # fmt: skip
     p.add_argument("--weights", type=float, nargs="+", default=[0.5, 0.7, 0.8, 0.9, 0.95])
     p.add_argument("--draws", type=int, default=3)
+    p.add_argument("--noise-factors", type=float, nargs="+", default=None,
+                   help="check the split above the one-shot noise instead")  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -88,8 +102,48 @@ def one_pass_error(A: np.ndarray, eps: float, t: int, v: int, w: float, tail: fl
     return additive_error(A, f.U, f.S, f.V, tail), lrf_model.predict(plan).ratio
 
 
+def noisy_error(A: np.ndarray, k: int, f: float, split_f: float, seed: int) -> tuple[float, float, float]:
+    """(measured error, weight, model error) of one release at ``f`` times the one-shot noise."""
+    from pipeline.algorithms.base import ArraySource, ReleaseHooks
+    from pipeline.algorithms.continual import StreamUnit, plan_stream
+    from pipeline.algorithms.lrf import model as lrf_model
+    from pipeline.algorithms.lrf import run_lrf
+    from pipeline.mechanisms.noise import NoiseKey
+    from pipeline.params import LrfParams
+
+    p = LrfParams.of(k, epsilon=2.0, delta=DELTA, unit="entry", algorithm="spectral")
+    plan = plan_stream(p, A.shape, 1, unit=StreamUnit.ENTRY, sensitivity_factor=f,
+                       noise_factor=split_f).lrf  # fmt: skip
+    out = run_lrf(ArraySource(A), plan,
+                  ReleaseHooks(sketch_seed=1000 + seed, noise_key=NoiseKey.insecure_from_seed(seed)))  # fmt: skip
+    model = lrf_model.predict(plan, noise_factor=f).error
+    return additive_error(A, out.U, out.S, out.V, 0.0), float(plan.range_weight), model
+
+
+def noise_factor_rows(args: argparse.Namespace) -> None:
+    import bench_stream_mechanism as bsm
+    from bench_utility import make_matrix
+
+    synth = make_matrix("low-rank", "entry", 10000, 500, bsm.K, bsm.C, np.random.default_rng(7))
+    real = bsm.real_matrix("source_bow", "entry", bsm.C)
+    real = np.ascontiguousarray(real[:: max(1, -(-real.shape[0] // 10000))])
+    print("| matrix | f | split for | w | measured error | model |")
+    print("|---|---|---|---|---|---|")
+    for name, A, k in (("low-rank", synth, bsm.K), ("source_bow", real, bsm.REAL_K)):
+        tail = float(np.linalg.svd(A, compute_uv=False)[k])
+        for f in args.noise_factors:
+            for label, split_f in (("one shot", 1.0), ("f", f)):
+                runs = [noisy_error(A, k, f, split_f, s) for s in range(args.draws)]
+                err = float(np.median([r[0] for r in runs])) - tail
+                print(f"| {name} {A.shape[0]} x {A.shape[1]} | {f:g} | {label} | "
+                      f"{runs[0][1]:.3f} | {err:.1f} | {runs[0][2]:.1f} |", flush=True)  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.noise_factors:
+        noise_factor_rows(args)
+        return 0
     print("| m x n | eps | t | v | w | measured / full GM | model |")
     print("|---|---|---|---|---|---|---|")
     for shape in args.shapes:

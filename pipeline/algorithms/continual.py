@@ -56,7 +56,7 @@ from pipeline._types import FloatArray, IntArray
 from pipeline._validation import check_int_in_range
 from pipeline.algorithms.base import ArraySource, Factorization
 from pipeline.algorithms.lrf.kernels import low_space_post, spectral_post
-from pipeline.algorithms.lrf.model import predict
+from pipeline.algorithms.lrf.model import predict, weight_of
 from pipeline.algorithms.lrf.plan import (
     LrfPlan,
     Reach,
@@ -74,6 +74,7 @@ from pipeline.sketches.operators import SketchOperator
 
 __all__ = [
     "LEGACY_PLAN_VERSION",
+    "ONE_SHOT_SPLIT_PLAN_VERSION",
     "PLAN_VERSION",
     "SketchDelta",
     "StreamPlan",
@@ -136,12 +137,15 @@ def tree_nodes(tau: int) -> list[tuple[int, int]]:
     return [(j, tau >> j) for j in range(tau.bit_length()) if (tau >> j) & 1]
 
 
-#: How a stream's plan picks its operators, sizes and split. 2: the batch
-#: one-pass release's exact machinery where the stream's unit allows it
-#: (:func:`plan_stream`). 1: every state written before the version was
-#: recorded -- the spec's sizes, an even split and a Gaussian co-range operator
-#: with its tail bound whatever the unit (:func:`_stream_sizes`).
-PLAN_VERSION = 2
+#: How a stream's plan picks its operators, sizes and split. 3: the batch
+#: one-pass release's exact machinery where the stream's unit allows it, with
+#: the budget split the error model gives at the stream's noise
+#: (:func:`plan_stream`). 2: the same with the one-shot release's split.
+#: 1: every state written before the version was recorded -- the spec's sizes,
+#: an even split and a Gaussian co-range operator with its tail bound whatever
+#: the unit (:func:`_stream_sizes`).
+PLAN_VERSION = 3
+ONE_SHOT_SPLIT_PLAN_VERSION = 2
 LEGACY_PLAN_VERSION = 1
 
 
@@ -262,6 +266,7 @@ def plan_stream(
     unit: StreamUnit = StreamUnit.GENERAL,
     public_seed: int | None = None,
     sensitivity_factor: float | None = None,
+    noise_factor: float = 1.0,
     version: int = PLAN_VERSION,
 ) -> StreamPlan:
     """Validate a stream's public parameters and calibrate its tree or factorization.
@@ -287,8 +292,15 @@ def plan_stream(
         factorization mechanism ``A = L R`` with ``max_s ||R e_s||`` this value
         (``ContinualMechanism.sensitivity_factor``), calibrated as the one-shot
         release with every sensitivity and sigma scaled by it.
+    noise_factor : float
+        The root mean square over the horizon of the release's noise over the
+        one-shot release's (``ContinualMechanism.rms_noise_factor``): version 3
+        splits the budget for it
+        (:func:`~pipeline.algorithms.lrf.model.best_weight`); 1 for a horizon
+        of one epoch, whose plan is the batch release's.
     version : int
-        :data:`PLAN_VERSION`, or :data:`LEGACY_PLAN_VERSION` for a state
+        :data:`PLAN_VERSION`; :data:`ONE_SHOT_SPLIT_PLAN_VERSION` for a state
+        planned with the one-shot split; :data:`LEGACY_PLAN_VERSION` for a state
         written before the version was recorded (its operators, sizes and split).
 
     Returns
@@ -309,11 +321,16 @@ def plan_stream(
     where an entity stays in one row of ``X`` -- every column of ``S`` has norm
     1, so ``||S M||_F = ||M||_F`` for the stacked per-epoch differences ``M``
     of such an entity -- and otherwise the Gaussian ``S`` with its tail bound;
-    the error model's sizes and budget split
-    (:func:`~pipeline.algorithms.lrf.model.choose_private_sizes`: a continual
-    mechanism scales every sigma by the same factor, so the one-shot split is
-    the stream's best too, and the model's error scales by the noise factor,
-    :func:`model_error`); and the denoised range basis (``basis_rank = k``).
+    the error model's sizes
+    (:func:`~pipeline.algorithms.lrf.model.choose_private_sizes`) and its budget
+    split at the stream's noise (version 3): a continual mechanism multiplies
+    every sigma by ``f(tau)``, under which the co-range side's share of the
+    error grows and the range side's does not
+    (:mod:`pipeline.algorithms.lrf.model`, "Noise above the one-shot
+    release's"), so the split is the model's best at the root mean square of
+    ``f`` over the horizon (a user's ``range_weight`` is kept; version 2 took the
+    one-shot split); :func:`model_error` predicts each epoch's error; and the
+    denoised range basis (``basis_rank = k``).
     The range sketch keeps the Gaussian ``Phi`` with its tail bound: a
     stream's ``Y`` is a running sum over epochs, so its rows cannot be clipped
     in sketch space once per individual as a batch release's are.
@@ -350,6 +367,8 @@ def plan_stream(
             "a stream is read once, so algorithm='two-pass' (stored matrices only) "
             "does not apply; use 'spectral' or 'low-space'."
         )
+    if version == PLAN_VERSION:
+        one = _split_for_noise(one, noise_factor)
     base = StreamPlan(
         lrf=one, horizon=int(horizon), levels=levels, unit=unit, version=version,
         sensitivity_factor=None if sensitivity_factor is None else float(sensitivity_factor),
@@ -369,6 +388,20 @@ def plan_stream(
     return dataclasses.replace(base, lrf=lrf)
 
 
+def _split_for_noise(plan: LrfPlan, noise_factor: float) -> LrfPlan:
+    """``plan`` with the model's budget split at ``noise_factor`` (kept if the user's)."""
+    if not (math.isfinite(noise_factor) and noise_factor >= 1.0):
+        raise InvalidParameterError(
+            f"noise_factor must be a finite float >= 1, got {noise_factor!r}."
+        )
+    p = plan.params
+    if plan.calibration is None or p.range_weight is not None or p.padded:
+        return plan
+    weight = weight_of(plan, noise_factor=noise_factor)
+    plan = dataclasses.replace(plan, range_weight=weight)
+    return dataclasses.replace(plan, predicted_error=predict(plan).error)
+
+
 def _machinery(
     params: LrfParams,
     shape: tuple[int, int],
@@ -379,10 +412,10 @@ def _machinery(
     """The parameters and reach :func:`plan_stream` plans with, by plan version."""
     if version == LEGACY_PLAN_VERSION:
         return _stream_sizes(params, shape), Reach.ANY
-    if version != PLAN_VERSION:
+    if version not in (ONE_SHOT_SPLIT_PLAN_VERSION, PLAN_VERSION):
         raise InvalidParameterError(
             f"stream plan version {version!r} is not one this dplr version knows "
-            f"({LEGACY_PLAN_VERSION} or {PLAN_VERSION}); use the dplr version that "
+            f"({LEGACY_PLAN_VERSION} to {PLAN_VERSION}); use the dplr version that "
             "created the stream."
         )
     m, n = (
@@ -714,18 +747,18 @@ def model_error(plan: StreamPlan, noise_factor: float) -> dict[str, float] | Non
     times the one-shot release's (None for a non-private stream).
 
     A continual mechanism multiplies every released sketch's noise by the same
-    factor at an epoch (``ContinualMechanism.noise_factor``), and the model's
-    error is linear in the noise (:mod:`pipeline.algorithms.lrf.model`), so the
-    one-shot prediction scales by it; so does its ratio to the full-matrix
-    Gaussian mechanism of the same (epsilon, delta).
+    factor at an epoch (``ContinualMechanism.noise_factor``); the model's error
+    at that noise (:func:`~pipeline.algorithms.lrf.model.predict`: the co-range
+    term grows with it, the range term stays near its one-shot value) and its
+    ratio to the full-matrix Gaussian mechanism of the same (epsilon, delta).
     """
     if plan.lrf.calibration is None:
         return None
-    p = predict(plan.lrf)
+    p = predict(plan.lrf, noise_factor=noise_factor)
     return {
-        "predicted_error": noise_factor * p.error,
+        "predicted_error": p.error,
         "full_gm_error": p.full_gm_error,
-        "ratio_to_full_gm": noise_factor * p.ratio,
+        "ratio_to_full_gm": p.ratio,
     }
 
 

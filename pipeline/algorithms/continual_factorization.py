@@ -330,6 +330,20 @@ class ContinualMechanism:
         """
         return self.sensitivity_factor * math.sqrt(self.variance_factor(tau))
 
+    @property
+    def rms_noise_factor(self) -> float:
+        """``sqrt(mean_tau noise_factor(tau)^2)`` over tau = 1..T: the noise a stream
+        plans its budget split for (:func:`pipeline.algorithms.continual.plan_stream`).
+
+        Examples
+        --------
+        >>> round(continual_mechanism("sqrt-factorization", 366).rms_noise_factor, 3)
+        2.782
+        >>> continual_mechanism("tree", 1).rms_noise_factor
+        1.0
+        """
+        return _rms_noise_factor(self)
+
     def key(self, key: NoiseKey, code: int, term: NoiseTerm) -> NoiseKey:
         """The sub-key of one noise term of statistic ``code``."""
         return key.derive(_KEY_PREFIX[self.name], int(code), *term.labels)
@@ -358,6 +372,17 @@ class ContinualMechanism:
             for node in tree_nodes(tau):
                 L[tau - 1, col[node]] = 1.0
         return L, R
+
+
+@functools.lru_cache(maxsize=32)
+def _rms_noise_factor(mech: ContinualMechanism) -> float:
+    T = mech.horizon
+    if mech.name == TREE:
+        variance = math.fsum(tau.bit_count() for tau in range(1, T + 1))
+    else:
+        c2 = mech.decoder() ** 2
+        variance = math.fsum(np.cumsum(c2))  # sum over tau of ||L[tau, :]||^2
+    return mech.sensitivity_factor * math.sqrt(variance / T)
 
 
 @functools.lru_cache(maxsize=32)

@@ -187,7 +187,7 @@ def _lrf_params(p: dict[str, Any]) -> LrfParams:
     )
 
 
-def _plan_params(p: dict[str, Any], sensitivity_factor: float | None) -> StreamPlan:
+def _plan_params(p: dict[str, Any], mech: ContinualMechanism) -> StreamPlan:
     """The stream's plan from its manifest's public parameters (by its plan version)."""
     return plan_stream(
         _lrf_params(p),
@@ -195,7 +195,8 @@ def _plan_params(p: dict[str, Any], sensitivity_factor: float | None) -> StreamP
         p["horizon"],
         unit=StreamUnit(p.get("unit", StreamUnit.GENERAL.value)),
         public_seed=p.get("public_seed"),
-        sensitivity_factor=sensitivity_factor,
+        sensitivity_factor=None if mech.name == TREE else mech.sensitivity_factor,
+        noise_factor=mech.rms_noise_factor,
         # states written before the version was recorded: the operators, sizes and
         # split they were created with
         version=int(p.get("plan_version", LEGACY_PLAN_VERSION)),
@@ -213,7 +214,7 @@ def plan_of(manifest: dict[str, Any]) -> StreamPlan:
         )
     mech = mechanism_of(manifest)
     try:
-        plan = _plan_params(p, None if mech.name == TREE else mech.sensitivity_factor)
+        plan = _plan_params(p, mech)
     except InvalidParameterError as e:  # e.g. a recorded operator no longer exact
         raise StoreLayoutError(
             f"the stream state's plan cannot be rebuilt by this dplr version ({e}); "
@@ -524,7 +525,7 @@ def stream_init(
     # the plan picks the operators (exact where the unit allows); both are recorded,
     # and every later step re-plans from them (plan_of)
     params |= {"operator": None, "plan_version": PLAN_VERSION}
-    plan = _plan_params(params, None if mech.name == TREE else mech.sensitivity_factor)
+    plan = _plan_params(params, mech)
     params["operator"] = plan.lrf.operator.value
     state = local_path(state, "stream state")
     spec = functools.partial(

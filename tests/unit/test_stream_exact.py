@@ -18,11 +18,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.algorithms.continual import LEGACY_PLAN_VERSION, PLAN_VERSION, plan_stream
+from pipeline.algorithms.continual import (
+    LEGACY_PLAN_VERSION,
+    ONE_SHOT_SPLIT_PLAN_VERSION,
+    PLAN_VERSION,
+    plan_stream,
+)
 from pipeline.algorithms.lrf import plan_lrf
+from pipeline.algorithms.lrf.model import predict, weight_of
 from pipeline.errors import StoreLayoutError
 from pipeline.io.batches import write_batch
 from pipeline.jobs.stream import (
+    mechanism_of,
     open_stream,
     plan_of,
     stream_ingest,
@@ -170,3 +177,76 @@ def test_plan_stream_defaults_to_the_general_unit_and_the_current_version():
     # a public seed with the entry unit is calibrated for any difference, as in a batch release
     assert plan_stream(p, (500, 300), 8, unit=StreamUnit.ENTRY, public_seed=4).lrf.operator \
         is OperatorKind.GAUSSIAN  # fmt: skip
+
+
+def test_a_long_stream_splits_its_budget_for_its_noise(tmp_path: Path):
+    # version 3: the error model's split at the root mean square of the noise factor
+    # over the horizon (model.py, "Noise above the one-shot release's"); the sizes,
+    # operators and basis stay the batch release's
+    state = tmp_path / "s.stream"
+    stream_init(state, n_rows=SHAPE[0], n_cols=SHAPE[1], rank=5, horizon=366, epsilon=2.0,
+                delta=1e-6, unit="entry", ledger=tmp_path / "l.json", budget=BUDGET)  # fmt: skip
+    manifest = open_stream(state).manifest
+    got = plan_of(manifest).lrf
+    batch = _batch_plan(PrivacyUnit.ENTRY)
+    f = mechanism_of(manifest).rms_noise_factor
+    assert 2.5 < f < 3.0  # BLT at T = 366 (continual_factorization: about 2.75)
+    assert got.range_weight == weight_of(batch, noise_factor=f)
+    assert got.range_weight < batch.range_weight - 0.05  # control: not the one-shot split
+    assert (got.t, got.v, got.operator) == (batch.t, batch.v, batch.operator)
+    by_name = {s.name: s.weight for s in got.calibration.sketches}
+    assert by_name["Y"] == pytest.approx(got.range_weight, rel=1e-12)
+    # the model's prediction at the worst epoch: above the one-shot, below linear scaling
+    status = stream_status(state)
+    one = predict(got).ratio
+    worst = predict(got, noise_factor=mechanism_of(manifest).noise_factor(366)).ratio
+    assert one < worst < mechanism_of(manifest).noise_factor(366) * one
+    assert status.unit == "entry"
+
+
+def _one_shot_split_manifest(state: Path) -> None:
+    """Rewrite a new state's manifest as the version that planned the one-shot split wrote it."""
+    st = open_stream(state)
+    with st.lock():
+        m = st.manifest
+        params = dict(m["params"], plan_version=ONE_SHOT_SPLIT_PLAN_VERSION)
+        mech = mechanism_of(m)
+        old = plan_stream(
+            LrfParams(algorithm=Algorithm.SPECTRAL, rank=params["rank"],
+                      epsilon=params["epsilon"], delta=params["delta"],
+                      clip=ClipSpec(unit=PrivacyUnit.ROW, clip_norm=1.0)),
+            (params["n_rows"], params["n_cols"]), params["horizon"], unit=StreamUnit.ENTRY,
+            sensitivity_factor=mech.sensitivity_factor, version=ONE_SHOT_SPLIT_PLAN_VERSION,
+        )  # fmt: skip
+        plan = dict(m["plan"], calibration=old.lrf.calibration.to_dict())
+        st.commit(changes={"params": params, "plan": plan})
+
+
+def test_a_state_planned_with_the_one_shot_split_keeps_it(tmp_path: Path):
+    rng = np.random.default_rng(5)
+    n = 400
+    batch = {"entity": np.arange(n), "i": np.arange(n), "j": rng.integers(0, 60, n),
+             "s": rng.uniform(-1.0, 1.0, n)}  # fmt: skip
+    write_batch(tmp_path / "b.npz", batch)
+    kw = {"n_rows": 400, "n_cols": 60, "rank": 2, "horizon": 64, "epsilon": 1.0, "delta": 1e-6,
+          "unit": "entry", "budget": BUDGET, "insecure_noise_seed": SEED}  # fmt: skip
+    states = {name: tmp_path / f"{name}.stream" for name in ("v2-a", "v2-b", "new")}
+    for name in ("v2-a", "new"):
+        stream_init(states[name], ledger=tmp_path / f"{name}.json", **kw)
+    _one_shot_split_manifest(states["v2-a"])
+    shutil.copytree(states["v2-a"], states["v2-b"])
+    v2 = plan_of(open_stream(states["v2-a"]).manifest)
+    new = plan_of(open_stream(states["new"]).manifest)
+    batch_plan = plan_lrf(LrfParams(algorithm=Algorithm.SPECTRAL, rank=2, epsilon=1.0,
+                                    delta=1e-6, clip=ClipSpec(unit=PrivacyUnit.ENTRY,
+                                                              clip_norm=1.0)), (400, 60))  # fmt: skip
+    assert v2.version == ONE_SHOT_SPLIT_PLAN_VERSION
+    assert v2.lrf.range_weight == batch_plan.range_weight  # its split, not re-planned
+    assert new.lrf.range_weight < v2.lrf.range_weight
+    out = {}
+    for name, s in states.items():
+        stream_ingest(s, tmp_path / "b.npz", epoch=1)
+        f, _ = stream_release(s, epoch=3, out=tmp_path / f"{name}.zarr")
+        out[name] = np.asarray(f.U)
+    assert out["v2-a"].tobytes() == out["v2-b"].tobytes()  # the same state, the same bytes
+    assert out["v2-a"].tobytes() != out["new"].tobytes()  # control: another split
