@@ -13,6 +13,7 @@ validates (finite values) and clips (privacy unit) each block before any product
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,10 +175,15 @@ def clip_block(
 
 
 def _clip_vectors(
-    x: FloatArray, clip_norm: float, out: FloatArray | None
+    x: FloatArray,
+    clip_norm: float,
+    out: FloatArray | None,
+    sumsq: FloatArray | None = None,
 ) -> FloatArray:
-    """Rows of ``x`` clipped to norm ``<= C`` from their own norms (into ``out``)."""
-    sumsq = np.einsum("ij,ij->i", x, x, dtype=np.float64)
+    """Rows of ``x`` clipped to norm ``<= C`` from their own norms (into ``out``;
+    ``sumsq``: the rows' squared norms when the caller has them)."""
+    if sumsq is None:
+        sumsq = np.einsum("ij,ij->i", x, x, dtype=np.float64)
     # a finite row whose squares overflow (entries near 1e154 and up) would get
     # the factor C / inf = 0: zeroed instead of clipped; those rows go by peak
     huge = np.flatnonzero(np.isposinf(sumsq))
@@ -240,6 +246,8 @@ def block_partials(
         a.dtype, np.complexfloating
     ):
         raise NonFiniteInputError(f"{where} has non-numeric dtype {a.dtype}.")
+    if _fused_applies(request):
+        return _fused_partials(a, row0, col0, request, row_scale, where)
     owned = a.dtype != request.compute_dtype  # astype copies: clip in place then
     a = a.astype(request.compute_dtype, copy=False)
     # the unit holding NaN/Inf counts as zero (rows when no unit: a non-private run)
@@ -264,6 +272,157 @@ def block_partials(
             out.append(_f64(t_op.right(s_op.left(x, xr0, xr1, dt), xc0, xc1, dt)))
         else:
             out.append(_f64(s_op.left(t_op.right(x, xc0, xc1, dt), xr0, xr1, dt)))
+    return _finish_partials(out, left_blocks, request, where)
+
+
+#: Float64 bytes of the row pieces a dense band is prepared and multiplied in
+#: (:func:`_fused_partials`): a piece is cast, cleared of non-finite rows,
+#: clipped and multiplied while it is in the core's cache, and the band never
+#: has a float64 copy of its own.
+PIECE_BYTES = 2**23
+
+
+def _fused_applies(request: PassRequest) -> bool:
+    """Whether :func:`_fused_partials` computes a dense block's partials: the
+    rows of ``X`` are the block's own rows (no transpose) and each individual
+    lies within one row of the block (not the column unit, whose non-finite
+    check and norms need whole columns)."""
+    unit = None if request.clip is None else request.clip.unit
+    return not request.transpose and unit is not PrivacyUnit.COLUMN
+
+
+def piece_rows(n_cols: int) -> int:
+    """Rows of one piece of a band with ``n_cols`` columns (:data:`PIECE_BYTES`),
+    from the shape alone, so the summation order never depends on the data."""
+    return max(16, PIECE_BYTES // (8 * max(n_cols, 1)))
+
+
+def _right_factor(
+    op: SketchOperator, start: int, stop: int, dt: type
+) -> Callable[[FloatArray], FloatArray]:
+    """``x -> x @ G[start:stop]`` with the operator's block made once per band."""
+    if isinstance(op, SparseSignOperator):
+        g_t = op.left_block(start, stop, dt)
+        return lambda x: np.asarray(g_t @ x.T).T
+    # a Gaussian operator's block is generated once per job on a worker
+    # (GaussianOperator.right_block); a DenseOperator's is a slice of its matrix
+    g = getattr(op, "right_block", op.block)(start, stop, dt)
+    return lambda x: np.asarray(x @ g)
+
+
+class _LeftFactor:
+    """``G[start:stop].T`` of one band, applied piece by piece: ``piece(x, a, b)``
+    is ``G[start + a:start + b].T @ x``, with the operator made once per band."""
+
+    def __init__(self, op: SketchOperator, start: int, stop: int, dt: type) -> None:
+        self.dim, self.dt = op.dim, dt
+        self.sparse = isinstance(op, SparseSignOperator)
+        if isinstance(op, SparseSignOperator):
+            cols, vals = op.structure(start, stop)
+            self.zeta = op.zeta
+            self.cols = cols.ravel()
+            self.vals: FloatArray = vals.astype(dt, copy=False).ravel()
+            self.indptr = np.arange(0, cols.size + 1, op.zeta, dtype=np.int64)
+        else:
+            self.block = op.left_block(start, stop, dt)
+
+    def piece(self, x: FloatArray, a: int, b: int) -> FloatArray:
+        if not self.sparse:
+            return np.asarray(self.block[:, a:b] @ x)
+        z = self.zeta
+        g_t = sp.csc_array(
+            (
+                self.vals[a * z : b * z],
+                self.cols[a * z : b * z],
+                self.indptr[: b - a + 1],
+            ),
+            shape=(self.dim, b - a),
+        )
+        return np.asarray(g_t @ x)
+
+
+def _prepare_piece(
+    raw: Any,
+    buf: FloatArray,
+    request: PassRequest,
+    row_scale: FloatArray | None,
+) -> FloatArray:
+    """Rows ``raw`` cast into ``buf``, their non-finite individuals zeroed and
+    clipped there (:func:`block_partials`'s steps, on one piece)."""
+    x = buf[: raw.shape[0]]
+    np.copyto(x, raw, casting="unsafe")
+    clip = request.clip
+    if clip is not None and clip.unit is PrivacyUnit.ROW and row_scale is None:
+        sumsq = np.einsum("ij,ij->i", x, x, dtype=np.float64)
+        # finite squared norms: every entry is finite and no square overflows, so
+        # the norms clip the rows with no separate check (else the general path)
+        if np.isfinite(sumsq).all():
+            return _clip_vectors(x, clip.clip_norm, x, sumsq)
+    zeroed = zero_non_finite(x, None if clip is None else clip.unit)
+    if zeroed is not x:
+        x[...] = zeroed
+    with np.errstate(over="ignore"):
+        return clip_block(x, request.clip, row_scale, None, inplace=True)
+
+
+def _fused_partials(
+    a: Any,
+    row0: int,
+    col0: int,
+    request: PassRequest,
+    row_scale: FloatArray | None,
+    where: str,
+) -> tuple[FloatArray, ...]:
+    """:func:`block_partials` of a dense block, one piece of rows at a time.
+
+    Each piece of :func:`piece_rows` rows is cast into one reusable buffer,
+    cleared of non-finite individuals and clipped there, and multiplied while
+    it is in cache: the right sketches' rows are written out, the left and
+    two-sided ones summed over the pieces in a fixed order. No band-sized
+    temporary is formed. The result equals the whole-band computation up to
+    the rounding of a different summation order of the left products (a sum of
+    sums over the pieces).
+    """
+    n, width = a.shape
+    dt = request.compute_dtype
+    xr1, xc1 = row0 + n, col0 + width
+    rights = [_right_factor(op, col0, xc1, dt) for _, op in request.right]
+    lefts = [_LeftFactor(op, row0, xr1, dt) for _, op in request.left]
+    # two-sided: S first (a sum over pieces, then T) or T first (X T per piece,
+    # then S), chosen from the band's shape as the whole-band kernel does
+    s_first = [
+        isinstance(s, SparseSignOperator) or width >= n for _, s, _ in request.two_sided
+    ]
+    s_lefts = [_LeftFactor(s, row0, xr1, dt) for _, s, _ in request.two_sided]
+    t_rights = [_right_factor(t, col0, xc1, dt) for _, _, t in request.two_sided]
+    right_out = [np.empty((n, op.dim)) for _, op in request.right]
+    left_out = [np.zeros((op.dim, width)) for _, op in request.left]
+    two_out = [
+        np.zeros((s.dim, width if first else t.dim))
+        for (_, s, t), first in zip(request.two_sided, s_first, strict=True)
+    ]
+    step = piece_rows(width)
+    buf = np.empty((min(step, n), width), dtype=dt)
+    for p0 in range(0, n, step):
+        p1 = min(p0 + step, n)
+        x = _prepare_piece(
+            a[p0:p1], buf, request, None if row_scale is None else row_scale[p0:p1]
+        )
+        for f, y in zip(rights, right_out, strict=True):
+            y[p0:p1] = f(x)
+        for g, z in zip(lefts, left_out, strict=True):
+            z += g.piece(x, p0, p1)
+        for i, first in enumerate(s_first):
+            two_out[i] += s_lefts[i].piece(x if first else t_rights[i](x), p0, p1)
+    out = right_out + left_out
+    for i, (_, _, t_op) in enumerate(request.two_sided):
+        w = two_out[i]
+        out.append(_f64(t_op.right(w, col0, xc1, dt)) if s_first[i] else w)
+    left_blocks = {
+        name: op.left_block(row0, xr1, dt)
+        for name, op in request.left
+        if any(name == lname for _, lname in request.local_qr)
+    }
     return _finish_partials(out, left_blocks, request, where)
 
 
