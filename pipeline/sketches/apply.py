@@ -326,16 +326,21 @@ class _LeftFactor:
         else:
             self.block = op.left_block(start, stop, dt)
 
-    def piece(self, x: FloatArray, a: int, b: int) -> FloatArray:
+    def piece(
+        self, x: FloatArray, a: int, b: int, factors: FloatArray | None = None
+    ) -> FloatArray:
+        """``G[start + a:start + b].T @ diag(factors) @ x`` (``factors``: the
+        rows' clip factors, applied to the operator's entries: O(rows zeta) or
+        O(rows dim) instead of a pass over the rows)."""
         if not self.sparse:
-            return np.asarray(self.block[:, a:b] @ x)
+            g = self.block[:, a:b]
+            return np.asarray((g if factors is None else g * factors) @ x)
         z = self.zeta
+        vals = self.vals[a * z : b * z]
+        if factors is not None:
+            vals = vals * np.repeat(factors, z)
         g_t = sp.csc_array(
-            (
-                self.vals[a * z : b * z],
-                self.cols[a * z : b * z],
-                self.indptr[: b - a + 1],
-            ),
+            (vals, self.cols[a * z : b * z], self.indptr[: b - a + 1]),
             shape=(self.dim, b - a),
         )
         return np.asarray(g_t @ x)
@@ -346,23 +351,58 @@ def _prepare_piece(
     buf: FloatArray,
     request: PassRequest,
     row_scale: FloatArray | None,
-) -> FloatArray:
-    """Rows ``raw`` cast into ``buf``, their non-finite individuals zeroed and
-    clipped there (:func:`block_partials`'s steps, on one piece)."""
+) -> tuple[FloatArray, FloatArray | None]:
+    """Rows ``raw`` cast into ``buf``, their non-finite individuals zeroed, and
+    clipped (:func:`block_partials`'s steps, on one piece).
+
+    Returns ``(x, f)``: the clipped rows are ``x * f[:, None]`` (``f`` None:
+    ``x`` itself). Row factors are returned rather than applied -- the products
+    take them on their small side (the operator's entries, the product's rows),
+    as the PCA kernels do -- so a clipped row costs no pass over its entries.
+    """
     x = buf[: raw.shape[0]]
     np.copyto(x, raw, casting="unsafe")
     clip = request.clip
-    if clip is not None and clip.unit is PrivacyUnit.ROW and row_scale is None:
-        sumsq = np.einsum("ij,ij->i", x, x, dtype=np.float64)
+    row_unit = clip is not None and clip.unit is PrivacyUnit.ROW
+    if row_unit and row_scale is None:
+        assert clip is not None
         # finite squared norms: every entry is finite and no square overflows, so
-        # the norms clip the rows with no separate check (else the general path)
-        if np.isfinite(sumsq).all():
-            return _clip_vectors(x, clip.clip_norm, x, sumsq)
+        # the norms give the factors with no separate check
+        done, f = _row_factors(x, clip.clip_norm)
+        if done:
+            return x, f
     zeroed = zero_non_finite(x, None if clip is None else clip.unit)
     if zeroed is not x:
         x[...] = zeroed
+        if row_unit and row_scale is None:
+            assert clip is not None
+            done, f = _row_factors(x, clip.clip_norm)  # as for a zero row
+            if done:
+                return x, f
+    if row_unit and row_scale is not None:
+        # factors of rows split over column chunks (0 for a row with NaN/Inf)
+        return x, np.asarray(row_scale, dtype=x.dtype)
+    # entries, or a row whose squares overflow (clip_by_peak): clipped in place
     with np.errstate(over="ignore"):
-        return clip_block(x, request.clip, row_scale, None, inplace=True)
+        return clip_block(x, request.clip, None, None, inplace=True), None
+
+
+def _row_factors(x: FloatArray, clip_norm: float) -> tuple[bool, FloatArray | None]:
+    """``(True, f)``: the rows' clip factors (None: no row is clipped), when
+    every squared norm is finite; ``(False, None)`` otherwise."""
+    sumsq = np.einsum("ij,ij->i", x, x, dtype=np.float64)
+    if not np.isfinite(sumsq).all():
+        return False, None
+    f = scale_factors_from_sumsq(sumsq, clip_norm)
+    return True, (f.astype(x.dtype, copy=False) if (f < 1.0).any() else None)
+
+
+def _scaled_rows(y: FloatArray, f: FloatArray | None) -> FloatArray:
+    """``diag(f) y`` (``y`` itself when ``f`` is None), in place: ``y`` is a
+    fresh product."""
+    if f is not None:
+        y *= f[:, None]
+    return y
 
 
 def _fused_partials(
@@ -376,12 +416,14 @@ def _fused_partials(
     """:func:`block_partials` of a dense block, one piece of rows at a time.
 
     Each piece of :func:`piece_rows` rows is cast into one reusable buffer,
-    cleared of non-finite individuals and clipped there, and multiplied while
-    it is in cache: the right sketches' rows are written out, the left and
+    cleared of non-finite individuals and clipped there (row factors applied on
+    the products' small side, :func:`_prepare_piece`), and multiplied while it
+    is in cache: the right sketches' rows are written out, the left and
     two-sided ones summed over the pieces in a fixed order. No band-sized
     temporary is formed. The result equals the whole-band computation up to
-    the rounding of a different summation order of the left products (a sum of
-    sums over the pieces).
+    rounding: a different summation order of the left products (a sum of sums
+    over the pieces) and one more rounding per term where a row factor
+    multiplies an operator entry or a product instead of the row's entries.
     """
     n, width = a.shape
     dt = request.compute_dtype
@@ -405,15 +447,18 @@ def _fused_partials(
     buf = np.empty((min(step, n), width), dtype=dt)
     for p0 in range(0, n, step):
         p1 = min(p0 + step, n)
-        x = _prepare_piece(
+        x, f = _prepare_piece(
             a[p0:p1], buf, request, None if row_scale is None else row_scale[p0:p1]
         )
-        for f, y in zip(rights, right_out, strict=True):
-            y[p0:p1] = f(x)
+        for right, y in zip(rights, right_out, strict=True):
+            y[p0:p1] = _scaled_rows(right(x), f)
         for g, z in zip(lefts, left_out, strict=True):
-            z += g.piece(x, p0, p1)
+            z += g.piece(x, p0, p1, f)
         for i, first in enumerate(s_first):
-            two_out[i] += s_lefts[i].piece(x if first else t_rights[i](x), p0, p1)
+            if first:
+                two_out[i] += s_lefts[i].piece(x, p0, p1, f)
+            else:
+                two_out[i] += s_lefts[i].piece(_scaled_rows(t_rights[i](x), f), p0, p1)
     out = right_out + left_out
     for i, (_, _, t_op) in enumerate(request.two_sided):
         w = two_out[i]

@@ -60,7 +60,14 @@ def _band(rng: np.random.Generator, m: int, n: int) -> np.ndarray:
 
 def _plain(band: np.ndarray, req: PassRequest) -> tuple[dict, dict]:
     """Whole-band numpy: float64 rows clipped by their norms, then the dense
-    products; with the same products of |X| and |G| (the rounding bounds)."""
+    products; with the same products of |X| and |G| (the rounding bounds).
+
+    Each term of a K-term sum carries one product rounding and one rounding of
+    a clip factor (applied to the row here, to the operator entry or the
+    product in the kernel): each side is within gamma_{K+1} sum |terms| of the
+    exact sum of the clipped rows' products (Higham, Lemma 3.1 and eq. 3.5), so
+    the two differ by at most 2 gamma_{K+1} |G|^T |X| (K + 2 for the two-sided
+    product, whose terms have one more factor)."""
     x = band.astype(np.float64)
     if req.clip is not None:
         x = x * scale_factors_from_sumsq(np.einsum("ij,ij->i", x, x), 1.0)[:, None]
@@ -69,14 +76,14 @@ def _plain(band: np.ndarray, req: PassRequest) -> tuple[dict, dict]:
     m, n = x.shape
     for name, _ in req.right:
         want[name] = x @ ops[name]
-        bound[name] = 2 * gamma(n) * (np.abs(x) @ np.abs(ops[name]))
+        bound[name] = 2 * gamma(n + 1) * (np.abs(x) @ np.abs(ops[name]))
     for name, _ in req.left:
         want[name] = ops[name].T @ x
-        bound[name] = 2 * gamma(m) * (np.abs(ops[name]).T @ np.abs(x))
+        bound[name] = 2 * gamma(m + 1) * (np.abs(ops[name]).T @ np.abs(x))
     for name, s, t in req.two_sided:
         sd, td = s.dense(), t.dense()
         want[name] = sd.T @ x @ td
-        bound[name] = 2 * gamma(m + n) * (np.abs(sd).T @ np.abs(x) @ np.abs(td))
+        bound[name] = 2 * gamma(m + n + 2) * (np.abs(sd).T @ np.abs(x) @ np.abs(td))
     return want, bound
 
 
@@ -97,9 +104,9 @@ def test_piece_rows_from_the_shape_alone() -> None:
 def test_pieces_equal_the_whole_band_products_within_gamma(
     rng: np.random.Generator, small_pieces: int, clip: ClipSpec | None
 ) -> None:
-    """Every partial is within 2 gamma_K |G|^T |X| of the whole-band product
-    (each of the two computations is within gamma_K of the exact one; K is the
-    length of the sums: m rows, n columns, m + n for the two-sided product)."""
+    """Every partial is within 2 gamma_{K+1} |G|^T |X| of the whole-band product
+    (:func:`_plain`; K is the length of the sums: m rows, n columns, m + n for
+    the two-sided product)."""
     m, n = 150, 40
     band = _band(rng, m, n)
     req = _request(m, n, clip)
