@@ -356,45 +356,49 @@ def _prepare_piece(
     clipped (:func:`block_partials`'s steps, on one piece).
 
     Returns ``(x, f)``: the clipped rows are ``x * f[:, None]`` (``f`` None:
-    ``x`` itself). Row factors are returned rather than applied -- the products
-    take them on their small side (the operator's entries, the product's rows),
-    as the PCA kernels do -- so a clipped row costs no pass over its entries.
+    ``x`` itself). The factors of whole rows are returned rather than applied --
+    the products take them on their small side (the operator's entries, the
+    product's rows), as the PCA kernels do -- so a clipped row costs no pass
+    over its entries.
     """
     x = buf[: raw.shape[0]]
     np.copyto(x, raw, casting="unsafe")
     clip = request.clip
-    row_unit = clip is not None and clip.unit is PrivacyUnit.ROW
-    if row_unit and row_scale is None:
-        assert clip is not None
-        # finite squared norms: every entry is finite and no square overflows, so
-        # the norms give the factors with no separate check
-        done, f = _row_factors(x, clip.clip_norm)
-        if done:
-            return x, f
+    if clip is not None and clip.unit is PrivacyUnit.ROW and row_scale is None:
+        with np.errstate(over="ignore"):
+            return x, _row_factors(x, clip.clip_norm)
     zeroed = zero_non_finite(x, None if clip is None else clip.unit)
     if zeroed is not x:
         x[...] = zeroed
-        if row_unit and row_scale is None:
-            assert clip is not None
-            done, f = _row_factors(x, clip.clip_norm)  # as for a zero row
-            if done:
-                return x, f
-    if row_unit and row_scale is not None:
-        # factors of rows split over column chunks (0 for a row with NaN/Inf)
-        return x, np.asarray(row_scale, dtype=x.dtype)
-    # entries, or a row whose squares overflow (clip_by_peak): clipped in place
+    # entries, or the factors of rows split over column chunks: applied to the
+    # rows themselves (such a row's squares may overflow, and so may its
+    # unclipped products)
     with np.errstate(over="ignore"):
-        return clip_block(x, request.clip, None, None, inplace=True), None
+        return clip_block(x, clip, row_scale, None, inplace=True), None
 
 
-def _row_factors(x: FloatArray, clip_norm: float) -> tuple[bool, FloatArray | None]:
-    """``(True, f)``: the rows' clip factors (None: no row is clipped), when
-    every squared norm is finite; ``(False, None)`` otherwise."""
+def _row_factors(x: FloatArray, clip_norm: float) -> FloatArray | None:
+    """The clip factors of the whole rows ``x`` (None: no row is clipped).
+
+    Finite squared norms (the common case) mean finite entries and no
+    overflow: the norms are the non-finite check. Otherwise the rows holding
+    NaN/Inf are zeroed in ``x`` (factor 1: a zero row) and the rows whose
+    squares overflow are clipped in ``x`` by their peak
+    (:func:`~pipeline.linalg.clipping.clip_by_peak`, factor 1); every other
+    row gets the same factor either way.
+    """
     sumsq = np.einsum("ij,ij->i", x, x, dtype=np.float64)
     if not np.isfinite(sumsq).all():
-        return False, None
+        zeroed = zero_non_finite(x, PrivacyUnit.ROW)
+        if zeroed is not x:
+            x[...] = zeroed
+            sumsq = np.einsum("ij,ij->i", x, x, dtype=np.float64)
+        huge = np.flatnonzero(np.isposinf(sumsq))
+        if huge.size:
+            x[huge] = clip_by_peak(x[huge], clip_norm)
+            sumsq[huge] = 0.0
     f = scale_factors_from_sumsq(sumsq, clip_norm)
-    return True, (f.astype(x.dtype, copy=False) if (f < 1.0).any() else None)
+    return f.astype(x.dtype, copy=False) if (f < 1.0).any() else None
 
 
 def _scaled_rows(y: FloatArray, f: FloatArray | None) -> FloatArray:

@@ -17,7 +17,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from pipeline.mechanisms.clipping import scale_factors_from_sumsq
+from pipeline.mechanisms.clipping import clip_by_peak, scale_factors_from_sumsq
 from pipeline.params import ClipSpec, PrivacyUnit
 from pipeline.sketches import apply
 from pipeline.sketches.apply import PassRequest, block_partials
@@ -210,3 +210,44 @@ def test_a_band_has_no_band_sized_temporary(
         # outputs (Z: 20 x 200, Y: 4000 x 4) and the operator's structure
         # (m x zeta) are small; one piece is at most PIECE_BYTES
         assert peak < band64 / 2, (req.names, peak, band64)
+
+
+def test_a_row_whose_squares_overflow_is_clipped_by_its_peak(
+    rng: np.random.Generator, small_pieces: int
+) -> None:
+    """A row of entries near 1e300 (its squared norm is inf in float64) is clipped
+    by its peak (clip_by_peak), and every other row of its piece gets the factor
+    it gets without it: the partials equal, bit for bit, those of the band with
+    that row already clipped (which no later step changes: its norm is below C)."""
+    m, n = 150, 40
+    req = _request(m, n, ClipSpec(unit=PrivacyUnit.ROW, clip_norm=1.0))
+    band = _band(rng, m, n).astype(np.float64)
+    band[37] = np.linspace(1e300, -3e300, n)
+    done = band.copy()
+    done[37] = clip_by_peak(band[37:38], 1.0)[0]
+    got = block_partials(band, 0, 0, req)
+    for g, w in zip(got, block_partials(done, 0, 0, req), strict=True):
+        np.testing.assert_array_equal(g, w)
+        assert np.isfinite(g).all()
+    # negative control: the row is in the sketch (zeroing it moves Z)
+    zero = done.copy()
+    zero[37] = 0.0
+    assert not np.array_equal(got[2], block_partials(zero, 0, 0, req)[2])
+
+
+def test_split_row_factors_apply_before_the_products(rng: np.random.Generator) -> None:
+    """Rows split over column chunks get their factors (from the norm pre-pass)
+    applied to their entries before any product: a row of entries near 1e308,
+    whose unclipped product with V would overflow, gives finite partials within
+    the rounding bound of the clipped band's."""
+    m, n = 150, 40
+    band = _band(rng, m, n).astype(np.float64)
+    band[37] = 1e308
+    scale = np.ones(m)
+    scale[37] = 0.5 / np.sqrt(n) / 1e308  # a factor the pre-pass would give
+    req = _request(m, n, ClipSpec(unit=PrivacyUnit.ROW, clip_norm=1.0))
+    got = block_partials(band, 0, 0, req, row_scale=scale)
+    want, bound = _plain(band * scale[:, None], _request(m, n, None))
+    for name, g in zip(req.names, got, strict=True):
+        assert np.isfinite(g).all(), name
+        assert (np.abs(g - want[name]) <= bound[name]).all(), name
