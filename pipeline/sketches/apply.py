@@ -8,7 +8,11 @@ For a block ``A_rc = A[R_r, C_c]`` the partials of [spec 6.1] are
 
 Linearity makes the partials summable in any grouping, so one pass over the chunks,
 in any order on any number of workers, yields the exact sketches. The kernel also
-validates (finite values) and clips (privacy unit) each block before any product.
+validates (finite values) and clips (privacy unit) each block before any product
+(a whole row's clip factor may multiply the operator's entries or the row's product
+instead of its entries: the same product, ``S diag(f) X = S (diag(f) X)``). A dense
+band is handled in cache-sized pieces of rows, with no float64 copy of the band
+(:data:`PIECE_BYTES`).
 """
 
 from __future__ import annotations
@@ -175,15 +179,10 @@ def clip_block(
 
 
 def _clip_vectors(
-    x: FloatArray,
-    clip_norm: float,
-    out: FloatArray | None,
-    sumsq: FloatArray | None = None,
+    x: FloatArray, clip_norm: float, out: FloatArray | None
 ) -> FloatArray:
-    """Rows of ``x`` clipped to norm ``<= C`` from their own norms (into ``out``;
-    ``sumsq``: the rows' squared norms when the caller has them)."""
-    if sumsq is None:
-        sumsq = np.einsum("ij,ij->i", x, x, dtype=np.float64)
+    """Rows of ``x`` clipped to norm ``<= C`` from their own norms (into ``out``)."""
+    sumsq = np.einsum("ij,ij->i", x, x, dtype=np.float64)
     # a finite row whose squares overflow (entries near 1e154 and up) would get
     # the factor C / inf = 0: zeroed instead of clipped; those rows go by peak
     huge = np.flatnonzero(np.isposinf(sumsq))
@@ -236,8 +235,10 @@ def block_partials(
     Notes
     -----
     Privacy. Zeroes the individuals holding NaN or Inf, then clips, before any
-    product [design 3.5]. The partials are as sensitive as the data: they are
-    only ever summed, then noised by the algorithm.
+    product [design 3.5] (a dense band's whole rows by factors that the products
+    take on their small side, :func:`_prepare_piece`: the same products of the
+    clipped rows). The partials are as sensitive as the data: they are only
+    ever summed, then noised by the algorithm.
     """
     if sp.issparse(block):
         return _sparse_partials(block, row0, col0, request, row_scale, col_scale, where)
@@ -315,7 +316,7 @@ class _LeftFactor:
     is ``G[start + a:start + b].T @ x``, with the operator made once per band."""
 
     def __init__(self, op: SketchOperator, start: int, stop: int, dt: type) -> None:
-        self.dim, self.dt = op.dim, dt
+        self.dim = op.dim
         self.sparse = isinstance(op, SparseSignOperator)
         if isinstance(op, SparseSignOperator):
             cols, vals = op.structure(start, stop)
