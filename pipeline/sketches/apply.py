@@ -8,11 +8,16 @@ For a block ``A_rc = A[R_r, C_c]`` the partials of [spec 6.1] are
 
 Linearity makes the partials summable in any grouping, so one pass over the chunks,
 in any order on any number of workers, yields the exact sketches. The kernel also
-validates (finite values) and clips (privacy unit) each block before any product.
+validates (finite values) and clips (privacy unit) each block before any product
+(a whole row's clip factor may multiply the operator's entries or the row's product
+instead of its entries: the same product, ``S diag(f) X = S (diag(f) X)``). A dense
+band is handled in cache-sized pieces of rows, with no float64 copy of the band
+(:data:`PIECE_BYTES`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -230,8 +235,10 @@ def block_partials(
     Notes
     -----
     Privacy. Zeroes the individuals holding NaN or Inf, then clips, before any
-    product [design 3.5]. The partials are as sensitive as the data: they are
-    only ever summed, then noised by the algorithm.
+    product [design 3.5] (a dense band's whole rows by factors that the products
+    take on their small side, :func:`_prepare_piece`: the same products of the
+    clipped rows). The partials are as sensitive as the data: they are only
+    ever summed, then noised by the algorithm.
     """
     if sp.issparse(block):
         return _sparse_partials(block, row0, col0, request, row_scale, col_scale, where)
@@ -240,6 +247,8 @@ def block_partials(
         a.dtype, np.complexfloating
     ):
         raise NonFiniteInputError(f"{where} has non-numeric dtype {a.dtype}.")
+    if _fused_applies(request):
+        return _fused_partials(a, row0, col0, request, row_scale, where)
     owned = a.dtype != request.compute_dtype  # astype copies: clip in place then
     a = a.astype(request.compute_dtype, copy=False)
     # the unit holding NaN/Inf counts as zero (rows when no unit: a non-private run)
@@ -264,6 +273,206 @@ def block_partials(
             out.append(_f64(t_op.right(s_op.left(x, xr0, xr1, dt), xc0, xc1, dt)))
         else:
             out.append(_f64(s_op.left(t_op.right(x, xc0, xc1, dt), xr0, xr1, dt)))
+    return _finish_partials(out, left_blocks, request, where)
+
+
+#: Float64 bytes of the row pieces a dense band is prepared and multiplied in
+#: (:func:`_fused_partials`): a piece is cast, cleared of non-finite rows,
+#: clipped and multiplied while it is in the core's cache, and the band never
+#: has a float64 copy of its own.
+PIECE_BYTES = 2**23
+
+
+def _fused_applies(request: PassRequest) -> bool:
+    """Whether :func:`_fused_partials` computes a dense block's partials: the
+    rows of ``X`` are the block's own rows (no transpose) and each individual
+    lies within one row of the block (not the column unit, whose non-finite
+    check and norms need whole columns)."""
+    unit = None if request.clip is None else request.clip.unit
+    return not request.transpose and unit is not PrivacyUnit.COLUMN
+
+
+def piece_rows(n_cols: int) -> int:
+    """Rows of one piece of a band with ``n_cols`` columns (:data:`PIECE_BYTES`),
+    from the shape alone, so the summation order never depends on the data."""
+    return max(16, PIECE_BYTES // (8 * max(n_cols, 1)))
+
+
+def _right_factor(
+    op: SketchOperator, start: int, stop: int, dt: type
+) -> Callable[[FloatArray], FloatArray]:
+    """``x -> x @ G[start:stop]`` with the operator's block made once per band."""
+    if isinstance(op, SparseSignOperator):
+        g_t = op.left_block(start, stop, dt)
+        return lambda x: np.asarray(g_t @ x.T).T
+    # a Gaussian operator's block is generated once per job on a worker
+    # (GaussianOperator.right_block); a DenseOperator's is a slice of its matrix
+    g = getattr(op, "right_block", op.block)(start, stop, dt)
+    return lambda x: np.asarray(x @ g)
+
+
+class _LeftFactor:
+    """``G[start:stop].T`` of one band, applied piece by piece: ``piece(x, a, b)``
+    is ``G[start + a:start + b].T @ x``, with the operator made once per band."""
+
+    def __init__(self, op: SketchOperator, start: int, stop: int, dt: type) -> None:
+        self.dim = op.dim
+        self.sparse = isinstance(op, SparseSignOperator)
+        if isinstance(op, SparseSignOperator):
+            cols, vals = op.structure(start, stop)
+            self.zeta = op.zeta
+            self.cols = cols.ravel()
+            self.vals: FloatArray = vals.astype(dt, copy=False).ravel()
+            self.indptr = np.arange(0, cols.size + 1, op.zeta, dtype=np.int64)
+        else:
+            self.block = op.left_block(start, stop, dt)
+
+    def piece(
+        self, x: FloatArray, a: int, b: int, factors: FloatArray | None = None
+    ) -> FloatArray:
+        """``G[start + a:start + b].T @ diag(factors) @ x`` (``factors``: the
+        rows' clip factors, applied to the operator's entries: O(rows zeta) or
+        O(rows dim) instead of a pass over the rows)."""
+        if not self.sparse:
+            g = self.block[:, a:b]
+            return np.asarray((g if factors is None else g * factors) @ x)
+        z = self.zeta
+        vals = self.vals[a * z : b * z]
+        if factors is not None:
+            vals = vals * np.repeat(factors, z)
+        g_t = sp.csc_array(
+            (vals, self.cols[a * z : b * z], self.indptr[: b - a + 1]),
+            shape=(self.dim, b - a),
+        )
+        return np.asarray(g_t @ x)
+
+
+def _prepare_piece(
+    raw: Any,
+    buf: FloatArray,
+    request: PassRequest,
+    row_scale: FloatArray | None,
+) -> tuple[FloatArray, FloatArray | None]:
+    """Rows ``raw`` cast into ``buf``, their non-finite individuals zeroed, and
+    clipped (:func:`block_partials`'s steps, on one piece).
+
+    Returns ``(x, f)``: the clipped rows are ``x * f[:, None]`` (``f`` None:
+    ``x`` itself). The factors of whole rows are returned rather than applied --
+    the products take them on their small side (the operator's entries, the
+    product's rows), as the PCA kernels do -- so a clipped row costs no pass
+    over its entries.
+    """
+    x = buf[: raw.shape[0]]
+    np.copyto(x, raw, casting="unsafe")
+    clip = request.clip
+    if clip is not None and clip.unit is PrivacyUnit.ROW and row_scale is None:
+        with np.errstate(over="ignore"):
+            return x, _row_factors(x, clip.clip_norm)
+    zeroed = zero_non_finite(x, None if clip is None else clip.unit)
+    if zeroed is not x:
+        x[...] = zeroed
+    # entries, or the factors of rows split over column chunks: applied to the
+    # rows themselves (such a row's squares may overflow, and so may its
+    # unclipped products)
+    with np.errstate(over="ignore"):
+        return clip_block(x, clip, row_scale, None, inplace=True), None
+
+
+def _row_factors(x: FloatArray, clip_norm: float) -> FloatArray | None:
+    """The clip factors of the whole rows ``x`` (None: no row is clipped).
+
+    Finite squared norms (the common case) mean finite entries and no
+    overflow: the norms are the non-finite check. Otherwise the rows holding
+    NaN/Inf are zeroed in ``x`` (factor 1: a zero row) and the rows whose
+    squares overflow are clipped in ``x`` by their peak
+    (:func:`~pipeline.linalg.clipping.clip_by_peak`, factor 1); every other
+    row gets the same factor either way.
+    """
+    sumsq = np.einsum("ij,ij->i", x, x, dtype=np.float64)
+    if not np.isfinite(sumsq).all():
+        zeroed = zero_non_finite(x, PrivacyUnit.ROW)
+        if zeroed is not x:
+            x[...] = zeroed
+            sumsq = np.einsum("ij,ij->i", x, x, dtype=np.float64)
+        huge = np.flatnonzero(np.isposinf(sumsq))
+        if huge.size:
+            x[huge] = clip_by_peak(x[huge], clip_norm)
+            sumsq[huge] = 0.0
+    f = scale_factors_from_sumsq(sumsq, clip_norm)
+    return f.astype(x.dtype, copy=False) if (f < 1.0).any() else None
+
+
+def _scaled_rows(y: FloatArray, f: FloatArray | None) -> FloatArray:
+    """``diag(f) y`` (``y`` itself when ``f`` is None), in place: ``y`` is a
+    fresh product."""
+    if f is not None:
+        y *= f[:, None]
+    return y
+
+
+def _fused_partials(
+    a: Any,
+    row0: int,
+    col0: int,
+    request: PassRequest,
+    row_scale: FloatArray | None,
+    where: str,
+) -> tuple[FloatArray, ...]:
+    """:func:`block_partials` of a dense block, one piece of rows at a time.
+
+    Each piece of :func:`piece_rows` rows is cast into one reusable buffer,
+    cleared of non-finite individuals and clipped there (row factors applied on
+    the products' small side, :func:`_prepare_piece`), and multiplied while it
+    is in cache: the right sketches' rows are written out, the left and
+    two-sided ones summed over the pieces in a fixed order. No band-sized
+    temporary is formed. The result equals the whole-band computation up to
+    rounding: a different summation order of the left products (a sum of sums
+    over the pieces) and one more rounding per term where a row factor
+    multiplies an operator entry or a product instead of the row's entries.
+    """
+    n, width = a.shape
+    dt = request.compute_dtype
+    xr1, xc1 = row0 + n, col0 + width
+    rights = [_right_factor(op, col0, xc1, dt) for _, op in request.right]
+    lefts = [_LeftFactor(op, row0, xr1, dt) for _, op in request.left]
+    # two-sided: S first (a sum over pieces, then T) or T first (X T per piece,
+    # then S), chosen from the band's shape as the whole-band kernel does
+    s_first = [
+        isinstance(s, SparseSignOperator) or width >= n for _, s, _ in request.two_sided
+    ]
+    s_lefts = [_LeftFactor(s, row0, xr1, dt) for _, s, _ in request.two_sided]
+    t_rights = [_right_factor(t, col0, xc1, dt) for _, _, t in request.two_sided]
+    right_out = [np.empty((n, op.dim)) for _, op in request.right]
+    left_out = [np.zeros((op.dim, width)) for _, op in request.left]
+    two_out = [
+        np.zeros((s.dim, width if first else t.dim))
+        for (_, s, t), first in zip(request.two_sided, s_first, strict=True)
+    ]
+    step = piece_rows(width)
+    buf = np.empty((min(step, n), width), dtype=dt)
+    for p0 in range(0, n, step):
+        p1 = min(p0 + step, n)
+        x, f = _prepare_piece(
+            a[p0:p1], buf, request, None if row_scale is None else row_scale[p0:p1]
+        )
+        for right, y in zip(rights, right_out, strict=True):
+            y[p0:p1] = _scaled_rows(right(x), f)
+        for g, z in zip(lefts, left_out, strict=True):
+            z += g.piece(x, p0, p1, f)
+        for i, first in enumerate(s_first):
+            if first:
+                two_out[i] += s_lefts[i].piece(x, p0, p1, f)
+            else:
+                two_out[i] += s_lefts[i].piece(_scaled_rows(t_rights[i](x), f), p0, p1)
+    out = right_out + left_out
+    for i, (_, _, t_op) in enumerate(request.two_sided):
+        w = two_out[i]
+        out.append(_f64(t_op.right(w, col0, xc1, dt)) if s_first[i] else w)
+    left_blocks = {
+        name: op.left_block(row0, xr1, dt)
+        for name, op in request.left
+        if any(name == lname for _, lname in request.local_qr)
+    }
     return _finish_partials(out, left_blocks, request, where)
 
 
