@@ -78,7 +78,7 @@ def left_product(g_t: Any, x: Any) -> FloatArray:
     ``x`` (b, N) sparse: O(nnz(x) d) or, for sparse ``g_t``, O(nnz(x) zeta)."""
     if sp.issparse(g_t):
         if g_t.format == "csc" and _one_magnitude(g_t.data):
-            return sign_left(g_t, x)
+            return _sign_left(g_t, sp.csr_array(x))
         # the operator in the band's format: scipy converts the right operand of
         # a product of two formats, the band (O(z)) where the operator costs
         # O(b zeta). Either way each entry sums over the band's rows in
@@ -128,7 +128,13 @@ def sign_left(g_t: Any, x: Any, *, block_entries: int = BLOCK_ENTRIES) -> FloatA
         Entry ``(t, j)`` is ``sum_i fl(G[i, t] x_ij)``, added in increasing ``i``.
     """
     g = sp.csc_array(g_t)
-    xr = sp.csr_array(x)
+    if g.nnz and not _one_magnitude(g.data):
+        raise ValueError("the operator's values do not all have one magnitude.")
+    return _sign_left(g, sp.csr_array(x), block_entries)
+
+
+def _sign_left(g: Any, xr: Any, block_entries: int = BLOCK_ENTRIES) -> FloatArray:
+    """:func:`sign_left` of a CSC ``g`` (values of one magnitude) and a CSR ``xr``."""
     (d, b), n = g.shape, xr.shape[1]
     if xr.shape[0] != b:
         raise ValueError(f"shapes {g.shape} and {xr.shape} do not multiply.")
@@ -136,8 +142,6 @@ def sign_left(g_t: Any, x: Any, *, block_entries: int = BLOCK_ENTRIES) -> FloatA
     out: FloatArray = np.zeros((d, n), dtype=dtype)
     if g.nnz == 0 or xr.nnz == 0:
         return out
-    if not _one_magnitude(g.data):
-        raise ValueError("the operator's values do not all have one magnitude.")
     # [c X; -c X]: row i + b is -c X[i]; fl(-c x) = -fl(c x) exactly
     scaled = xr.data.astype(dtype, copy=False) * np.abs(g.data[0]).astype(dtype)
     both = sp.csr_array(
