@@ -124,16 +124,22 @@ def test_sign_left_and_right_equal_the_dense_products(
 @pytest.mark.parametrize("fmt", ["csr", "csc"])
 def test_any_block_size_gives_the_same_bits(fmt: str) -> None:
     """The kernels fill their output in blocks of rows of at most
-    ``block_entries`` expanded entries; every output entry is summed within one
-    block, in the same order, so any block size gives the same bits."""
+    ``block_entries`` expanded entries, and sign_left goes through the band in
+    chunks of rows of at most ``chunk_nnz`` stored entries, each added onto the
+    running sums: every output entry is summed in the same order, so any block
+    and chunk size gives the same bits."""
     x = _band(7, 300, 60, 0.1, fmt, np.float64, "sorted")
     op = _op(300, 23, 8)
     g_t = op.left_block(0, 300)
-    whole = sign_left(g_t, x, block_entries=10**9)
+    whole = sign_left(g_t, x, block_entries=10**9, chunk_nnz=10**9)
     cols, vals = _op(60, 23, 8).structure(0, 60)
     right = sign_right(cols, vals, x, 23, block_entries=10**9)
     for entries in (1, 50, 777):
         np.testing.assert_array_equal(sign_left(g_t, x, block_entries=entries), whole)
+        np.testing.assert_array_equal(sign_left(g_t, x, chunk_nnz=entries), whole)
+        np.testing.assert_array_equal(
+            sign_left(g_t, x, block_entries=entries, chunk_nnz=entries // 3), whole
+        )
         np.testing.assert_array_equal(
             sign_right(cols, vals, x, 23, block_entries=entries), right
         )
