@@ -3,7 +3,11 @@
 Times :func:`~pipeline.sketches.apply.block_partials` and the PCA band kernels
 (:func:`~pipeline.algorithms.pca.band_pass`) on one CSR band and on its
 ``toarray()``, side by side in one run (best of ``--repeat``), and prints the
-ratios. A measurement, not a test: these machines are noisy.
+ratios. Then the sparse sign products alone, on the operator's block (its
+generation not timed): scipy's sparse-sparse product, densified, against
+:func:`~pipeline.sketches.sparse_band.sign_left` / ``sign_right``, which write the
+dense result directly (interleaved runs, and whether their bits agree). A
+measurement, not a test: these machines are noisy.
 
     python benchmarks/bench_sparse_kernels.py --rows 10000 --cols 2000 --density 0.01
 """
@@ -25,6 +29,7 @@ from pipeline.params import PrivacyUnit
 from pipeline.sketches import GaussianOperator, OperatorCode, SparseSignOperator
 from pipeline.sketches.apply import PassRequest, block_partials
 from pipeline.sketches.dense import DenseOperator
+from pipeline.sketches.sparse_band import sign_left, sign_right
 
 
 def best(fn: Callable[[], Any], repeat: int) -> float:
@@ -74,7 +79,9 @@ def main() -> None:
             a, "update", (X, [(np.eye(10), 0.5)]), 1.0, True
         ),
     }
-    print(f"band {m} x {n}, density {args.density}, nnz {x.nnz}, {args.threads} thread(s)")
+    print(
+        f"band {m} x {n}, density {args.density}, nnz {x.nnz}, {args.threads} thread(s)"
+    )
     print(f"{'kernel':34s} {'dense s':>9s} {'sparse s':>9s} {'dense/sparse':>12s}")
     with threadpool_limits(args.threads):
         for name, fn in cases.items():
@@ -83,6 +90,39 @@ def main() -> None:
             td = best(lambda fn=fn: fn(dense), args.repeat)
             ts = best(lambda fn=fn: fn(x), args.repeat)
             print(f"{name:34s} {td:9.4f} {ts:9.4f} {td / ts:12.1f}")
+        sign_products(x, s_sp, v, args.repeat)
+
+
+def sign_products(x: Any, s_sp: SparseSignOperator, v: int, repeat: int) -> None:
+    """Sparse-sparse products against the direct sparse sign kernels."""
+    m, n = x.shape
+    g_t = s_sp.left_block(0, m)
+    right_op = SparseSignOperator(root=1, code=OperatorCode.T, length=n, dim=v)
+    cols, vals = right_op.structure(0, n)
+    g_r = right_op.left_block(0, n).T.tocsr()
+    pairs = {
+        f"S X (sparse sign, v={v})": (
+            lambda: np.asarray((g_t.asformat("csr") @ x).toarray()),
+            lambda: sign_left(g_t, x),
+        ),
+        f"X G (sparse sign, d={v})": (
+            lambda: np.asarray((x @ g_r).toarray()),
+            lambda: sign_right(cols, vals, x, v),
+        ),
+    }
+    print(
+        f"{'product alone':34s} {'sp x sp s':>9s} {'direct s':>9s} {'ratio':>12s} bits"
+    )
+    for name, (old, new) in pairs.items():
+        times = {"old": np.inf, "new": np.inf}
+        for _ in range(repeat):
+            times["old"] = min(times["old"], best(old, 1))
+            times["new"] = min(times["new"], best(new, 1))
+        same = bool(np.array_equal(old(), new()))
+        print(
+            f"{name:34s} {times['old']:9.4f} {times['new']:9.4f} "
+            f"{times['old'] / times['new']:12.1f} {'equal' if same else 'differ'}"
+        )
 
 
 if __name__ == "__main__":
