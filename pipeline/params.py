@@ -749,6 +749,12 @@ class StreamParams:
                 "cell that no other entity touches; it needs unit 'row', 'column' or "
                 "'entry', got unit='general'."
             )
+        if self.exclusive and not self.private:
+            raise InvalidParameterError(
+                "exclusive=True (--exclusive) says how a private stream is charged to "
+                "its population's ledger; a non-private stream is charged to none, so "
+                "drop it."
+            )
 
     def to_manifest(self) -> dict[str, Any]:
         """The parameters as the stream's manifest records them (JSON-ready).

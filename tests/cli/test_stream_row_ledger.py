@@ -182,6 +182,17 @@ def test_exclusive_needs_a_matrix_unit(tmp_path: Path) -> None:
     assert not (tmp_path / "l.json").exists()
 
 
+def test_exclusive_is_refused_on_a_non_private_stream(tmp_path: Path) -> None:
+    # a non-private stream has no ledger and clips nothing: the flag would be unchecked
+    proc = run_dplr("stream", "init", tmp_path / "s.stream", "--rows", ROWS, "--cols", COLS,
+                    "--rank", 3, "--horizon", 4, "--unit", "row", "--non-private",
+                    "--exclusive")  # fmt: skip
+    line = assert_one_line_error(proc, 2, "dplr: error:")
+    assert "exclusive" in line
+    assert "non-private" in line
+    assert not (tmp_path / "s.stream").exists()
+
+
 def test_an_entry_stream_composes_on_an_entry_ledger_only(tmp_path: Path) -> None:
     """A stream of cells is an entry release: it composes with entry releases, and
     (its sensitivity across epochs being a sum over them) is not read at rows."""
