@@ -339,8 +339,8 @@ class ContinualMechanism:
         --------
         >>> round(continual_mechanism("sqrt-factorization", 366).rms_noise_factor, 3)
         2.782
-        >>> continual_mechanism("tree", 1).rms_noise_factor
-        1.0
+        >>> [continual_mechanism(m, 1).rms_noise_factor for m in MECHANISMS]
+        [1.0, 1.0, 1.0]
         """
         return _rms_noise_factor(self)
 
@@ -376,13 +376,17 @@ class ContinualMechanism:
 
 @functools.lru_cache(maxsize=32)
 def _rms_noise_factor(mech: ContinualMechanism) -> float:
+    # a planning quantity, not a calibration: ||R e_1|| as computed, without the
+    # rounding guard of sensitivity_factor, so that one epoch gives exactly 1
     T = mech.horizon
     if mech.name == TREE:
         variance = math.fsum(tau.bit_count() for tau in range(1, T + 1))
+        norm = math.sqrt(tree_levels(T))
     else:
         c2 = mech.decoder() ** 2
         variance = math.fsum(np.cumsum(c2))  # sum over tau of ||L[tau, :]||^2
-    return mech.sensitivity_factor * math.sqrt(variance / T)
+        norm = math.sqrt(math.fsum(mech.encoder() ** 2))
+    return norm * math.sqrt(variance / T)
 
 
 @functools.lru_cache(maxsize=32)

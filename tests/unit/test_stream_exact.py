@@ -59,11 +59,15 @@ def _batch_plan(unit: PrivacyUnit):
     return plan_lrf(p, SHAPE)
 
 
-@pytest.mark.parametrize("unit", ["entry", "row"])
-def test_a_horizon_one_stream_is_planned_as_the_batch_one_pass_release(tmp_path: Path, unit: str):
+@pytest.mark.parametrize(("unit", "mechanism"),
+                         [("entry", "sqrt-factorization"), ("row", "sqrt-factorization"),
+                          ("entry", "blt"), ("row", "tree")])  # fmt: skip
+def test_a_horizon_one_stream_is_planned_as_the_batch_one_pass_release(
+    tmp_path: Path, unit: str, mechanism: str
+):
     state = tmp_path / "s.stream"
     stream_init(state, n_rows=SHAPE[0], n_cols=SHAPE[1], rank=5, horizon=1, epsilon=2.0,
-                delta=1e-6, unit=unit, mechanism="sqrt-factorization",
+                delta=1e-6, unit=unit, mechanism=mechanism,
                 ledger=tmp_path / "l.json", budget=BUDGET)  # fmt: skip
     got = plan_of(open_stream(state).manifest).lrf
     want = _batch_plan(PrivacyUnit(unit))
@@ -73,7 +77,8 @@ def test_a_horizon_one_stream_is_planned_as_the_batch_one_pass_release(tmp_path:
     assert got.predicted_error == want.predicted_error
     # T = 1: max_s ||R e_s|| = c_0 = 1 (summed in floating point: within 8 ulps),
     # and every sensitivity and sigma is the batch release's times it
-    sf = plan_of(open_stream(state).manifest).sensitivity_factor
+    # (the tree at T = 1: one level, calibrated as the one-shot release)
+    sf = plan_of(open_stream(state).manifest).sensitivity_factor or 1.0
     assert abs(sf - 1.0) <= 8 * 2.0**-52
     for g, w in zip(got.calibration.sketches, want.calibration.sketches, strict=True):
         assert (g.name, g.shape, g.jl_factor, g.weight) == (w.name, w.shape, w.jl_factor, w.weight)
