@@ -124,19 +124,26 @@ def _legacy_manifest(state: Path) -> None:
         st.commit(changes={"params": params, "plan": plan})
 
 
-def test_a_state_of_the_current_format_releases_with_its_own_operators(tmp_path: Path):
-    rng = np.random.default_rng(3)
+def _old_state_twice_and_a_new_one(tmp_path: Path, horizon: int, rewrite, seed: int):
+    """A batch of 400 cells, two new states, one rewritten by ``rewrite`` as an older
+    version wrote it and copied (``old-a``, ``old-b``: the same state twice), and ``new``."""
+    rng = np.random.default_rng(seed)
     n = 400
     batch = {"entity": np.arange(n), "i": np.arange(n), "j": rng.integers(0, 60, n),
              "s": rng.uniform(-1.0, 1.0, n)}  # fmt: skip
     write_batch(tmp_path / "b.npz", batch)
-    kw = {"n_rows": 400, "n_cols": 60, "rank": 2, "horizon": 16, "epsilon": 1.0, "delta": 1e-6,
-          "unit": "entry", "budget": BUDGET, "insecure_noise_seed": SEED}  # fmt: skip
+    kw = {"n_rows": 400, "n_cols": 60, "rank": 2, "horizon": horizon, "epsilon": 1.0,
+          "delta": 1e-6, "unit": "entry", "budget": BUDGET, "insecure_noise_seed": SEED}  # fmt: skip
     states = {name: tmp_path / f"{name}.stream" for name in ("old-a", "old-b", "new")}
     for name in ("old-a", "new"):
         stream_init(states[name], ledger=tmp_path / f"{name}.json", **kw)
-    _legacy_manifest(states["old-a"])
+    rewrite(states["old-a"])
     shutil.copytree(states["old-a"], states["old-b"])  # the same state, twice
+    return states
+
+
+def test_a_state_of_the_current_format_releases_with_its_own_operators(tmp_path: Path):
+    states = _old_state_twice_and_a_new_one(tmp_path, 16, _legacy_manifest, seed=3)
     old = plan_of(open_stream(states["old-a"]).manifest)
     new = plan_of(open_stream(states["new"]).manifest)
     # the spec's sizes, the even split and the Gaussian S with its tail bound
@@ -228,19 +235,8 @@ def _one_shot_split_manifest(state: Path) -> None:
 
 
 def test_a_state_planned_with_the_one_shot_split_keeps_it(tmp_path: Path):
-    rng = np.random.default_rng(5)
-    n = 400
-    batch = {"entity": np.arange(n), "i": np.arange(n), "j": rng.integers(0, 60, n),
-             "s": rng.uniform(-1.0, 1.0, n)}  # fmt: skip
-    write_batch(tmp_path / "b.npz", batch)
-    kw = {"n_rows": 400, "n_cols": 60, "rank": 2, "horizon": 64, "epsilon": 1.0, "delta": 1e-6,
-          "unit": "entry", "budget": BUDGET, "insecure_noise_seed": SEED}  # fmt: skip
-    states = {name: tmp_path / f"{name}.stream" for name in ("v2-a", "v2-b", "new")}
-    for name in ("v2-a", "new"):
-        stream_init(states[name], ledger=tmp_path / f"{name}.json", **kw)
-    _one_shot_split_manifest(states["v2-a"])
-    shutil.copytree(states["v2-a"], states["v2-b"])
-    v2 = plan_of(open_stream(states["v2-a"]).manifest)
+    states = _old_state_twice_and_a_new_one(tmp_path, 64, _one_shot_split_manifest, seed=5)
+    v2 = plan_of(open_stream(states["old-a"]).manifest)
     new = plan_of(open_stream(states["new"]).manifest)
     batch_plan = plan_lrf(LrfParams(algorithm=Algorithm.SPECTRAL, rank=2, epsilon=1.0,
                                     delta=1e-6, clip=ClipSpec(unit=PrivacyUnit.ENTRY,
@@ -253,5 +249,5 @@ def test_a_state_planned_with_the_one_shot_split_keeps_it(tmp_path: Path):
         stream_ingest(s, tmp_path / "b.npz", epoch=1)
         f, _ = stream_release(s, epoch=3, out=tmp_path / f"{name}.zarr")
         out[name] = np.asarray(f.U)
-    assert out["v2-a"].tobytes() == out["v2-b"].tobytes()  # the same state, the same bytes
-    assert out["v2-a"].tobytes() != out["new"].tobytes()  # control: another split
+    assert out["old-a"].tobytes() == out["old-b"].tobytes()  # the same state, the same bytes
+    assert out["old-a"].tobytes() != out["new"].tobytes()  # control: another split
