@@ -795,7 +795,13 @@ def operator_notes(plan: StreamPlan) -> dict[str, str]:
             "Gaussian with its tail bound: a stream's range sketch is a running sum "
             "over epochs, so its rows cannot be clipped once per individual"
         ),
-        "sizes": "the batch error model's sizes and budget split; denoised range basis",
+        "sizes": (
+            "the batch error model's sizes and its budget split at the stream's noise; "
+            "denoised range basis"
+            if plan.version == PLAN_VERSION
+            else "the batch error model's sizes and one release's budget split; "
+            "denoised range basis"
+        ),
     }
 
 

@@ -214,6 +214,7 @@ def test_a_long_stream_splits_its_budget_for_its_noise(tmp_path: Path):
     worst = predict(got, noise_factor=mechanism_of(manifest).noise_factor(366)).ratio
     assert one < worst < mechanism_of(manifest).noise_factor(366) * one
     assert status.unit == "entry"
+    assert "split at the stream's noise" in status.operators["sizes"]
 
 
 def _one_shot_split_manifest(state: Path) -> None:
@@ -243,6 +244,7 @@ def test_a_state_planned_with_the_one_shot_split_keeps_it(tmp_path: Path):
                                                               clip_norm=1.0)), (400, 60))  # fmt: skip
     assert v2.version == ONE_SHOT_SPLIT_PLAN_VERSION
     assert v2.lrf.range_weight == batch_plan.range_weight  # its split, not re-planned
+    assert "one release's budget split" in stream_status(states["old-a"]).operators["sizes"]
     assert new.lrf.range_weight < v2.lrf.range_weight
     out = {}
     for name, s in states.items():
