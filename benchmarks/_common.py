@@ -281,10 +281,14 @@ def kernel_breakdown(
     """Where the per-chunk kernel of our pass spends its time, on in-memory chunks.
 
     Runs ``pipeline.sketches.apply.block_partials`` over every row chunk exactly as
-    the pass does, for the non-private (float32) and the DP (float64) spectral
-    requests and the DP low-space request, and times its pieces separately:
-    operator generation, the float64 copy, the finiteness check, clipping, GEMMs.
-    Single thread (a worker); no I/O.
+    the pass does (``block_partials_total``), for the non-private (float32) and the
+    DP (float64) spectral requests and the DP low-space request, and times the
+    same steps one at a time on the whole chunk: operator generation, the float64
+    copy, the finiteness check, clipping, GEMMs. The kernel itself does these
+    steps in cache-sized pieces of rows without a float64 copy of the chunk
+    (``pipeline/sketches/apply.py``, the dense band kernel), so the parts are a
+    reference for what each step costs on its own, and ``sum_of_parts`` is not a
+    decomposition of ``block_partials_total``. Single thread (a worker); no I/O.
     """
     import inspect
 
