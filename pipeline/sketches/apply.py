@@ -346,6 +346,14 @@ class _LeftFactor:
         )
         return np.asarray(g_t @ x)
 
+    def whole(self) -> Any:
+        """``G[start:stop].T``, the operator's ``left_block`` of the band, from the
+        block made once here (for the local QR's finishing products)."""
+        if not self.sparse:
+            return self.block
+        n = self.indptr.size - 1
+        return sp.csc_array((self.vals, self.cols, self.indptr), shape=(self.dim, n))
+
 
 def _prepare_piece(
     raw: Any,
@@ -468,9 +476,10 @@ def _fused_partials(
     for i, (_, _, t_op) in enumerate(request.two_sided):
         w = two_out[i]
         out.append(_f64(t_op.right(w, col0, xc1, dt)) if s_first[i] else w)
+    # the local QR's left blocks are the band's operators made above, not made again
     left_blocks = {
-        name: op.left_block(row0, xr1, dt)
-        for name, op in request.left
+        name: g.whole()
+        for (name, _), g in zip(request.left, lefts, strict=True)
         if any(name == lname for _, lname in request.local_qr)
     }
     return _finish_partials(out, left_blocks, request, where)
