@@ -42,6 +42,7 @@ from bench_lrf import CpuMeter
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORK = os.path.join(HERE, "work")
 BAND = 10_000
+DENSE_CHUNK_ENTRIES = 20_000_000
 METER = CpuMeter()
 #: CPU seconds of each best run, in the order of the table's rows
 CPU: list[float] = []
@@ -63,13 +64,21 @@ def csr_store(m: int, n: int, density: float) -> str:
     return path
 
 
+def dense_chunk_rows(n: int) -> int:
+    """Rows of the dense store's chunks: ``BAND``, or fewer for wide matrices so
+    that a chunk holds at most :data:`DENSE_CHUNK_ENTRIES` float64 entries (160 MB),
+    as a user would chunk a wide store."""
+    return max(1, min(BAND, DENSE_CHUNK_ENTRIES // n))
+
+
 def dense_store(m: int, n: int, density: float) -> str:
     """The same matrix as :func:`csr_store`, densified band by band."""
     path = os.path.join(WORK, f"dense_{m}x{n}_d{density:g}.zarr")
     if not os.path.exists(path):
         z = zarr.create_array(
-            store=path + ".tmp", shape=(m, n), chunks=(BAND, n), dtype="float64"
-        )
+            store=path + ".tmp", shape=(m, n), chunks=(dense_chunk_rows(n), n),
+            dtype="float64",
+        )  # fmt: skip
         for b, x in enumerate(_bands(m, n, density, 0)):
             z[b * BAND : b * BAND + x.shape[0]] = x.toarray()
         os.rename(path + ".tmp", path)

@@ -18,6 +18,8 @@ from pipeline.algorithms.base import ArraySource, ReleaseHooks
 from pipeline.algorithms.lrf import gram_basis, gram_svd, plan_lrf, run_lrf
 from pipeline.algorithms.lrf import kernels as lrf
 from pipeline.algorithms.lrf.kernels import GRAM_MIN_RATIO
+from pipeline.algorithms.lrf.two_pass import top_right_vectors
+from pipeline.linalg.core import sign_convention
 from pipeline.mechanisms.noise import NoiseKey
 from pipeline.params import Algorithm, ClipSpec, LrfParams, PrivacyUnit
 
@@ -101,7 +103,8 @@ def test_gram_route_gives_the_tsqr_release(
     assert src.calls == ["noise_gram"]  # noise, Gram matrix, S^T Y: one step, no TSQR
     np.testing.assert_allclose(f.U.T @ f.U, np.eye(3), atol=ORTH_TOL)
 
-    # the same release with the Gram route refused: TSQR on the same noisy Y
+    # the same release with the Gram route refused: TSQR on the same noisy Y (and,
+    # for two-pass, V_k from the SVD of Z: the same signed vectors)
     monkeypatch.setattr(lrf, "GRAM_MIN_RATIO", np.inf)
     src_qr = _CountingSource(A)
     g = run_lrf(src_qr, plan, ReleaseHooks(sketch_seed=11, noise_key=key))
@@ -116,3 +119,30 @@ def test_gram_route_gives_the_tsqr_release(
         ReleaseHooks(sketch_seed=11, noise_key=NoiseKey.insecure_from_seed(6)),
     )
     assert _rel((h.U * h.S) @ h.V.T, (f.U * f.S) @ f.V.T) > 1e-3
+
+
+def test_top_right_vectors_from_the_gram_matrix_are_the_svds(
+    rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """V_k of a wide noisy Z from Z Z^T: the SVD's right singular vectors, signed
+    by the convention (so the noise of Y meets the same columns either way);
+    a Z of rank below t goes to the SVD and is still orthonormal."""
+    spectrum = np.diag([40.0, 30.0, 20.0, 10.0])
+    Z = rng.standard_normal((50, 4)) @ spectrum @ rng.standard_normal((4, 700))
+    Z += rng.standard_normal(Z.shape)
+    got = top_right_vectors(Z, 6)
+    ref = np.linalg.svd(Z, full_matrices=False)[2][:6].T
+    ref = ref * sign_convention(ref)
+    # eps s_1^2 / s_6^2 (gram_svd's docstring) amplified by the gaps: <= 1e-10
+    np.testing.assert_allclose(got, ref, atol=1e-10)
+    monkeypatch.setattr(lrf, "GRAM_MIN_RATIO", np.inf)  # the SVD route
+    np.testing.assert_allclose(top_right_vectors(Z, 6), got, atol=1e-10)
+    monkeypatch.undo()
+    # rank 4 < t = 6 without noise: refused by the Gram check, SVD taken
+    low = rng.standard_normal((50, 4)) @ rng.standard_normal((4, 700))
+    v = top_right_vectors(low, 6)
+    np.testing.assert_allclose(v.T @ v, np.eye(6), atol=1e-12)
+    # negative control: one vector flipped is a different V_k
+    flipped = got.copy()
+    flipped[:, 2] *= -1
+    assert not np.allclose(flipped, ref, atol=1e-10)

@@ -30,6 +30,8 @@ import scipy.sparse as sp
 from pipeline.sketches.gaussian import OperatorCode
 from pipeline.sketches.sparse import SparseSignOperator
 from pipeline.sketches.sparse_band import (
+    CHUNK_NNZ,
+    default_chunk_nnz,
     left_product,
     sign_left,
     sign_right,
@@ -143,6 +145,22 @@ def test_any_block_size_gives_the_same_bits(fmt: str) -> None:
         np.testing.assert_array_equal(
             sign_right(cols, vals, x, 23, block_entries=entries), right
         )
+
+
+def test_the_default_chunks_of_a_wide_band_change_no_bit() -> None:
+    """A wide output (d N above CHUNK_NNZ) takes one chunk per d N stored entries
+    instead of one per CHUNK_NNZ (each later chunk copies the output): the same
+    bits as the narrow chunks, and the rule reads the shapes only."""
+    assert default_chunk_nnz(4, 10) == CHUNK_NNZ
+    assert default_chunk_nnz(100, 20_000) == 2_000_000
+    x = _band(11, 400, 3000, 0.3, "csr", np.float64, "sorted")
+    op = _op(400, 100, 8)
+    g_t = op.left_block(0, 400)
+    assert x.nnz > CHUNK_NNZ  # two chunks of CHUNK_NNZ against one of d N
+    assert 100 * 3000 > CHUNK_NNZ
+    np.testing.assert_array_equal(
+        sign_left(g_t, x), sign_left(g_t, x, chunk_nnz=CHUNK_NNZ)
+    )
 
 
 def test_a_flipped_sign_breaks_the_bound() -> None:
