@@ -198,6 +198,9 @@ class ArraySource:
     def __init__(self, A: Any) -> None:
         self._A = A if sp.issparse(A) else np.asarray(A)
         self.n_passes = 0
+        # a sparse input's float64 left operator blocks, made once by the pass and
+        # taken by the first later product with the same operator (S^T Q, S^T Y)
+        self._kept: list[tuple[SketchOperator, Any]] = []
 
     @property
     def shape(self) -> Shape2D:
@@ -208,14 +211,33 @@ class ArraySource:
         self.n_passes += 1
         # one block: a local QR would be the whole QR; the plain path is simpler
         request = dataclasses.replace(request, local_qr=())
-        parts = block_partials(self._A, 0, 0, request, where="the input array")
+        blocks = None
+        if sp.issparse(self._A):
+            # one generation of each left operator (the sparse sign S: a sizeable
+            # share of a sparse pass) serves the pass and the product after it
+            dt = request.compute_dtype
+            blocks = {n: op.left_block(0, op.length, dt) for n, op in request.left}
+            if dt == np.float64:
+                self._kept = [(op, blocks[n]) for n, op in request.left]
+        parts = block_partials(
+            self._A, 0, 0, request, where="the input array", left_blocks=blocks
+        )
         return dict(zip(request.names, parts, strict=True))
+
+    def _left(self, op: SketchOperator, Y: FloatArray) -> FloatArray:
+        """``op.left(Y, 0, op.length)``, from the pass's block of ``op`` if kept
+        (the same float64 block, so the same bits)."""
+        for i, (kept, block) in enumerate(self._kept):
+            if kept == op:
+                del self._kept[i]
+                return np.asarray(block @ np.asarray(Y, dtype=np.float64))
+        return op.left(Y, 0, op.length)
 
     def tall_noise_gram(
         self, Y: FloatArray, fn: RowBlockFn, op: SketchOperator | None
     ) -> tuple[FloatArray, FloatArray, FloatArray | None]:
         Y = fn(0, Y)
-        return Y, Y.T @ Y, None if op is None else op.left(Y, 0, op.length)
+        return Y, Y.T @ Y, None if op is None else self._left(op, Y)
 
     def tall_qr(self, Y: FloatArray, *, with_r: bool = False) -> Any:
         if sp.issparse(self._A):
@@ -230,7 +252,7 @@ class ArraySource:
         return orth(Y)
 
     def tall_left_sketch(self, Q: FloatArray, op: SketchOperator) -> FloatArray:
-        return op.left(Q, 0, op.length)
+        return self._left(op, Q)
 
     def tall_matmul(self, Q: FloatArray, M: FloatArray) -> FloatArray:
         return Q @ M

@@ -162,7 +162,10 @@ class InputRef:
 
     ``path`` is the input's :func:`~pipeline.io.objectstore.location`, as
     recorded: an object-store URL verbatim (its user-info redacted), a local
-    path made absolute; None for an in-memory or dask array.
+    path made absolute; None for an in-memory or dask array. ``fingerprint``
+    identifies a stored input; an in-memory array's is ``digest()``, a digest of
+    all its bytes made when a journal first asks for it (:meth:`identity`), so
+    a job without a journal never reads its input for it.
     """
 
     path: str | None
@@ -170,6 +173,13 @@ class InputRef:
     shape: tuple[int, ...]
     dtype: str
     chunks: tuple[tuple[int, ...], ...]
+    digest: Callable[[], str] | None = field(default=None, repr=False, compare=False)
+
+    def identity(self) -> str | None:
+        """``fingerprint``, else ``digest()`` (computed once), else None."""
+        if self.fingerprint is None and self.digest is not None:
+            return self.digest()
+        return self.fingerprint
 
     @classmethod
     def of(cls, info: Any, array: Any) -> InputRef:
@@ -179,15 +189,15 @@ class InputRef:
             input_fingerprint,
         )
 
+        fingerprint, digest = None, None  # a dask array: shape, dtype, chunks only
         if info.path is not None:
             fingerprint = input_fingerprint(info.path)
         elif isinstance(array, np.ndarray) or sp.issparse(array):
-            fingerprint = array_fingerprint(array)
-        else:
-            fingerprint = None  # a dask array: shape, dtype and chunks are all we see
+            digest = functools.cache(functools.partial(array_fingerprint, array))
         return cls(
             path=None if info.path is None else redact(location(info.path)),
             fingerprint=fingerprint,
+            digest=digest,
             shape=tuple(int(x) for x in info.shape),
             dtype=str(info.dtype),
             chunks=tuple(tuple(int(c) for c in dim) for dim in info.dask_chunks),
@@ -298,7 +308,7 @@ class ReleaseSpec:
             return None
         # named after the public header only: the input's fingerprint (a digest
         # of an in-memory array's bytes) must not show in a directory listing
-        public = {k: v for k, v in self.header().items() if k != "input_fingerprint"}
+        public = self.header(with_fingerprint=False)
         digest = hashlib.sha256(
             json.dumps(public, sort_keys=True).encode()
         ).hexdigest()[:16]
@@ -315,8 +325,9 @@ class ReleaseSpec:
             return local_path(self.ledger, "ledger", "--ledger")
         return None if self.input.path is None else default_ledger_of(self.input.path)
 
-    def header(self) -> dict[str, Any]:
-        """The public description of the job that a resumed run must match."""
+    def header(self, *, with_fingerprint: bool = True) -> dict[str, Any]:
+        """The public description of the job that a resumed run must match
+        (``with_fingerprint=False``: without the input's fingerprint)."""
         header = {
             "kind": self.kind,
             "contract": None if self.contract is None else self.contract.to_dict(),
@@ -328,9 +339,10 @@ class ReleaseSpec:
             "dtype": self.input.dtype,
             "chunks": [list(c) for c in self.input.chunks],
             "input": self.input.path,
-            "input_fingerprint": self.input.fingerprint,
             "ledger": self.ledger_path(),
         }
+        if with_fingerprint:
+            header["input_fingerprint"] = self.input.identity()
         # as the journal will read it back: tuples become lists, keys strings
         return json.loads(json.dumps(header, allow_nan=False))  # type: ignore[no-any-return]
 
@@ -366,7 +378,6 @@ class ReleaseJob:
 
     spec: ReleaseSpec
     runtime: Runtime = field(default_factory=Runtime)
-    header: dict[str, Any] = field(init=False)
     release_id: str = field(init=False)
     noise_key: NoiseKey | None = field(init=False, default=None)
     sketch_seed: int | None = field(init=False, default=None)
@@ -378,8 +389,13 @@ class ReleaseJob:
     stamp: str = field(init=False, default_factory=publication_stamp)
 
     def __post_init__(self) -> None:
-        self.header = self.spec.header()
         self.release_id = uuid.uuid4().hex
+
+    @functools.cached_property
+    def header(self) -> dict[str, Any]:
+        """The job's header, made when a journal first needs it (an in-memory
+        input's fingerprint reads all its bytes)."""
+        return self.spec.header()
 
     # -- plan, refuse, resume: nothing is read before these pass -------------
     def prepare(self) -> bool:

@@ -17,7 +17,7 @@ band is handled in cache-sized pieces of rows, with no float64 copy of the band
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -207,6 +207,7 @@ def block_partials(
     row_scale: FloatArray | None = None,
     col_scale: FloatArray | None = None,
     where: str = "the input",
+    left_blocks: Mapping[str, Any] | None = None,
 ) -> tuple[FloatArray, ...]:
     """Partial sketches of one block of ``A`` starting at ``(row0, col0)``.
 
@@ -225,6 +226,11 @@ def block_partials(
         See :func:`clip_block`.
     where : str
         Name of the block for error messages, e.g. ``"chunk (3, 0)"``.
+    left_blocks : mapping or None
+        For a sparse block: the blocks ``op.left_block(...)`` of the left
+        operators over this block's rows of ``X``, by sketch name, when the
+        caller already made them (an in-memory source keeps them for its later
+        products with ``S``); None: made here. A dense block makes its own.
 
     Returns
     -------
@@ -241,7 +247,9 @@ def block_partials(
     ever summed, then noised by the algorithm.
     """
     if sp.issparse(block):
-        return _sparse_partials(block, row0, col0, request, row_scale, col_scale, where)
+        return _sparse_partials(
+            block, row0, col0, request, (row_scale, col_scale), where, left_blocks
+        )
     a = np.asarray(block)
     if not np.issubdtype(a.dtype, np.number) or np.issubdtype(
         a.dtype, np.complexfloating
@@ -522,9 +530,9 @@ def _sparse_partials(
     row0: int,
     col0: int,
     request: PassRequest,
-    row_scale: FloatArray | None,
-    col_scale: FloatArray | None,
+    scales: tuple[FloatArray | None, FloatArray | None],
     where: str,
+    given: Mapping[str, Any] | None,
 ) -> tuple[FloatArray, ...]:
     """:func:`block_partials` of a scipy sparse block, in O(non-zeros).
 
@@ -541,13 +549,16 @@ def _sparse_partials(
     a = sp.csr_matrix(block, dtype=dt, copy=True)  # this task's own copy
     sparse_zero_non_finite(a, None if request.clip is None else request.clip.unit)
     with np.errstate(over="ignore"):
-        sparse_clip(a, request.clip, row_scale, col_scale)
+        sparse_clip(a, request.clip, *scales)
     x, xr0, xc0 = (a.T, col0, row0) if request.transpose else (a, row0, col0)
     xr1, xc1 = xr0 + x.shape[0], xc0 + x.shape[1]
     out: list[FloatArray] = []
     for _, op in request.right:
         out.append(_f64(sparse_right(op, x, xc0, xc1, dt)))
-    left_blocks = {name: op.left_block(xr0, xr1, dt) for name, op in request.left}
+    left_blocks = {
+        name: op.left_block(xr0, xr1, dt) if given is None else given[name]
+        for name, op in request.left
+    }
     for name, _ in request.left:
         out.append(_f64(left_product(left_blocks[name], x)))
     for _, s_op, t_op in request.two_sided:

@@ -248,6 +248,28 @@ def test_a_persistent_ledger_takes_the_charge_instead(
     assert len(book.releases) == 1
 
 
+def test_an_in_memory_input_is_digested_only_for_a_journal(
+    data: np.ndarray, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fingerprint of an in-memory array (a digest of all its bytes) is made
+    only when a journal needs it: not for a run without one, once for a run
+    that keeps one (a persistent ledger)."""
+    from pipeline.io import journal
+
+    digested: list[int] = []
+    real = journal.array_fingerprint
+
+    def counting(array: Any) -> str:
+        digested.append(1)
+        return real(array)
+
+    monkeypatch.setattr(journal, "array_fingerprint", counting)
+    api.factorize(data, K, private=False)
+    assert digested == []
+    api.pca(data, K, **PCA, ledger=_ledger(tmp_path))
+    assert digested == [1]  # negative control: the journal's header holds it
+
+
 # ---------------------------------------------------------------------------
 # A stream's creation goes through the job: a crash between its charge and its
 # state is finished by the same command, not charged again

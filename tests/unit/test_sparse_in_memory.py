@@ -55,3 +55,35 @@ def test_sparse_in_memory_release_equals_dense(
             np.testing.assert_allclose(
                 got, want, rtol=RTOL, atol=RTOL * np.abs(want).max()
             )
+
+
+def test_the_pass_makes_s_once_and_the_basis_takes_it(
+    rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An in-memory sparse input generates the sparse sign S once: the pass's
+    block of S serves S^T Q after it (the same float64 block: the same bits as
+    making it again, which the negative control does)."""
+    from pipeline.sketches.sparse import SparseSignOperator
+
+    x = _sparse(rng, None)
+    made: list[tuple[int, int]] = []
+    original = SparseSignOperator.left_block
+
+    def counting(
+        self: SparseSignOperator, start: int, stop: int, dtype: type = np.float64
+    ) -> object:
+        made.append((start, stop))
+        return original(self, start, stop, dtype)
+
+    monkeypatch.setattr(SparseSignOperator, "left_block", counting)
+    once = pipeline.factorize(x, 2, seed=3, private=False)
+    assert made == [(0, 400)]
+    # negative control: a source that keeps nothing makes S a second time
+    monkeypatch.setattr(
+        ArraySource, "_left", lambda self, op, y: op.left(y, 0, op.length)
+    )
+    made.clear()
+    twice = pipeline.factorize(x, 2, seed=3, private=False)
+    assert made == [(0, 400), (0, 400)]
+    for got, want in ((once.S, twice.S), (once.U, twice.U), (once.V, twice.V)):
+        np.testing.assert_array_equal(got, want)
