@@ -24,6 +24,7 @@ table. The stores go under ``benchmarks/work/`` (git-ignored) and are reused.
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import sys
 from typing import Any
@@ -111,6 +112,9 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--fixed-rows", type=int, default=1_000)
+    ap.add_argument(
+        "--name", default=None, help="results file name (default sparse_pipeline_MxN)"
+    )
     args = ap.parse_args()
     m, n, k = args.rows, args.cols, args.rank
     os.makedirs(WORK, exist_ok=True)
@@ -134,7 +138,6 @@ def main() -> None:
                 args.repeat,
             )
             rows.append((f"one pass (non-private spectral), {name}", t))
-        ratio = rows[1][1] / rows[0][1]
         results = {}
         for name, path in (("CSR", high), ("dense", dense)):
             t, f = best(
@@ -145,7 +148,6 @@ def main() -> None:
             )
             results[name] = f
             rows.append((f"private {args.algorithm}, density {args.high:g}, {name}", t))
-        speedup = rows[3][1] / rows[2][1]
         t, _ = best(
             lambda: pipeline.factorize(
                 tiny, k, algorithm=args.algorithm, budget=(1e6, 0.5), **private
@@ -153,23 +155,51 @@ def main() -> None:
             args.repeat,
         )
         rows.append((f"private {args.algorithm}, CSR, {args.fixed_rows} rows", t))
-    s_csr, s_dense = results["CSR"].S, results["dense"].S
-    print(f"m x n = {m} x {n}, rank {k}, {args.workers} workers x 1 thread")
-    print(f"{'run':<58} {'seconds':>8} {'CPU s':>8}")
-    for (name, t), cpu in zip(rows, CPU, strict=True):
-        print(f"{name:<58} {t:8.2f} {cpu:8.2f}")
-    print(f"pass time ratio {args.high:g} / {args.low:g}: {ratio:.2f} "
-          f"(non-zeros ratio {args.high / args.low:g})")  # fmt: skip
-    print(
+    write_report(args, rows, results["CSR"].S, results["dense"].S)
+
+
+def write_report(
+    args: argparse.Namespace, rows: list[tuple[str, float]], s_csr: Any, s_dense: Any
+) -> None:
+    """Print the table and write it to ``benchmarks/results/`` (``--name``)."""
+    m, n, k = args.rows, args.cols, args.rank
+    ratio, speedup = rows[1][1] / rows[0][1], rows[3][1] / rows[2][1]
+    diff = float(np.max(np.abs(s_csr - s_dense)) / np.max(np.abs(s_dense)))
+    pass_ratio = (
+        f"pass time ratio {args.high:g} / {args.low:g}: {ratio:.2f} "
+        f"(non-zeros ratio {args.high / args.low:g})"
+    )
+    dense_ratio = (
         f"private factorization, dense / CSR time: {speedup:.1f}x "
         f"(CPU seconds: {CPU[3] / CPU[2]:.1f}x)"
     )
-    print(
+    fixed = (
         f"a job's fixed cost ({args.fixed_rows} rows) {rows[4][1]:.2f} s: "
         f"dense / fixed cost = {rows[3][1] / rows[4][1]:.1f}x bounds the ratio"
     )
-    diff = float(np.max(np.abs(s_csr - s_dense)) / np.max(np.abs(s_dense)))
-    print(f"released S, CSR vs dense: max relative difference {diff:.2e}")
+    table = [
+        f"{name:<58} {t:8.2f} {cpu:8.2f}"
+        for (name, t), cpu in zip(rows, CPU, strict=True)
+    ]
+    lines = [
+        f"m x n = {m} x {n}, rank {k}, {args.workers} workers x 1 thread",
+        f"{'run':<58} {'seconds':>8} {'CPU s':>8}",
+        *table,
+        pass_ratio,
+        dense_ratio,
+        fixed,
+        f"released S, CSR vs dense: max relative difference {diff:.2e}",
+    ]
+    print("\n".join(lines))
+    name = args.name or f"sparse_pipeline_{m}x{n}"
+    argv = " ".join(sys.argv[1:])
+    with open(os.path.join(HERE, "results", f"{name}.md"), "w") as fh:
+        fh.write(
+            f"`python benchmarks/bench_sparse_pipeline.py {argv}`\n\n"
+            f"{datetime.date.today()}; {os.cpu_count()} CPUs; best of {args.repeat} "
+            "runs per row (wall seconds, and the CPU seconds of that run's process "
+            "tree).\n\n```\n" + "\n".join(lines) + "\n```\n"
+        )
 
 
 if __name__ == "__main__":
