@@ -163,6 +163,39 @@ def test_the_default_chunks_of_a_wide_band_change_no_bit() -> None:
     )
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("fmt", ["csr", "csc"])
+@pytest.mark.parametrize("order", ["sorted", "unsorted"])
+def test_the_compiled_loop_gives_the_numpy_paths_bits(
+    monkeypatch: pytest.MonkeyPatch, dtype: Any, fmt: str, order: str
+) -> None:
+    """A product of COMPILED_TERMS terms or more adds them in a compiled loop:
+    the same terms, in the same order, as the gather-and-sum path (the same
+    bits), for any dtype, format and stored order, duplicates included;
+    negative control: another operator's product differs."""
+    from pipeline.sketches import sparse_band
+
+    x = _band(5, 500, 70, 0.15, fmt, dtype, order)
+    c = sp.csr_array(x)
+    r = int(np.argmax(np.diff(c.indptr) > 0))  # the first stored row
+    ptr = c.indptr.copy()
+    ptr[r + 1 :] += 1
+    dup = sp.csr_array(  # its first entry stored twice (not canonical)
+        (np.r_[c.data[:1], c.data], np.r_[c.indices[:1], c.indices], ptr),
+        shape=c.shape,
+    )
+    g_t = _op(500, 29, 8).left_block(0, 500, dtype)
+    for band in (x, dup):
+        monkeypatch.setattr(sparse_band, "COMPILED_TERMS", 2**62)
+        numpy_path = sign_left(g_t, band)
+        monkeypatch.setattr(sparse_band, "COMPILED_TERMS", 0)
+        compiled = sign_left(g_t, band)
+        assert compiled.dtype == numpy_path.dtype
+        np.testing.assert_array_equal(compiled, numpy_path)
+    other = _op(600, 29, 8).left_block(100, 600, dtype)
+    assert not np.array_equal(sign_left(other, x), compiled)
+
+
 def test_a_flipped_sign_breaks_the_bound() -> None:
     """Negative control: the kernels of an operator with one sign flipped are
     caught by the entrywise bound of the products of the real operator."""
