@@ -66,7 +66,7 @@ def _kernel(name: str) -> Callable[..., None]:
         with _LOCK:
             kernel = _COMPILED.get(name)
             if kernel is None:
-                import numba  # about 0.2 s to import and load; compiled once per machine
+                import numba  # heavy: numba, 0.2 s with the cached loop
 
                 kernel = numba.njit(cache=True, nogil=True)(_PYTHON[name])
                 _COMPILED[name] = kernel
