@@ -24,8 +24,8 @@ output row ``t`` receives -- ``X[i]`` for every ``(i, t)`` with ``G[i, t] = +c``
 ``-X[i]`` for ``-c`` -- grouped by ``t`` (a stable radix sort of the operator's
 columns), and lets scipy sum each group into the dense output row ``t``; a
 product of at least :data:`~pipeline.sketches.compiled.COMPILED_TERMS` terms adds
-the same terms in the same order in a compiled loop instead (the same bits, at
-a third of the time, without the expanded copies). Both
+the same terms in the same order in a compiled loop instead (the same bits, in
+about half the time, without the expanded copies). Both
 work in blocks of output rows of at most :data:`BLOCK_ENTRIES` expanded entries
 (memory O(block), not O(z zeta)); :func:`sign_left` also goes through the band
 in chunks of rows of :func:`default_chunk_nnz` stored entries (cache-sized, and
