@@ -19,7 +19,7 @@ path only for products large enough to repay it (:data:`COMPILED_TERMS`).
 
 from __future__ import annotations
 
-import threading
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -44,7 +44,7 @@ def _sign_csr(
     targets: Any,
     weights: Any,
     out: Any,
-) -> None:  # pragma: no cover - compiled; its Python form is tested too
+) -> None:  # pragma: no cover - runs compiled; tested against the numpy path
     rows = xptr.shape[0] - 1
     for i in range(rows):
         for e in range(indptr[i], indptr[i + 1]):
@@ -54,23 +54,13 @@ def _sign_csr(
                 out[t, indices[p]] += w * data[p]
 
 
-_PYTHON: dict[str, Callable[..., None]] = {"csr": _sign_csr}
-_COMPILED: dict[str, Callable[..., None]] = {}
-_LOCK = threading.Lock()
+@functools.cache
+def _compiled() -> Callable[..., None]:
+    """:func:`_sign_csr` compiled, made once per process (numba compiles it on
+    the first call, or loads it from its cache on disk)."""
+    import numba  # heavy: numba, 0.2 s with the cached loop
 
-
-def _kernel(name: str) -> Callable[..., None]:
-    """The compiled form of ``_PYTHON[name]``, made once per process."""
-    kernel = _COMPILED.get(name)
-    if kernel is None:
-        with _LOCK:
-            kernel = _COMPILED.get(name)
-            if kernel is None:
-                import numba  # heavy: numba, 0.2 s with the cached loop
-
-                kernel = numba.njit(cache=True, nogil=True)(_PYTHON[name])
-                _COMPILED[name] = kernel
-    return kernel
+    return numba.njit(cache=True, nogil=True)(_sign_csr)
 
 
 def sign_csr_into(out: FloatArray, x: Any, g_t: Any) -> None:
@@ -81,7 +71,7 @@ def sign_csr_into(out: FloatArray, x: Any, g_t: Any) -> None:
     ``out`` receives ``fl(g x_ij)`` for the rows ``i`` in increasing order.
     """
     p0, p1 = int(x.indptr[0]), int(x.indptr[-1])
-    _kernel("csr")(
+    _compiled()(
         x.data[p0:p1], x.indices[p0:p1],
         x.indptr.astype(np.int64) - p0,
         g_t.indptr.astype(np.int64, copy=False),
