@@ -115,6 +115,8 @@ class DaskRowSource:
         self.row_norm_bound = float(row_norm_bound)
         self.clip = clip
         self.progress = progress
+        # a sparse input's pass takes a time that grows with its stored entries
+        self.dense = not sp.issparse(getattr(A, "_meta", None))
         self.n_passes = 0
         self.n_tasks = 0
         self._held: da.Array | None = None
@@ -130,7 +132,7 @@ class DaskRowSource:
             mode,
             [sum(A.chunks[0][a:b]) * row for a, b in self._bands],
             worker_memory_limits(self.client),
-            dense=not sp.issparse(getattr(A, "_meta", None)),
+            dense=self.dense,
         )
 
     @property
@@ -209,6 +211,7 @@ class DaskRowSource:
             [future],
             f"{label}: {self.n_bands} row bands",
             self.progress,
+            timed=self.dense,
         )
         return Secret(np.asarray(future.result()))
 

@@ -489,6 +489,8 @@ class DaskSource:
         self.scratch = None if scratch is None else os.fspath(scratch)
         self.client = client
         self.progress = progress
+        # a sparse input's pass takes a time that grows with its stored entries
+        self.dense = not sp.issparse(getattr(A, "_meta", None))
         self.n_passes = 0
         self.n_tasks = 0
         self._secrets: list[str] = []
@@ -519,8 +521,9 @@ class DaskSource:
             for a, b in row_bands(A.chunks)
             for _ in range(A.numblocks[1])
         ]
-        dense = not sp.issparse(getattr(A, "_meta", None))
-        return plan_cache(mode, sizes, worker_memory_limits(self.client), dense=dense)
+        return plan_cache(
+            mode, sizes, worker_memory_limits(self.client), dense=self.dense
+        )
 
     def _hold(self, bands: list[tuple[int, int]]) -> None:
         """Submit the bands as tasks whose results the client holds (once: the
@@ -604,7 +607,7 @@ class DaskSource:
             running = self.client.persist([*tokens, *small.values()])
         if label is not None:
             shown = running if self.scratch is not None else [*kept.values(), *running]
-            show_progress(self.client, shown, label, self.progress)
+            show_progress(self.client, shown, label, self.progress, timed=self.dense)
         values = gather_blocks(self.client, running, persisted=True)
         gathered = dict(zip(small, values[len(tokens) :], strict=True))
         return kept, gathered

@@ -64,6 +64,10 @@ class InputInfo:
     #: (``reader.block(rows, cols)`` -> numpy, or scipy CSR for a CSR store), so
     #: that a pass task can read its own block; None for in-memory and dask inputs.
     reader: Any = field(default=None, repr=False, compare=False)
+    #: Whether the entries are stored sparse (a CSR store, a scipy.sparse matrix,
+    #: a dask array of sparse chunks): the format is public, but the work of a
+    #: pass then grows with the stored entries, so its durations are data.
+    sparse: bool = False
 
 
 def _pair(values: tuple[int, ...]) -> tuple[int, int]:
@@ -345,6 +349,7 @@ def _open_memory(source: Any) -> tuple[Any, InputInfo] | None:
             dtype=str(x.dtype),
             store_chunks=None,
             dask_chunks=whole,
+            sparse=True,
         )
     if isinstance(source, np.ndarray):
         _check_array_meta(source.shape, source.dtype, "the input array")
@@ -368,6 +373,7 @@ def _open_memory(source: Any) -> tuple[Any, InputInfo] | None:
             dtype=str(source.dtype),
             store_chunks=None,
             dask_chunks=source.chunks,
+            sparse=sp.issparse(source._meta),
         )
     return None
 
@@ -419,6 +425,7 @@ def _csr_input(reader: CsrReader, path: str | None) -> tuple[da.Array, InputInfo
         store_chunks=None,
         dask_chunks=arr.chunks,
         reader=reader,
+        sparse=True,
     )
 
 

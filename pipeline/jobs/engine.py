@@ -165,7 +165,10 @@ class InputRef:
     path made absolute; None for an in-memory or dask array. ``fingerprint``
     identifies a stored input; an in-memory array's is ``digest()``, a digest of
     all its bytes made when a journal first asks for it (:meth:`identity`), so
-    a job without a journal never reads its input for it.
+    a job without a journal never reads its input for it. ``sparse``: the
+    entries are stored sparse, so a pass's duration grows with their number (a
+    count of the data) and the job publishes no durations
+    (:attr:`ReleaseJob.durations_public`).
     """
 
     path: str | None
@@ -173,6 +176,7 @@ class InputRef:
     shape: tuple[int, ...]
     dtype: str
     chunks: tuple[tuple[int, ...], ...]
+    sparse: bool = False
     digest: Callable[[], str] | None = field(default=None, repr=False, compare=False)
 
     def identity(self) -> str | None:
@@ -201,6 +205,7 @@ class InputRef:
             shape=tuple(int(x) for x in info.shape),
             dtype=str(info.dtype),
             chunks=tuple(tuple(int(c) for c in dim) for dim in info.dask_chunks),
+            sparse=bool(info.sparse),
         )
 
 
@@ -519,6 +524,22 @@ class ReleaseJob:
         if self.journal is not None:
             self.journal.remove()  # it held the key and the exact statistics
 
+    @property
+    def durations_public(self) -> bool:
+        """Whether the report may state how long the job's steps took.
+
+        A dense input's passes cover a public shape; a sparse input's work
+        grows with its stored entries, so its durations would publish a count
+        of the data (docs/privacy.md, "Times").
+        """
+        return not self.spec.input.sparse
+
+    def stamp_total(self, report: dict[str, Any]) -> None:
+        """Set ``report``'s total duration since the job began, if public."""
+        if self.durations_public:
+            total = time.perf_counter() - self.t0
+            report["timings_seconds"]["total"] = round(total, 4)
+
     def mark(self, step: str) -> None:
         """Add the time since the last mark (or the start) to ``step``."""
         now = time.perf_counter()
@@ -536,7 +557,9 @@ class ReleaseJob:
             "created": self.stamp,
             "private": spec.private and not insecure,
             "contract": None if spec.contract is None else spec.contract.to_dict(),
-            "timings_seconds": {k: round(v, 4) for k, v in self.timings.items()},
+            "timings_seconds": {k: round(v, 4) for k, v in self.timings.items()}
+            if self.durations_public
+            else {},
             "versions": package_versions(),
         }
         if spec.private:

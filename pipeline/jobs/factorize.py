@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -291,7 +290,7 @@ class LrfJob:
     def publish(self, job: ReleaseJob, staged: Factorization, client: Any) -> Any:
         from pipeline.io import read_release, write_release  # heavy: zarr, dask
 
-        out, total = job.spec.out, job.t0
+        out = job.spec.out
         if out is None:
             job.publish(None)
             final = Factorization(
@@ -309,7 +308,7 @@ class LrfJob:
                 )
             )
             final = read_release(out, load=False)  # U stays in the store
-        final.report["timings_seconds"]["total"] = round(time.perf_counter() - total, 4)
+        job.stamp_total(final.report)
         return final
 
     def read(self, out: str) -> Any:

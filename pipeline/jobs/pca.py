@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -275,9 +274,7 @@ class PcaJob:
         from pipeline.io import write_group  # heavy: zarr, dask
 
         if not self.select:  # the time of a selection would reveal its trials
-            rel.report["timings_seconds"]["total"] = round(
-                time.perf_counter() - job.t0, 4
-            )
+            job.stamp_total(rel.report)
         out = job.spec.out
         arrays = {"components": rel.components, "eigenvalues": rel.eigenvalues}
         job.publish(
