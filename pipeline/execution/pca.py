@@ -26,7 +26,12 @@ from distributed import futures_of
 
 from pipeline._types import FloatArray, Shape2D
 from pipeline.algorithms.pca import Secret, band_pass
-from pipeline.execution.cache import CachePlan, plan_cache, worker_memory_limits
+from pipeline.execution.cache import (
+    CachePlan,
+    plan_cache,
+    stored_band_bytes,
+    worker_memory_limits,
+)
 from pipeline.execution.progress import show_progress
 from pipeline.execution.source import (
     add_tree_sum,
@@ -96,6 +101,9 @@ class DaskRowSource:
         passes (:mod:`pipeline.execution.cache`), decided here before anything is
         read; :attr:`cache_plan` says what was decided, :meth:`close` releases
         the bands.
+    reader : object or None
+        A CSR store's reader behind ``A`` (:class:`~pipeline.io.csr.CsrReader`):
+        its row pointers size the bands for the cache decision.
     """
 
     def __init__(
@@ -107,6 +115,7 @@ class DaskRowSource:
         clip: bool = True,
         progress: TextIO | None = None,
         cache: str = "never",
+        reader: Any = None,
     ) -> None:
         if A.numblocks[1] > 1:
             A = A.rechunk({1: -1})
@@ -120,20 +129,22 @@ class DaskRowSource:
         self.n_passes = 0
         self.n_tasks = 0
         self._held: da.Array | None = None
-        self.cache_plan: CachePlan = self._plan_cache(cache)
+        self.cache_plan: CachePlan = self._plan_cache(cache, reader)
 
-    def _plan_cache(self, mode: str) -> CachePlan:
-        """The cache decision from the bands' public sizes (before any read)."""
+    def _plan_cache(self, mode: str, reader: Any) -> CachePlan:
+        """The cache decision from the bands' sizes (before any read): public
+        ones for a dense input, stored ones for a sparse store (never published)."""
         if mode == "never":
             return plan_cache(mode, [], [])
-        A = self.A
+        A, limits = self.A, worker_memory_limits(self.client)
+        offsets = np.cumsum((0, *A.chunks[0]))
+        if not self.dense:
+            rows = [(int(offsets[a]), int(offsets[b])) for a, b in self._bands]
+            sizes = stored_band_bytes(reader, rows)
+            return plan_cache(mode, sizes, limits, dense=False)
         row = int(A.shape[1]) * np.dtype(A.dtype).itemsize
-        return plan_cache(
-            mode,
-            [sum(A.chunks[0][a:b]) * row for a, b in self._bands],
-            worker_memory_limits(self.client),
-            dense=self.dense,
-        )
+        return plan_cache(mode, [sum(A.chunks[0][a:b]) * row for a, b in self._bands],
+                          limits)  # fmt: skip
 
     @property
     def shape(self) -> Shape2D:

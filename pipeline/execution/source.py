@@ -40,7 +40,12 @@ from distributed import futures_of
 
 from pipeline._types import FloatArray, Shape2D
 from pipeline.algorithms.base import RowBlockFn
-from pipeline.execution.cache import CachePlan, plan_cache, worker_memory_limits
+from pipeline.execution.cache import (
+    CachePlan,
+    plan_cache,
+    stored_band_bytes,
+    worker_memory_limits,
+)
 from pipeline.execution.progress import show_progress
 from pipeline.execution.secrets import install_secret, remove_secret
 from pipeline.io.inputs import release_read_buffers
@@ -514,16 +519,22 @@ class DaskSource:
         A = self.A
         if mode == "never":
             return plan_cache(mode, [], [])
+        limits = worker_memory_limits(self.client)
+        if not self.dense:  # stored sizes: a count of the data, never published
+            sizes = None
+            if A.numblocks[1] == 1:
+                offsets = _offsets(A.chunks[0])
+                rows = [(offsets[a], offsets[b]) for a, b in row_bands(A.chunks)]
+                sizes = stored_band_bytes(self.reader, rows)
+            return plan_cache(mode, sizes, limits, dense=False)
         itemsize = np.dtype(A.dtype).itemsize
         width = max(A.chunks[1])
-        sizes = [
+        public = [
             sum(A.chunks[0][a:b]) * width * itemsize
             for a, b in row_bands(A.chunks)
             for _ in range(A.numblocks[1])
         ]
-        return plan_cache(
-            mode, sizes, worker_memory_limits(self.client), dense=self.dense
-        )
+        return plan_cache(mode, public, limits)
 
     def _hold(self, bands: list[tuple[int, int]]) -> None:
         """Submit the bands as tasks whose results the client holds (once: the

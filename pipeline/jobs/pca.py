@@ -226,7 +226,7 @@ class PcaJob:
             self.array, client, row_norm_bound=p.row_norm_bound, clip=p.private,
             # a selection's passes would reveal the number of trials (spec 3.5)
             progress=None if self.select else job.runtime.progress,
-            cache=job.runtime.cache,
+            cache=job.runtime.cache, reader=self.info.reader,
         )  # fmt: skip
         self.cluster = {
             **(cluster or {}), "n_row_bands": source.n_bands,

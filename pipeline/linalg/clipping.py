@@ -17,6 +17,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from pipeline._types import FloatArray
+from pipeline.linalg.compiled import COMPILED_ENTRIES, row_sumsq, scale_rows
 from pipeline.params import ClipSpec, PrivacyUnit
 
 __all__ = [
@@ -262,6 +263,9 @@ def sparse_clip(
         np.clip(x.data, -c, c, out=x.data)
         return
     given = row_scale if clip.unit is PrivacyUnit.ROW else col_scale
+    if clip.unit is PrivacyUnit.ROW and _compiled_rows(x):
+        _clip_rows_compiled(x, given, c)
+        return
     owner, count = _owners(x, clip.unit)
     fixes: list[tuple[Any, FloatArray]] = []
     if given is not None:
@@ -269,6 +273,35 @@ def sparse_clip(
     else:
         factors, fixes = _vector_factors(x, owner, count, c)
     x.data *= factors.astype(x.dtype, copy=False)
+    for sel, values in fixes:
+        x.data[sel] = values
+
+
+def _compiled_rows(x: sp.csr_matrix) -> bool:
+    """Whether ``x``'s rows are clipped by the compiled loops: a float64 band of
+    at least :data:`~pipeline.linalg.compiled.COMPILED_ENTRIES` stored entries
+    (the same bits as the numpy path, so the switch changes none)."""
+    return bool(x.dtype == np.float64 and x.nnz >= COMPILED_ENTRIES)
+
+
+def _clip_rows_compiled(
+    x: sp.csr_matrix, given: FloatArray | None, clip_norm: float
+) -> None:
+    """The row branch of :func:`sparse_clip` by the compiled loops: the sums of
+    squares in ``np.bincount``'s order, then each row scaled in place; a row
+    whose squares overflow is clipped by its peak, as :func:`_vector_factors`."""
+    fixes = []
+    if given is None:
+        sumsq = row_sumsq(x)
+        huge = np.flatnonzero(np.isposinf(sumsq))
+        sumsq[huge] = 0.0
+        factors = scale_factors_from_sumsq(sumsq, clip_norm)
+        for v in huge:
+            sel = slice(int(x.indptr[v]), int(x.indptr[v + 1]))
+            fixes.append((sel, clip_by_peak(x.data[sel][None, :], clip_norm)[0]))
+    else:
+        factors = np.asarray(given, dtype=np.float64)
+    scale_rows(x, factors)
     for sel, values in fixes:
         x.data[sel] = values
 

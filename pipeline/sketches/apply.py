@@ -546,7 +546,13 @@ def _sparse_partials(
         block.dtype, np.complexfloating
     ):
         raise NonFiniteInputError(f"{where} has non-numeric dtype {block.dtype}.")
-    a = sp.csr_matrix(block, dtype=dt, copy=True)  # this task's own copy
+    src = sp.csr_matrix(block)  # no copy for a CSR matrix
+    # this task's own values (zeroed and clipped in place below); the structure
+    # is shared, since no step changes it
+    a = sp.csr_matrix(
+        (np.array(src.data, dtype=dt, copy=True), src.indices, src.indptr),
+        shape=src.shape,
+    )
     sparse_zero_non_finite(a, None if request.clip is None else request.clip.unit)
     with np.errstate(over="ignore"):
         sparse_clip(a, request.clip, *scales)

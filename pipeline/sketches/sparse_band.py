@@ -23,7 +23,7 @@ duplicates scipy's ``toarray`` sums in C. :func:`sign_left` gathers the rows of
 output row ``t`` receives -- ``X[i]`` for every ``(i, t)`` with ``G[i, t] = +c``,
 ``-X[i]`` for ``-c`` -- grouped by ``t`` (a stable radix sort of the operator's
 columns), and lets scipy sum each group into the dense output row ``t``; a
-product of at least :data:`~pipeline.sketches.compiled.COMPILED_TERMS` terms adds
+product of at least :data:`~pipeline.linalg.compiled.COMPILED_TERMS` terms adds
 the same terms in the same order in a compiled loop instead (the same bits, in
 about half the time, without the expanded copies). Both
 work in blocks of output rows of at most :data:`BLOCK_ENTRIES` expanded entries
@@ -58,7 +58,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from pipeline._types import FloatArray, IntArray
-from pipeline.sketches.compiled import COMPILED_TERMS, sign_csr_into
+from pipeline.linalg.compiled import COMPILED_TERMS, sign_csr_into
 from pipeline.sketches.dense import DenseOperator
 from pipeline.sketches.gaussian import GaussianOperator
 from pipeline.sketches.sparse import SparseSignOperator

@@ -40,19 +40,36 @@ def test_the_smallest_worker_and_the_largest_band_decide() -> None:
     assert plan_cache("auto", small, [LIMIT, 3 * LIMIT]).used
 
 
-@pytest.mark.parametrize(
-    ("limits", "dense", "why"),
-    [([0, LIMIT], True, "no memory limit"), ([], True, "no memory limit"),
-     ([LIMIT, LIMIT], False, "sparse input")],
-)  # fmt: skip
-def test_unknown_limits_and_sparse_input_are_not_held(
-    limits: list[int], dense: bool, why: str
-) -> None:
-    plan = plan_cache("auto", [MIB] * 4, limits, dense=dense)
-    assert not plan.used
-    assert why in plan.reason
-    with pytest.raises(InvalidParameterError, match=why):
-        plan_cache("always", [MIB] * 4, limits, dense=dense)
+def test_unknown_limits_are_not_held() -> None:
+    for limits in ([0, LIMIT], []):
+        plan = plan_cache("auto", [MIB] * 4, limits)
+        assert not plan.used
+        assert "no memory limit" in plan.reason
+        with pytest.raises(InvalidParameterError, match="no memory limit"):
+            plan_cache("always", [MIB] * 4, limits)
+
+
+def test_a_sparse_inputs_decision_is_taken_and_withheld() -> None:
+    """Its stored sizes decide (they fit or not, as a dense input's would), the
+    report states none of it, and ``always`` holds without a check (a refusal
+    would be a data-dependent message); unknown sizes are held under ``always``
+    only. Negative control: a dense plan of the same sizes publishes them."""
+    fit, over = [MIB] * 4, [BUDGET] * 4
+    published = []
+    for sizes, held in ((fit, True), (over, False), (None, False)):
+        plan = plan_cache("auto", sizes, [LIMIT, LIMIT], dense=False)
+        assert plan.used is held
+        assert plan_cache("always", sizes, [LIMIT, LIMIT], dense=False).used
+        assert plan_cache("always", sizes, [], dense=False).used
+        assert not plan_cache("never", sizes, [LIMIT, LIMIT], dense=False).used
+        published.append(plan.to_dict())
+    assert published[0] == published[1] == published[2]
+    assert published[0]["used"] is None
+    assert set(published[0]) == {"mode", "used", "reason", "fraction"}
+    assert "withheld" in published[0]["reason"]
+    dense = plan_cache("auto", fit, [LIMIT, LIMIT]).to_dict()
+    assert dense["used"] is True
+    assert dense["band_bytes"] == sum(fit)
 
 
 def test_always_refuses_what_cannot_fit_and_never_holds_nothing() -> None:

@@ -21,12 +21,15 @@ References
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
 import pytest
 import scipy.sparse as sp
 
+from pipeline.linalg.clipping import ClipSpec
+from pipeline.params import PrivacyUnit
 from pipeline.sketches.gaussian import OperatorCode
 from pipeline.sketches.sparse import SparseSignOperator
 from pipeline.sketches.sparse_band import (
@@ -173,6 +176,7 @@ def test_the_compiled_loop_gives_the_numpy_paths_bits(
     the same terms, in the same order, as the gather-and-sum path (the same
     bits), for any dtype, format and stored order, duplicates included;
     negative control: another operator's product differs."""
+    from pipeline.linalg import compiled as compiled_loops
     from pipeline.sketches import sparse_band
 
     x = _band(5, 500, 70, 0.15, fmt, dtype, order)
@@ -189,11 +193,48 @@ def test_the_compiled_loop_gives_the_numpy_paths_bits(
         monkeypatch.setattr(sparse_band, "COMPILED_TERMS", 2**62)
         numpy_path = sign_left(g_t, band)
         monkeypatch.setattr(sparse_band, "COMPILED_TERMS", 0)
-        compiled = sign_left(g_t, band)
-        assert compiled.dtype == numpy_path.dtype
-        np.testing.assert_array_equal(compiled, numpy_path)
+        for chunk in (2**40, 7, 1):  # one chunk of rows, many, one row each
+            monkeypatch.setattr(compiled_loops, "CHUNK_ENTRIES", chunk)
+            compiled = sign_left(g_t, band)
+            assert compiled.dtype == numpy_path.dtype
+            np.testing.assert_array_equal(compiled, numpy_path)
     other = _op(600, 29, 8).left_block(100, 600, dtype)
     assert not np.array_equal(sign_left(other, x), compiled)
+
+
+@pytest.mark.parametrize("given", [False, True])
+def test_the_compiled_row_clip_gives_the_numpy_paths_bits(
+    monkeypatch: pytest.MonkeyPatch, given: bool
+) -> None:
+    """A float64 band of COMPILED_ENTRIES stored entries or more has its rows
+    clipped by compiled loops: the same sums of squares in the same order, the
+    same factors and products (the same bits), rows whose squares overflow
+    (clipped by their peak) and unsorted rows included; negative control: a
+    norm summed in another order differs."""
+    from pipeline.linalg import clipping
+
+    x = sp.csr_matrix(_band(9, 400, 90, 0.3, "csr", np.float64, "unsorted"))
+    first, second = (int(np.flatnonzero(np.diff(x.indptr) > 1)[k]) for k in (0, 1))
+    x.data[x.indptr[first]] = 1e300  # its squares overflow: clipped by its peak
+    x.data[x.indptr[second] : x.indptr[second + 1]] *= 1e-3  # under C: kept
+    clip = ClipSpec(unit=PrivacyUnit.ROW, clip_norm=0.7)
+    scale = np.linspace(0.1, 1.0, x.shape[0]) if given else None
+    got = {}
+    for name, entries in (("numpy", 2**62), ("compiled", 0)):
+        monkeypatch.setattr(clipping, "COMPILED_ENTRIES", entries)
+        a = sp.csr_matrix(x, copy=True)
+        with np.errstate(over="ignore"):
+            clipping.sparse_clip(a, clip, row_scale=scale)
+        got[name] = a.data
+    np.testing.assert_array_equal(got["compiled"], got["numpy"])
+    if not given:
+        norm = np.linalg.norm(got["compiled"][x.indptr[first] : x.indptr[first + 1]])
+        assert 0.7 * (1 - 16 * np.finfo(float).eps) <= norm <= 0.7  # not zeroed
+        sums = clipping.row_sumsq(x)
+        with np.errstate(over="ignore"):
+            flipped = np.array([np.sum(x.data[a:b][::-1] ** 2) for a, b in
+                                itertools.pairwise(x.indptr)])  # fmt: skip
+        assert not np.array_equal(sums[np.isfinite(sums)], flipped[np.isfinite(sums)])
 
 
 def test_a_flipped_sign_breaks_the_bound() -> None:

@@ -1,0 +1,122 @@
+"""A CSR store's row bands held in worker memory between passes (``cache=``).
+
+A sparse band's size counts its stored entries, so its cache decision is taken
+from the store's row pointers inside the trusted zone and withheld from the
+report (docs/privacy.md, "Times"; :mod:`pipeline.execution.cache`). Every read
+of a chunk of the store's ``data`` array leaves a marker file, so the tests count
+what each release read: held, the values are read by the first pass only. The
+release is bit for bit the same either way (the same computation on the same
+bytes), and the report says the same whatever was decided.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import zarr
+from distributed import Client, LocalCluster
+from test_cache import _nothing_left
+from test_fault_tolerance import SlowStore
+from zarr.storage import LocalStore
+
+import pipeline.execution.pca as pca_module
+import pipeline.io.inputs
+from pipeline.api import factorize, pca
+from pipeline.execution.cache import CACHE_FRACTION, SPARSE_REASON
+from pipeline.io.csr import write_csr
+
+pytestmark = pytest.mark.distributed
+
+M, N, RANK, T = 300, 40, 3, 3
+#: rows per CSR band: not a divisor of M, so bands split the arrays' chunks
+BAND_ROWS = 37
+PRIVACY = {"epsilon": 1.0, "delta": 1e-6, "budget": (100.0, 1e-3),
+           "insecure_noise_seed": 7}  # fmt: skip
+
+
+class DataReads(SlowStore):
+    """A store whose reads of the ``data`` array's chunks leave one marker each."""
+
+    async def get(self, key, prototype, byte_range=None):  # type: ignore[no-untyped-def]
+        value = await LocalStore.get(self, key, prototype, byte_range)
+        if key.startswith("data/c/") and self.marks:
+            Path(self.marks, f"{key.replace('/', '_')}-{uuid.uuid4().hex}").touch()
+        return value
+
+
+@pytest.fixture
+def store(tmp_path: Path, global_seed: int, monkeypatch: pytest.MonkeyPatch) -> Any:
+    rng = np.random.default_rng(global_seed)
+    A = np.where(rng.random((M, N)) < 0.15, rng.standard_normal((M, N)), 0.0)
+    path = tmp_path / "A.zarr"
+    write_csr(path, sp.csr_matrix(A), chunk_nnz=97)
+    monkeypatch.setattr(pipeline.io.inputs, "CSR_BAND_CELLS", BAND_ROWS * N)
+    monkeypatch.setattr(pca_module, "BAND_BYTES", 1)  # one PCA band per CSR band
+    marks = tmp_path / "marks"
+    marks.mkdir()
+
+    def open_counted() -> tuple[zarr.Group, Path]:
+        return zarr.open_group(store=DataReads(path, marks=str(marks)), mode="r"), marks
+
+    return open_counted
+
+
+def _reads(marks: Path) -> int:
+    n = len(os.listdir(marks))
+    for f in os.listdir(marks):
+        os.remove(marks / f)
+    return n
+
+
+@pytest.mark.timeout(180)
+def test_a_csr_store_is_read_once_by_a_two_pass_release(
+    client: Client, cluster: LocalCluster, tmp_path: Path, store: Any
+) -> None:
+    runs, reports = {}, {}
+    for mode in ("never", "auto", "always"):
+        group, marks = store()
+        f = factorize(group, RANK, algorithm="two-pass", seed=3, cache=mode,
+                      ledger=tmp_path / "l.json", **PRIVACY)  # fmt: skip
+        runs[mode], reports[mode] = (f, _reads(marks)), f.report["cluster"]["cache"]
+        assert f.report["n_passes"] == 2
+        assert _nothing_left(cluster.scheduler_address) == []
+    once = runs["never"][1] // 2
+    assert once > 0
+    assert runs["never"][1] == 2 * once  # each pass reads every value chunk
+    assert runs["auto"][1] == runs["always"][1] == once  # held: the first pass only
+    for mode in ("auto", "always"):
+        np.testing.assert_array_equal(runs[mode][0].S, runs["never"][0].S)
+        np.testing.assert_array_equal(np.asarray(runs[mode][0].U),
+                                      np.asarray(runs["never"][0].U))  # fmt: skip
+        np.testing.assert_array_equal(np.asarray(runs[mode][0].V),
+                                      np.asarray(runs["never"][0].V))  # fmt: skip
+        # the report tells nothing of the decision nor of the sizes
+        assert reports[mode] == {"mode": mode, "used": None, "reason": SPARSE_REASON,
+                                 "fraction": CACHE_FRACTION}  # fmt: skip
+    assert reports["never"]["used"] is False  # asked not to: public
+
+
+@pytest.mark.timeout(180)
+def test_a_csr_store_is_read_once_by_the_power_method(
+    client: Client, cluster: LocalCluster, store: Any
+) -> None:
+    runs = {}
+    for mode in ("never", "auto"):
+        group, marks = store()
+        r = pca(group, RANK, method="power", iterations=T, clip_radius=0.5, cache=mode,
+                **PRIVACY)  # fmt: skip
+        runs[mode] = (r, _reads(marks))
+        assert r.report["n_passes"] == 1 + T
+        assert _nothing_left(cluster.scheduler_address) == []
+    (never, n_never), (auto, n_auto) = runs["never"], runs["auto"]
+    assert n_auto > 0
+    assert n_never == (1 + T) * n_auto
+    assert auto.report["cluster"]["cache"]["used"] is None
+    np.testing.assert_array_equal(auto.components, never.components)
+    np.testing.assert_array_equal(auto.eigenvalues, never.eigenvalues)
