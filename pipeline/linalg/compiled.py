@@ -11,19 +11,28 @@ per term, with an expanded copy of each chunk of the band).
 Solution. The loop itself, compiled by numba on first use in a process and
 cached on disk (``numba.njit(cache=True)``): each term is formed and added
 once, in the same order as the numpy path (rows ``i`` increasing, onto zero),
-so both give the same bits. The loop runs output row by output row: row ``t``
-of the result (N entries) stays in the core's cache while the rows ``i`` that
-feed it (``G[i, t] != 0``, in increasing ``i``) are added onto it, instead of
-scattering each row of ``X`` into ``zeta`` rows of a result too large for the
-cache, and it does so chunk by chunk of the band's rows (:data:`CHUNK_ENTRIES`
-stored entries each), so that the rows read for one output row are read again,
-from the cache, for the next. Each output entry still receives its terms in
-increasing ``i``, so neither the order nor the chunks change a bit. Measured
-against the row-by-row scatter, into a 100 x 20000 result: a band of 2.7 million
-entries 43 against 67 ms, 2·10^7 entries 275 against 433 ms. No reduction is reordered (no fast-math), so the
+so both give the same bits. No reduction is reordered (no fast-math), so the
 bits do not depend on the machine's vector width. Importing numba and loading
 the cached loop cost a process about 0.3-0.5 s once; ``sign_left`` takes this
 path only for products large enough to repay it (:data:`COMPILED_TERMS`).
+
+Two loops add the same terms in two orders, and each output entry receives its
+terms in increasing ``i`` in both, so they give the same bits:
+
+* by rows (``_sign_rows``): each row of ``X`` scattered into the ``zeta`` rows
+  of the result it feeds. The band is read once; the result's rows are hit at
+  random, which is fast while a row of the result is short.
+* by targets (``_sign_targets``): output row ``t`` (N entries) stays in the
+  core's cache while the rows ``i`` that feed it (``G[i, t] != 0``) are added
+  onto it, chunk by chunk of the band's rows (:data:`CHUNK_ENTRIES` stored
+  entries each, read again from the cache for each output row). Faster for
+  long rows of the result, whose scattered updates miss the cache.
+
+Measured on one thread (random CSR, 8 entries per row of ``G``, d = 40, 100,
+400), by rows against by targets: 100000 x 2000 at 1 %: 21-40 against 47-79 ms;
+42724 x 1000 at 2.9 %: 12-21 against 25-36 ms; 13421 x 20000 at 1 %: 47-61
+against 29-46 ms; 100000 x 20000 at 1 %: 352-436 against 251-335 ms. Hence by
+targets from :data:`TARGETS_FROM_COLUMNS` columns on.
 
 Clipping a CSR band's rows (:func:`row_sumsq`, :func:`scale_rows`): numpy
 expands each stored entry's row index (``np.repeat``), sums the squares by
@@ -47,6 +56,7 @@ from pipeline._types import FloatArray
 __all__ = [
     "COMPILED_ENTRIES",
     "COMPILED_TERMS",
+    "TARGETS_FROM_COLUMNS",
     "row_sumsq",
     "scale_rows",
     "sign_csr_into",
@@ -57,15 +67,36 @@ __all__ = [
 #: one-time import and load (0.3-0.5 s) are repaid within a job of a few such
 #: products, and small inputs (tests, toy data) never pay it.
 COMPILED_TERMS = 1 << 22
-#: Stored entries of the band per chunk of the compiled sign product (about
-#: 50 MB of a float64 band): 2^22 was the best of 2^18 .. 2^30 measured.
+#: Stored entries of the band per chunk of the sign product by targets (about
+#: 50 MB of a float64 band): at or near the best of 2^14 .. 2^22 measured.
 CHUNK_ENTRIES = 1 << 22
+#: Columns of the band from which the sign product runs by targets (module
+#: docstring): 2000 ran faster by rows, 20000 by targets.
+TARGETS_FROM_COLUMNS = 8192
 #: Stored entries from which a float64 CSR band's rows are clipped by the
 #: compiled loops: 2^20, about 7 ms of the numpy path, on the same reasoning.
 COMPILED_ENTRIES = 1 << 20
 
 
-def _sign_csr(
+def _sign_rows(
+    data: Any,
+    indices: Any,
+    xptr: Any,
+    indptr: Any,
+    targets: Any,
+    weights: Any,
+    out: Any,
+) -> None:  # pragma: no cover - runs compiled; tested against the numpy path
+    rows = xptr.shape[0] - 1
+    for i in range(rows):
+        for e in range(indptr[i], indptr[i + 1]):
+            t = targets[e]
+            w = weights[e]
+            for p in range(xptr[i], xptr[i + 1]):
+                out[t, indices[p]] += w * data[p]
+
+
+def _sign_targets(
     data: Any,
     indices: Any,
     xptr: Any,
@@ -106,13 +137,14 @@ def _scale_rows(data: Any, indptr: Any, factors: Any) -> None:  # pragma: no cov
 
 
 @functools.cache
-def _compiled(name: str = "sign") -> Callable[..., None]:
+def _compiled(name: str) -> Callable[..., None]:
     """The loop ``name`` compiled, made once per process (numba compiles it on
     the first call, or loads it from its cache on disk)."""
     import numba  # heavy: numba, 0.2 s with the cached loop
 
     loops: dict[str, Callable[..., None]] = {
-        "sign": _sign_csr, "sumsq": _row_sumsq, "scale": _scale_rows,
+        "rows": _sign_rows, "targets": _sign_targets,
+        "sumsq": _row_sumsq, "scale": _scale_rows,
     }  # fmt: skip
     return numba.njit(cache=True, nogil=True)(loops[name])
 
@@ -141,6 +173,15 @@ def sign_csr_into(out: FloatArray, x: Any, g_t: Any) -> None:
     """
     p0, p1 = int(x.indptr[0]), int(x.indptr[-1])
     xptr = x.indptr.astype(np.int64) - p0
+    data, indices = x.data[p0:p1], x.indices[p0:p1]
+    if x.shape[1] < TARGETS_FROM_COLUMNS:
+        _compiled("rows")(
+            data, indices, xptr,
+            g_t.indptr.astype(np.int64, copy=False),
+            g_t.indices.astype(np.int64, copy=False),
+            g_t.data.astype(out.dtype, copy=False), out,
+        )  # fmt: skip
+        return
     # g_t by output row: its CSC entries stably sorted by row (increasing i kept;
     # int16 rows sort by radix)
     d = g_t.shape[0]
@@ -151,8 +192,7 @@ def sign_csr_into(out: FloatArray, x: Any, g_t: Any) -> None:
     np.cumsum(np.bincount(g_t.indices, minlength=d), out=gptr[1:])
     cuts = np.searchsorted(xptr, np.arange(0, p1 - p0, CHUNK_ENTRIES), side="right") - 1
     cuts = np.unique(np.r_[0, cuts, x.shape[0]]).astype(np.int64)
-    _compiled()(
-        x.data[p0:p1], x.indices[p0:p1], xptr,
-        gptr, sources.astype(np.int64, copy=False),
+    _compiled("targets")(
+        data, indices, xptr, gptr, sources.astype(np.int64, copy=False),
         g_t.data[order].astype(out.dtype, copy=False), cuts, out,
     )  # fmt: skip

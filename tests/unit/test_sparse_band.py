@@ -193,7 +193,9 @@ def test_the_compiled_loop_gives_the_numpy_paths_bits(
         monkeypatch.setattr(sparse_band, "COMPILED_TERMS", 2**62)
         numpy_path = sign_left(g_t, band)
         monkeypatch.setattr(sparse_band, "COMPILED_TERMS", 0)
-        for chunk in (2**40, 7, 1):  # one chunk of rows, many, one row each
+        # by rows; by targets in one chunk of rows, in many, one row each
+        for wide, chunk in ((2**40, 1), (0, 2**40), (0, 7), (0, 1)):
+            monkeypatch.setattr(compiled_loops, "TARGETS_FROM_COLUMNS", wide)
             monkeypatch.setattr(compiled_loops, "CHUNK_ENTRIES", chunk)
             compiled = sign_left(g_t, band)
             assert compiled.dtype == numpy_path.dtype
