@@ -35,6 +35,7 @@ from pipeline.execution.cache import (
 from pipeline.execution.progress import show_progress
 from pipeline.execution.source import (
     add_tree_sum,
+    check_indices_on_workers,
     concat_rows,
     layer_graph,
     row_bands,
@@ -126,6 +127,7 @@ class DaskRowSource:
         self.progress = progress
         # a sparse input's pass takes a time that grows with its stored entries
         self.dense = not sp.issparse(getattr(A, "_meta", None))
+        check_indices_on_workers(client, reader, A.chunks[0])
         self.n_passes = 0
         self.n_tasks = 0
         self._held: da.Array | None = None

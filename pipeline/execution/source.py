@@ -40,6 +40,7 @@ from distributed import futures_of
 
 from pipeline._types import FloatArray, Shape2D
 from pipeline.algorithms.base import RowBlockFn
+from pipeline.errors import StoreLayoutError
 from pipeline.execution.cache import (
     CachePlan,
     plan_cache,
@@ -260,6 +261,48 @@ def row_bands(
     chunk_bytes = max(chunks[0]) * max(chunks[1]) * 8
     k = max(1, (BAND_BYTES if target is None else target) // max(chunk_bytes, 1))
     return [(a, min(a + k, nr)) for a in range(0, nr, k)]
+
+
+def _index_problem(reader: Any, first: int, stop: int) -> str | None:
+    return reader.index_problem(first, stop)  # type: ignore[no-any-return]
+
+
+def check_indices_on_workers(
+    client: Any, reader: Any, row_chunks: Sequence[int]
+) -> None:
+    """Check a CSR store's column indices on the workers, before any pass.
+
+    A job defers the check of ``indices`` (O(nnz), :mod:`pipeline.io.csr`) to
+    its cluster: one task per row chunk runs
+    :meth:`~pipeline.io.csr.CsrReader.index_problem`, in parallel, and the
+    first chunk's refusal in row order is raised here, so the message does not
+    depend on which task finished first. Only then is the reader marked
+    checked, which lets a pass read its bands. Nothing for another reader (a
+    dense store, a store checked when opened).
+
+    Raises
+    ------
+    StoreLayoutError
+        A chunk holds an index out of ``[0, n)`` or not strictly increasing in
+        its row (one line, as :func:`~pipeline.io.csr.open_csr`'s).
+    """
+    if reader is None or getattr(reader, "indices_checked", True):
+        return
+    name = task_name("csr-check")
+    cuts = _offsets(row_chunks)
+    futures = [
+        client.submit(_index_problem, reader, a, b, key=f"{name}-{i}", pure=False)
+        for i, (a, b) in enumerate(itertools.pairwise(cuts))
+    ]
+    try:
+        problems = client.gather(futures)
+    finally:
+        for future in futures:
+            future.release()
+    for problem in problems:
+        if problem is not None:
+            raise StoreLayoutError(problem)
+    reader.indices_checked = True
 
 
 def gather_blocks(
@@ -496,6 +539,7 @@ class DaskSource:
         self.progress = progress
         # a sparse input's pass takes a time that grows with its stored entries
         self.dense = not sp.issparse(getattr(A, "_meta", None))
+        check_indices_on_workers(client, reader, A.chunks[0])
         self.n_passes = 0
         self.n_tasks = 0
         self._secrets: list[str] = []

@@ -28,6 +28,14 @@ as zero, docs/privacy.md). Every refusal is one line naming the rule and the sto
 it shows no value, position or count other than the declared shape (the number of
 non-zeros is itself a statistic of the data).
 
+The check of ``indices`` reads every column index, O(nnz). A job on a cluster
+defers it (:func:`open_csr` with ``check_indices=False``): the workers check the
+bands in parallel before the first pass reads a value
+(:meth:`CsrReader.index_problem`, run by the execution layer), with the same
+rules and messages, and until then the reader refuses to read a band
+(:attr:`CsrReader.indices_checked`): a band whose indices were never checked
+never reaches a kernel, whose loops do not check their bounds.
+
 Unsorted or duplicate column indices within a row are refused rather than sorted.
 A duplicate ``(i, j)`` is ambiguous (scipy sums duplicates, other readers keep
 one), and the privacy unit ``entry`` clips each stored value to ``C``: two stored
@@ -111,6 +119,9 @@ class CsrReader:
     layout : None
         Not a plain dense store (a pass reads a band in one call, see
         :meth:`block`).
+    indices_checked : bool
+        Whether every column index was checked (module docstring); a band is
+        read only once they were.
     """
 
     def __init__(self, group: zarr.Group, what: str) -> None:
@@ -125,6 +136,7 @@ class CsrReader:
         self.dtype = np.dtype(self.data.dtype)
         self.nnz = int(self.data.shape[0])
         self.ndim, self.layout = 2, None
+        self.indices_checked = False
 
     def __repr__(self) -> str:
         return f"CsrReader({self.what}, shape={self.shape}, dtype={self.dtype})"
@@ -158,6 +170,11 @@ class CsrReader:
             raise ValueError(
                 f"rows [{r0}, {r1}) are outside the matrix's [0, {self.shape[0]})."
             )
+        if not self.indices_checked:
+            raise StoreLayoutError(
+                f"{self.what} is read before its column indices were checked; "
+                "open it with open_csr(check_indices=True) or check them first."
+            )
         ptr = self.row_pointers(r0, r1)
         p0, p1 = int(ptr[0]), int(ptr[-1])
         idx = self._read(self.indices, p0, p1, "indices")
@@ -178,6 +195,16 @@ class CsrReader:
         if cols == (0, self.shape[1]):
             return x
         return sp.csr_matrix(x[:, cols[0] : cols[1]])
+
+    def index_problem(self, r0: int, r1: int) -> str | None:
+        """The refusal of the column indices of rows ``[r0, r1)``, or None when
+        they are valid (:func:`open_csr`'s rules and one-line message, streamed):
+        what a worker runs for its bands when the check is deferred."""
+        try:
+            _validate_indices(self, r0, r1)
+        except StoreLayoutError as exc:
+            return str(exc)
+        return None
 
     def bands(self, rows: int) -> Iterator[tuple[int, sp.csr_matrix]]:
         """``(r0, band)`` for consecutive bands of ``rows`` rows (the last shorter)."""
@@ -249,18 +276,22 @@ def _validate_indptr(reader: CsrReader) -> None:
         raise _refuse(what, "the last entry of indptr must equal the length of data")
 
 
-def _validate_indices(reader: CsrReader) -> None:
-    """Every index in ``[0, n)`` and strictly increasing within its row, streamed.
+def _validate_indices(
+    reader: CsrReader, first: int = 0, stop: int | None = None
+) -> None:
+    """Every index of rows ``[first, stop)`` (default: all) in ``[0, n)`` and
+    strictly increasing within its row, streamed.
 
     Rows are taken ``step`` at a time (their pointers in memory) and their entries
     ``step`` at a time: a position may hold an index no greater than the previous
     one only where a row starts.
     """
     what, (m, n) = reader.what, reader.shape
+    end = m if stop is None else stop
     step = _step(reader.indices)
     rows = _step(reader.indptr)
-    for r0 in range(0, m, rows):
-        ptr = reader.row_pointers(r0, min(r0 + rows, m))
+    for r0 in range(first, end, rows):
+        ptr = reader.row_pointers(r0, min(r0 + rows, end))
         prev = 0  # the last index read (the first piece starts at a row start)
         for q0 in range(int(ptr[0]), int(ptr[-1]), step):
             q1 = min(q0 + step, int(ptr[-1]))
@@ -286,6 +317,7 @@ def open_csr(
     source: str | os.PathLike[str] | zarr.Group,
     *,
     validate: bool = True,
+    check_indices: bool = True,
     what: str | None = None,
 ) -> CsrReader:
     """Open and check a CSR matrix in AnnData's layout (module docstring).
@@ -298,7 +330,12 @@ def open_csr(
         :func:`~pipeline.io.nodes.open_node`) or an open group.
     validate : bool
         Stream over ``indptr`` and ``indices`` to check them (module docstring).
-        Only for a store already validated unchanged.
+        False only for a store already validated unchanged, or where the shape
+        alone is needed (its bands are then never read).
+    check_indices : bool
+        With ``validate``: False defers the check of ``indices`` to the caller
+        (the workers of a job's cluster, :meth:`CsrReader.index_problem`);
+        ``indptr`` is checked here either way.
     what : str or None
         How messages name the store (default: its path, or "the input group").
 
@@ -339,7 +376,9 @@ def open_csr(
     reader = CsrReader(node, what)
     if validate:
         _validate_indptr(reader)
-        _validate_indices(reader)
+        if check_indices:
+            _validate_indices(reader)
+    reader.indices_checked = not validate or check_indices
     return reader
 
 

@@ -435,6 +435,7 @@ def open_input(
     unit: str | None = "row",
     band_bytes: int | None = None,
     validate: bool = True,
+    check_indices: bool = True,
 ) -> tuple[da.Array | np.ndarray, InputInfo]:
     """Open ``source`` lazily and validate it from metadata alone (no data read).
 
@@ -458,6 +459,10 @@ def open_input(
         False only where the shape alone is needed and the job that reads the
         data opens the store again (checked then): the check reads all of
         ``indptr`` and ``indices``, so it runs once per job.
+    check_indices : bool
+        False: a CSR store's column indices are left to the workers of the
+        job's cluster (:func:`~pipeline.io.csr.open_csr`), which check them
+        before its first pass; ``indptr`` is checked here.
 
     Returns
     -------
@@ -491,7 +496,12 @@ def open_input(
         f"input store {objectstore.redact(path)!r}" if path else "the input zarr array"
     )
     if isinstance(z, zarr.Group):
-        checked = open_csr(z, validate=validate, what=what if path else None)
+        checked = open_csr(
+            z,
+            validate=validate,
+            check_indices=check_indices,
+            what=what if path else None,
+        )
         return _csr_input(checked, path)
     _check_array_meta(z.shape, z.dtype, what)
     store_chunks = _pair(z.shards or z.chunks)

@@ -261,7 +261,10 @@ def centred_pca(
     """
     from pipeline.io.inputs import open_input  # heavy: zarr, dask
 
-    array, info = open_input(X, unit=None, band_bytes=PCA_BAND_BYTES)
+    # a sparse input is refused below from metadata: its indices need no check
+    array, info = open_input(
+        X, unit=None, band_bytes=PCA_BAND_BYTES, check_indices=False
+    )
     if sp.issparse(array) or sp.issparse(getattr(array, "_meta", None)):
         # metadata only: refused before any data is read or charged
         raise InvalidParameterError(

@@ -168,8 +168,12 @@ def lrf_release_spec(
     scratch_dirs.remove_dead(
         options.scratch, options.out
     )  # what a killed job left here
+    # a CSR store's column indices are checked by the cluster's workers, in
+    # parallel, before the first pass (DaskSource)
     array, info = open_input(
-        source, unit=params.clip.unit.value if params.private else None
+        source,
+        unit=params.clip.unit.value if params.private else None,
+        check_indices=False,
     )
     plan = plan_lrf(params, info.shape, public_seed=seed)
     contract = None

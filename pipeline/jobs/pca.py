@@ -164,7 +164,11 @@ def pca_release_spec(
     """The release spec and the algorithm hooks of one PCA."""
     from pipeline.io import open_input  # heavy: zarr, dask
 
-    array, info = open_input(source, unit=None, band_bytes=PCA_BAND_BYTES)
+    # a CSR store's column indices are checked by the cluster's workers, in
+    # parallel, before the first pass (DaskRowSource)
+    array, info = open_input(
+        source, unit=None, band_bytes=PCA_BAND_BYTES, check_indices=False
+    )
     plan = pca_plan(params, info.shape, selection)
     cal, select = plan.calibration, selection is not None
     random_stopping = selection is not None and selection.expected_trials is not None

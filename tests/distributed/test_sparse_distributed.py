@@ -237,9 +237,9 @@ def test_a_store_is_validated_once_per_fit(
     checked: list[bool] = []
     real = pipeline.io.inputs.open_csr
 
-    def counting(source: Any, *, validate: bool = True, what: Any = None) -> Any:
+    def counting(source: Any, *, validate: bool = True, **kw: Any) -> Any:
         checked.append(validate)
-        return real(source, validate=validate, what=what)
+        return real(source, validate=validate, **kw)
 
     monkeypatch.setattr(pipeline.io.inputs, "open_csr", counting)
     kw = {**PRIVACY, "method": "analyze-gauss", "budget": BUDGET,
