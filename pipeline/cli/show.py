@@ -371,8 +371,12 @@ def _timings(rep: dict[str, Any]) -> str:
     if t is None:
         return "not recorded"
     if not t:
-        # a private selection's duration would reveal its number of trials
-        return "not recorded (they would reveal a private selection's trials)"
+        # a private selection's durations would reveal its number of trials, a
+        # sparse input's its number of stored entries (docs/privacy.md, "Times")
+        return (
+            "withheld (they would reveal a private selection's trials or a sparse "
+            "input's stored entries)"
+        )
     return ", ".join(f"{k} {v:.2f} s" for k, v in t.items())
 
 

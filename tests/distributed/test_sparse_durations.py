@@ -78,10 +78,23 @@ def _run(
     return rel.report, stored, stream.getvalue()
 
 
+def _shown_timings(release: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    """The timings line of ``dplr show RELEASE``."""
+    from pipeline.cli import main
+
+    capsys.readouterr()
+    assert main(["show", str(release)]) == 0
+    return next(ln for ln in capsys.readouterr().out.splitlines() if "timings" in ln)
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("kind", ["factorize", "pca"])
 def test_a_csr_store_publishes_no_durations(
-    client: Client, tmp_path: Path, global_seed: int, kind: str
+    client: Client,
+    tmp_path: Path,
+    global_seed: int,
+    kind: str,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     A = _matrix(global_seed)
     sparse = tmp_path / "sparse.zarr"
@@ -90,12 +103,14 @@ def test_a_csr_store_publishes_no_durations(
     assert report["timings_seconds"] == {}
     assert stored["timings_seconds"] == {}
     _assert_untimed(progress)
+    assert "withheld" in _shown_timings(tmp_path / "s.zarr", capsys)
     # negative control: the same matrix stored dense keeps its durations
     dense = write_matrix(tmp_path / "dense.zarr", A, (60, N))
     report, stored, progress = _run(kind, dense, tmp_path / "d.zarr")
     assert report["timings_seconds"]["total"] > 0
     assert stored["timings_seconds"]
     assert [b for b in _bars(progress) if TIME.search(b)]
+    assert re.search(r"pass \d+\.\d\d s", _shown_timings(tmp_path / "d.zarr", capsys))
 
 
 @pytest.mark.timeout(240)
