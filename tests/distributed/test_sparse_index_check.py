@@ -25,6 +25,7 @@ from distributed import Client
 from test_fault_tolerance import SlowStore
 from zarr.storage import LocalStore
 
+import pipeline.io.csr
 import pipeline.io.inputs
 from pipeline.accounting.ledger import Ledger
 from pipeline.api import factorize, pca
@@ -56,7 +57,10 @@ def _matrix(seed: int) -> sp.csr_matrix:
 
 @pytest.fixture
 def small_bands(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Several bands, and the check of these small stores left to the workers
+    (a store below DEFER_INDICES_FROM entries is checked by the client)."""
     monkeypatch.setattr(pipeline.io.inputs, "CSR_BAND_CELLS", BAND_ROWS * N)
+    monkeypatch.setattr(pipeline.io.csr, "DEFER_INDICES_FROM", 0)
 
 
 def _client_index_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -136,9 +140,14 @@ def test_a_bad_band_is_refused_before_any_value_is_read(
         assert json.loads(ledger.read_text()) == before  # nothing charged
 
 
-def test_a_reader_whose_indices_were_not_checked_reads_no_band(tmp_path: Path) -> None:
+def test_a_reader_whose_indices_were_not_checked_reads_no_band(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = tmp_path / "A.zarr"
     write_csr(path, _matrix(1))
+    # a small store's indices are checked at once: the round trip would cost more
+    assert open_csr(path, check_indices=False).indices_checked
+    monkeypatch.setattr(pipeline.io.csr, "DEFER_INDICES_FROM", 0)
     reader = open_csr(path, check_indices=False)
     with pytest.raises(
         StoreLayoutError, match="before its column indices were checked"
