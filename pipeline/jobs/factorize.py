@@ -284,7 +284,10 @@ class LrfJob:
         result = run_lrf(src, plan, hooks, input_dtype=self.array.dtype)
         job.mark("post")
         if self.cluster is not None:
-            self.cluster["n_graph_tasks_pass"] = src.n_tasks
+            # a pass over held bands has fewer tasks: withheld where whether they
+            # were held is itself withheld (a sparse input, execution/cache.py)
+            public = src.cache_plan.published
+            self.cluster["n_graph_tasks_pass"] = src.n_tasks if public else None
         report = build_report(
             plan, job, info=self.info, passes=src.n_passes, cluster=self.cluster,
             released=np.asarray(result.S), resumed=journal.resumed,

@@ -266,7 +266,10 @@ class PcaJob:
             result = run_pca(src, self.plan, hooks)
         job.mark("run")
         if self.cluster is not None and not self.select:
-            self.cluster["n_graph_tasks"] = src.n_tasks
+            # withheld where the cache decision is (a sparse input): a graph over
+            # held bands may count other tasks
+            public = src.cache_plan.published
+            self.cluster["n_graph_tasks"] = src.n_tasks if public else None
         report = build_pca_report(
             self.plan, result, job, info=self.info, cluster=self.cluster
         )

@@ -26,6 +26,7 @@ from test_fault_tolerance import SlowStore
 from zarr.storage import LocalStore
 
 import pipeline.execution.pca as pca_module
+import pipeline.execution.source as source_module
 import pipeline.io.inputs
 from pipeline.api import factorize, pca
 from pipeline.execution.cache import CACHE_FRACTION, SPARSE_REASON
@@ -78,12 +79,13 @@ def _reads(marks: Path) -> int:
 def test_a_csr_store_is_read_once_by_a_two_pass_release(
     client: Client, cluster: LocalCluster, tmp_path: Path, store: Any
 ) -> None:
-    runs, reports = {}, {}
+    runs, reports, clusters = {}, {}, {}
     for mode in ("never", "auto", "always"):
         group, marks = store()
         f = factorize(group, RANK, algorithm="two-pass", seed=3, cache=mode,
                       ledger=tmp_path / "l.json", **PRIVACY)  # fmt: skip
         runs[mode], reports[mode] = (f, _reads(marks)), f.report["cluster"]["cache"]
+        clusters[mode] = {k: v for k, v in f.report["cluster"].items() if k != "cache"}
         assert f.report["n_passes"] == 2
         assert _nothing_left(cluster.scheduler_address) == []
     once = runs["never"][1] // 2
@@ -100,6 +102,36 @@ def test_a_csr_store_is_read_once_by_a_two_pass_release(
         assert reports[mode] == {"mode": mode, "used": None, "reason": SPARSE_REASON,
                                  "fraction": CACHE_FRACTION}  # fmt: skip
     assert reports["never"]["used"] is False  # asked not to: public
+    # nor does the rest of the report: a pass over held bands has fewer tasks, so
+    # their count is withheld too (never holds nothing: public)
+    assert clusters["auto"] == clusters["always"]
+    assert clusters["auto"]["n_graph_tasks_pass"] is None
+    assert clusters["never"]["n_graph_tasks_pass"] > 0
+
+
+@pytest.mark.timeout(180)
+def test_held_or_not_the_report_is_the_same(
+    client: Client, tmp_path: Path, store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``auto`` with bands that fit and with bands that do not (workers of 1 kB):
+    the same release and the same report, all of it but the release's own id,
+    time and ledger state; the reads show the decisions differed."""
+    runs = []
+    for limit in (None, 1024):
+        if limit is not None:
+            monkeypatch.setattr(source_module, "worker_memory_limits",
+                                lambda client, kb=limit: [kb, kb])  # fmt: skip
+        group, marks = store()
+        f = factorize(group, RANK, algorithm="two-pass", seed=3, cache="auto",
+                      ledger=tmp_path / "l.json", **PRIVACY)  # fmt: skip
+        runs.append((f, _reads(marks)))
+    (held, n_held), (read, n_read) = runs
+    assert n_read == 2 * n_held > 0  # not held: read by both passes
+    np.testing.assert_array_equal(held.S, read.S)
+    skip = {"release_id", "created", "ledger"}
+    assert {k: v for k, v in held.report.items() if k not in skip} == {
+        k: v for k, v in read.report.items() if k not in skip
+    }
 
 
 @pytest.mark.timeout(180)
@@ -118,5 +150,6 @@ def test_a_csr_store_is_read_once_by_the_power_method(
     assert n_auto > 0
     assert n_never == (1 + T) * n_auto
     assert auto.report["cluster"]["cache"]["used"] is None
+    assert auto.report["cluster"]["n_graph_tasks"] is None
     np.testing.assert_array_equal(auto.components, never.components)
     np.testing.assert_array_equal(auto.eigenvalues, never.eigenvalues)
