@@ -116,22 +116,29 @@ def test_held_or_not_the_report_is_the_same(
     """``auto`` with bands that fit and with bands that do not (workers of 1 kB):
     the same release and the same report, all of it but the release's own id,
     time and ledger state; the reads show the decisions differed."""
+    kw = {**PRIVACY, "cache": "auto", "ledger": tmp_path / "l.json"}
     runs = []
     for limit in (None, 1024):
         if limit is not None:
-            monkeypatch.setattr(source_module, "worker_memory_limits",
-                                lambda client, kb=limit: [kb, kb])  # fmt: skip
+            for module in (source_module, pca_module):
+                monkeypatch.setattr(module, "worker_memory_limits",
+                                    lambda client, kb=limit: [kb, kb])  # fmt: skip
         group, marks = store()
-        f = factorize(group, RANK, algorithm="two-pass", seed=3, cache="auto",
-                      ledger=tmp_path / "l.json", **PRIVACY)  # fmt: skip
-        runs.append((f, _reads(marks)))
-    (held, n_held), (read, n_read) = runs
+        f = factorize(group, RANK, algorithm="two-pass", seed=3, **kw)
+        n_f = _reads(marks)
+        group, marks = store()
+        p = pca(group, RANK, method="power", iterations=T, clip_radius=0.5, **kw)
+        runs.append((f, n_f, p, _reads(marks)))
+    (f_held, n_held, p_held, m_held), (f_read, n_read, p_read, m_read) = runs
     assert n_read == 2 * n_held > 0  # not held: read by both passes
-    np.testing.assert_array_equal(held.S, read.S)
+    assert m_read == (1 + T) * m_held > 0
+    np.testing.assert_array_equal(f_held.S, f_read.S)
+    np.testing.assert_array_equal(p_held.components, p_read.components)
     skip = {"release_id", "created", "ledger"}
-    assert {k: v for k, v in held.report.items() if k not in skip} == {
-        k: v for k, v in read.report.items() if k not in skip
-    }
+    for held, read in ((f_held, f_read), (p_held, p_read)):
+        assert {k: v for k, v in held.report.items() if k not in skip} == {
+            k: v for k, v in read.report.items() if k not in skip
+        }
 
 
 @pytest.mark.timeout(180)
