@@ -11,6 +11,7 @@ bytes), and the report says the same whatever was decided.
 
 from __future__ import annotations
 
+import io
 import os
 import uuid
 from pathlib import Path
@@ -114,22 +115,28 @@ def test_held_or_not_the_report_is_the_same(
     client: Client, tmp_path: Path, store: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``auto`` with bands that fit and with bands that do not (workers of 1 kB):
-    the same release and the same report, all of it but the release's own id,
-    time and ledger state; the reads show the decisions differed."""
+    the same release, the same progress output and the same report, all of it
+    but the release's own id, time and ledger state; the reads show the
+    decisions differed. A factorization and a power-method PCA."""
     kw = {**PRIVACY, "cache": "auto", "ledger": tmp_path / "l.json"}
-    runs = []
+    runs, printed = [], []
     for limit in (None, 1024):
         if limit is not None:
             for module in (source_module, pca_module):
                 monkeypatch.setattr(module, "worker_memory_limits",
                                     lambda client, kb=limit: [kb, kb])  # fmt: skip
         group, marks = store()
-        f = factorize(group, RANK, algorithm="two-pass", seed=3, **kw)
+        shown = io.StringIO()
+        f = factorize(group, RANK, algorithm="two-pass", seed=3, progress=shown, **kw)
         n_f = _reads(marks)
         group, marks = store()
-        p = pca(group, RANK, method="power", iterations=T, clip_radius=0.5, **kw)
+        p = pca(group, RANK, method="power", iterations=T, clip_radius=0.5,
+                progress=shown, **kw)  # fmt: skip
         runs.append((f, n_f, p, _reads(marks)))
+        printed.append(shown.getvalue())
     (f_held, n_held, p_held, m_held), (f_read, n_read, p_read, m_read) = runs
+    assert printed[0] == printed[1]  # the progress, untimed, too
+    assert "[####" in printed[0]
     assert n_read == 2 * n_held > 0  # not held: read by both passes
     assert m_read == (1 + T) * m_held > 0
     np.testing.assert_array_equal(f_held.S, f_read.S)
