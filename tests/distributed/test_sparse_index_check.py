@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +21,7 @@ import pytest
 import scipy.sparse as sp
 import zarr
 from distributed import Client
-from test_fault_tolerance import SlowStore
-from zarr.storage import LocalStore
+from test_sparse_cache import DataReads
 
 import pipeline.io.csr
 import pipeline.io.inputs
@@ -37,16 +35,6 @@ pytestmark = pytest.mark.distributed
 M, N, RANK = 300, 40, 3
 BAND_ROWS = 37
 PRIVACY = {"epsilon": 1.0, "delta": 1e-6, "insecure_noise_seed": 7}
-
-
-class ValueReads(SlowStore):
-    """A store whose reads of the ``data`` array's chunks leave one marker each."""
-
-    async def get(self, key, prototype, byte_range=None):  # type: ignore[no-untyped-def]
-        value = await LocalStore.get(self, key, prototype, byte_range)
-        if key.startswith("data/c/") and self.marks:
-            Path(self.marks, f"{key.replace('/', '_')}-{uuid.uuid4().hex}").touch()
-        return value
 
 
 def _matrix(seed: int) -> sp.csr_matrix:
@@ -132,7 +120,7 @@ def test_a_bad_band_is_refused_before_any_value_is_read(
         lambda g: factorize(g, RANK, algorithm="two-pass", seed=3, **kw),
         lambda g: pca(g, RANK, method="analyze-gauss", **kw),
     ):
-        opened = zarr.open_group(store=ValueReads(path, marks=str(marks)), mode="r")
+        opened = zarr.open_group(store=DataReads(path, marks=str(marks)), mode="r")
         with pytest.raises(StoreLayoutError, match=re.escape(phrase)) as info:
             run(opened)
         assert "\n" not in str(info.value)
