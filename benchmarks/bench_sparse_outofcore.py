@@ -178,6 +178,18 @@ def run(label: str, fn: Any, client: Any, args: argparse.Namespace) -> dict[str,
     return rec
 
 
+def _public_args(args: list[str]) -> list[str]:
+    """The command's arguments as recorded: the scratch directory, a path of
+    this machine, as ``SCRATCH_DIR``."""
+    out = list(args)
+    for i, a in enumerate(args):
+        if a == "--workdir" and i + 1 < len(args):
+            out[i + 1] = "SCRATCH_DIR"
+        elif a.startswith("--workdir="):
+            out[i] = "--workdir=SCRATCH_DIR"
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import cloudpickle
@@ -240,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     res = {
         "benchmark": "bench_sparse_outofcore",
         "command": "python benchmarks/bench_sparse_outofcore.py "
-        + " ".join(sys.argv[1:] if argv is None else argv),
+        + " ".join(_public_args(sys.argv[1:] if argv is None else argv)),
         "machine": C.machine(),
         "versions": C.versions(),
         "store": {
