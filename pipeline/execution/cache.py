@@ -195,15 +195,27 @@ def _fits(sizes: dict[str, int]) -> str | None:
     return None
 
 
-def stored_band_bytes(reader: Any, rows: Sequence[tuple[int, int]]) -> list[int] | None:
-    """The bytes of each row band ``[r0, r1)`` of a CSR store as a pass holds it
-    (values, column indices, row pointers), or None when ``reader`` is not a CSR
-    store's. A count of the data: for :func:`plan_cache` only, never published."""
+def stored_band_bytes(
+    reader: Any, row_chunks: Sequence[int], bands: Sequence[tuple[int, int]]
+) -> list[int] | None:
+    """The bytes of each band of a CSR store as a pass holds it (values, column
+    indices, row pointers), or None when ``reader`` is not a CSR store's.
+
+    ``bands`` are ranges ``[a, b)`` of the row chunks ``row_chunks``; only the
+    row pointers at the bands' edges are read. A count of the data: for
+    :func:`plan_cache` only, never published.
+    """
     if not hasattr(reader, "row_pointers"):
         return None
-    ptr = reader.row_pointers(0, reader.shape[0])
+    offsets = np.cumsum((0, *row_chunks))
+    edges = sorted({int(offsets[i]) for band in bands for i in band})
+    at = {r: int(reader.row_pointers(r, r)[0]) for r in edges}
     entry = np.dtype(reader.dtype).itemsize + np.dtype(reader.indices.dtype).itemsize
-    return [int(ptr[b] - ptr[a]) * entry + (b - a + 1) * 8 for a, b in rows]
+    return [
+        (at[int(offsets[b])] - at[int(offsets[a])]) * entry
+        + (int(offsets[b] - offsets[a]) + 1) * 8
+        for a, b in bands
+    ]
 
 
 def worker_memory_limits(client: Any) -> list[int]:

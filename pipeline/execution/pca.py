@@ -139,10 +139,8 @@ class DaskRowSource:
         if mode == "never":
             return plan_cache(mode, [], [])
         A, limits = self.A, worker_memory_limits(self.client)
-        offsets = np.cumsum((0, *A.chunks[0]))
         if not self.dense:
-            rows = [(int(offsets[a]), int(offsets[b])) for a, b in self._bands]
-            sizes = stored_band_bytes(reader, rows)
+            sizes = stored_band_bytes(reader, A.chunks[0], self._bands)
             return plan_cache(mode, sizes, limits, dense=False)
         row = int(A.shape[1]) * np.dtype(A.dtype).itemsize
         return plan_cache(mode, [sum(A.chunks[0][a:b]) * row for a, b in self._bands],

@@ -263,10 +263,6 @@ def row_bands(
     return [(a, min(a + k, nr)) for a in range(0, nr, k)]
 
 
-def _index_problem(reader: Any, first: int, stop: int) -> str | None:
-    return reader.index_problem(first, stop)  # type: ignore[no-any-return]
-
-
 def check_indices_on_workers(
     client: Any, reader: Any, row_chunks: Sequence[int]
 ) -> None:
@@ -291,7 +287,7 @@ def check_indices_on_workers(
     name = task_name("csr-check")
     cuts = _offsets(row_chunks)
     futures = [
-        client.submit(_index_problem, reader, a, b, key=f"{name}-{i}", pure=False)
+        client.submit(reader.index_problem, a, b, key=f"{name}-{i}", pure=False)
         for i, (a, b) in enumerate(itertools.pairwise(cuts))
     ]
     try:
@@ -567,9 +563,7 @@ class DaskSource:
         if not self.dense:  # stored sizes: a count of the data, never published
             sizes = None
             if A.numblocks[1] == 1:
-                offsets = _offsets(A.chunks[0])
-                rows = [(offsets[a], offsets[b]) for a, b in row_bands(A.chunks)]
-                sizes = stored_band_bytes(self.reader, rows)
+                sizes = stored_band_bytes(self.reader, A.chunks[0], row_bands(A.chunks))
             return plan_cache(mode, sizes, limits, dense=False)
         itemsize = np.dtype(A.dtype).itemsize
         width = max(A.chunks[1])
