@@ -15,7 +15,8 @@ keeps their lineage while the client holds them).
 
 A sparse input's bands have sizes that count its stored entries, a statistic
 of the data. Its decision is taken from those sizes (a CSR store's row
-pointers, read by its validation before anything else) inside the trusted zone,
+pointers at the bands' edges, checked by its validation before anything else)
+inside the trusted zone,
 like any other use of ``nnz`` that sizes work, and it is not published: the
 report states the mode asked and that the decision is withheld, and neither
 the report nor the progress states a duration (docs/privacy.md, "Times"), so
