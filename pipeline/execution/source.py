@@ -49,7 +49,7 @@ from pipeline.execution.cache import (
 )
 from pipeline.execution.progress import show_progress
 from pipeline.execution.secrets import install_secret, remove_secret
-from pipeline.io.inputs import release_read_buffers
+from pipeline.io.chunkio import release_read_buffers
 from pipeline.linalg.clipping import sparse_sumsq
 from pipeline.mechanisms.clipping import scale_factors_from_sumsq
 from pipeline.params import PrivacyUnit

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
-import threading
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,15 +12,16 @@ import numpy as np
 import scipy.sparse as sp
 import zarr
 from dask.base import tokenize
-from numcodecs import Zstd
-from zarr.codecs import BytesCodec, ZstdCodec
-from zarr.core.buffer import default_buffer_prototype
-from zarr.core.chunk_grids import RegularChunkGrid
-from zarr.core.sync import sync
-from zarr.storage import LocalStore
 
 from pipeline.errors import StoreLayoutError
 from pipeline.io import objectstore
+from pipeline.io.chunkio import (
+    PlainLayout,
+    decode_chunk,
+    plain_layout,
+    thread_buffer,
+)
+from pipeline.io.chunkio import chunk_bytes as _chunk_bytes  # patched by fault tests
 from pipeline.io.csr import CsrReader, is_csr_group, open_csr
 from pipeline.io.nodes import open_node
 
@@ -116,95 +115,6 @@ def _open_zarr(path: str) -> zarr.Array[Any] | zarr.Group:
     return node
 
 
-@dataclass(frozen=True, slots=True)
-class _PlainLayout:
-    """Where and how the chunks of a plain Zarr v3 array are stored."""
-
-    store: Any  # the zarr store
-    prefix: str  # the array's key prefix in the store
-    chunks: tuple[int, int]
-    dtype: np.dtype
-    zstd: bool  # else uncompressed
-    fill_value: Any
-    metadata: Any  # the array's metadata: encodes chunk keys
-
-
-def _plain_layout(z: zarr.Array[Any]) -> _PlainLayout | None:
-    """The layout of ``z`` if its chunks can be read directly, else None.
-
-    Direct means: a Zarr v3 array in a local directory store, regular chunks,
-    no sharding or storage transformers, and the codecs ``bytes`` (native byte
-    order) optionally followed by ``zstd`` -- the common layout, and the one
-    ``dplr generate`` writes. Everything else is read through zarr.
-    """
-    m = z.metadata
-    if (
-        m.zarr_format != 3
-        or not isinstance(z.store, LocalStore)
-        or not isinstance(m.chunk_grid, RegularChunkGrid)
-        or getattr(m, "storage_transformers", None)
-        or z.shards is not None
-    ):
-        return None
-    codecs = tuple(m.codecs)
-    dtype = np.dtype(z.dtype)
-    if not codecs or not isinstance(codecs[0], BytesCodec) or len(codecs) > 2:
-        return None
-    endian = codecs[0].endian
-    if dtype.itemsize > 1 and (endian is None or endian.value != sys.byteorder):
-        return None
-    if len(codecs) == 2 and not isinstance(codecs[1], ZstdCodec):
-        return None
-    return _PlainLayout(
-        store=z.store,
-        prefix=f"{z.path}/" if z.path else "",
-        chunks=(int(z.chunks[0]), int(z.chunks[1])),
-        dtype=dtype.newbyteorder("="),
-        zstd=len(codecs) == 2,
-        fill_value=z.fill_value,
-        metadata=m,
-    )
-
-
-#: Buffers of the direct reads (compressed bytes, decoded chunk), per thread;
-#: freed by :func:`release_read_buffers` when a job ends.
-_BUFFERS: dict[tuple[int, str], bytearray] = {}
-_BUFFERS_LOCK = threading.Lock()
-
-
-def _buffer(name: str, nbytes: int) -> bytearray:
-    """This thread's buffer ``name`` of at least ``nbytes``.
-
-    A buffer that is too small is dropped *before* the larger one is made (two
-    live at once would double the peak), and grows with 1/32 headroom: the
-    compressed sizes of a store's chunks differ by a little, and each new
-    largest one would otherwise cost a reallocation.
-    """
-    key = (threading.get_ident(), name)
-    with _BUFFERS_LOCK:
-        buf = _BUFFERS.get(key)
-        if buf is not None and len(buf) >= nbytes:
-            return buf
-        _BUFFERS.pop(key, None)
-    del buf
-    fresh = bytearray(nbytes + nbytes // 32)
-    with _BUFFERS_LOCK:
-        _BUFFERS[key] = fresh
-    return fresh
-
-
-def release_read_buffers() -> int:
-    """Free this process's direct-read buffers; returns the bytes freed.
-
-    Run on every worker when a job is done (``DaskSource.close``), so a worker
-    holds no read buffer (about two chunks per thread) between jobs.
-    """
-    with _BUFFERS_LOCK:
-        freed = sum(len(b) for b in _BUFFERS.values())
-        _BUFFERS.clear()
-    return freed
-
-
 class _CheckedReads:
     """A zarr array whose failed chunk reads raise :class:`StoreLayoutError`.
 
@@ -217,7 +127,7 @@ class _CheckedReads:
     def __init__(self, z: zarr.Array[Any], what: str) -> None:
         self.z, self.what = z, what
         self.shape, self.dtype, self.ndim = tuple(z.shape), z.dtype, 2
-        self.layout = _plain_layout(z)
+        self.layout = plain_layout(z)
 
     def __getitem__(self, key: Any) -> np.ndarray:
         try:
@@ -237,10 +147,11 @@ class _CheckedReads:
     def block(self, rows: tuple[int, int], cols: tuple[int, int]) -> np.ndarray:
         """The block ``[rows[0]:rows[1], cols[0]:cols[1]]`` as numpy.
 
-        When the block is one chunk of a plain local store (:func:`_plain_layout`),
-        the chunk's bytes are read (:func:`_chunk_bytes`) and decoded straight
-        into buffers of this thread -- zarr's general path (codec pipeline, fresh
-        arrays, copies) costs about 1.8x as much per chunk. The result
+        When the block is one chunk of a plain local store
+        (:func:`~pipeline.io.chunkio.plain_layout`), the chunk's bytes are read
+        and decoded straight into buffers of this thread
+        (:mod:`pipeline.io.chunkio`) -- zarr's general path (codec pipeline,
+        fresh arrays, copies) costs about 1.8x as much per chunk. The result
         is then a view of that buffer, **valid until the next call on this
         thread**: a pass task uses it and drops it. Any other block is read
         through zarr.
@@ -266,51 +177,14 @@ class _CheckedReads:
         return chunk[: r1 - r0, : c1 - c0]
 
     @staticmethod
-    def _read_chunk(lay: _PlainLayout, coords: tuple[int, int]) -> np.ndarray:
-        nbytes = lay.chunks[0] * lay.chunks[1] * lay.dtype.itemsize
-        raw = _chunk_bytes(
-            lay.store, f"{lay.prefix}{lay.metadata.encode_chunk_key(coords)}"
+    def _read_chunk(lay: PlainLayout, coords: tuple[int, int]) -> np.ndarray:
+        nbytes = lay.chunk_nbytes
+        raw = _chunk_bytes(lay.store, lay.key(coords))
+        out = np.frombuffer(
+            thread_buffer("chunk", nbytes), dtype=np.uint8, count=nbytes
         )
-        out = np.frombuffer(_buffer("chunk", nbytes), dtype=np.uint8, count=nbytes)
-        chunk = out.view(lay.dtype).reshape(lay.chunks)
-        if raw is None:  # never written: the fill value, as zarr reads it
-            chunk.fill(lay.fill_value)
-            return chunk
-        if not lay.zstd:
-            if len(raw) != nbytes:
-                raise ValueError("chunk size")
-            out[:] = np.frombuffer(raw, dtype=np.uint8)
-        elif np.asarray(_zstd().decode(raw, out=out)).nbytes != nbytes:
-            raise ValueError("decoded size")
-        return chunk
-
-
-def _chunk_bytes(store: Any, key: str) -> memoryview | None:
-    """The stored bytes of chunk ``key``, or None if it was never written.
-
-    A plain local directory store's file is read into a buffer of this thread
-    (a fresh 40 MB ``bytes`` per chunk costs its page faults every time); the
-    view is valid until this thread's next read. Other stores, subclasses of
-    ``LocalStore`` included, answer through their ``get``.
-    """
-    if type(store) is LocalStore:  # a subclass may fetch its bytes otherwise
-        path = os.path.join(str(store.root), *key.split("/"))
-        try:
-            fh = open(path, "rb")  # noqa: SIM115 - closed below
-        except FileNotFoundError:
-            return None
-        with fh:
-            size = os.fstat(fh.fileno()).st_size
-            raw = memoryview(_buffer("raw", size))[:size]
-            if fh.readinto(raw) != size:
-                raise OSError("short read")
-            return raw
-    got = sync(store.get(key, default_buffer_prototype()))
-    return None if got is None else memoryview(got.as_numpy_array())
-
-
-def _zstd() -> Any:
-    return Zstd()  # the decoder zarr's zstd codec uses
+        decode_chunk(lay, raw, out)
+        return out.view(lay.dtype).reshape(lay.chunks)
 
 
 def _band_chunks(

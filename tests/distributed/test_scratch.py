@@ -233,15 +233,15 @@ def test_a_scratch_that_is_not_a_directory_is_refused_before_any_read(
 def test_workers_hold_no_chunk_read_buffers_after_a_job(
     client: Client, tmp_path: Path, global_seed: int
 ) -> None:
-    """The pass tasks decode chunks into per-thread buffers (pipeline.io.inputs);
+    """The pass tasks decode chunks into per-thread buffers (pipeline.io.chunkio);
     the job frees them on every worker when it ends."""
     A = seeded_matrix(global_seed, M, N)
     path = write_matrix(tmp_path / "A.zarr", A, CHUNKS["row-bands"])
 
     def held() -> int:
-        from pipeline.io import inputs
+        from pipeline.io.chunkio import read_buffer_bytes
 
-        return sum(len(b) for b in inputs._BUFFERS.values())
+        return read_buffer_bytes()
 
     def read_a_chunk(where: str) -> int:
         from pipeline.io import open_input
