@@ -30,6 +30,7 @@ import json
 import os
 import shutil
 import uuid
+import weakref
 from typing import Any
 
 import dask.array as da
@@ -181,6 +182,10 @@ class FileJournal:
         self.noise_key = key
         self.sketch_seed = sketch_seed
         self.resumed = False
+        # per sketch name: the array last written and its manifest entry, so the
+        # same object recorded again is not written again (a weak reference: the
+        # journal does not keep a v x N sketch alive)
+        self._written: dict[str, tuple[weakref.ref[Any], dict[str, Any]]] = {}
 
     @classmethod
     def open(
@@ -402,18 +407,27 @@ class FileJournal:
             elif isinstance(value, da.Array):
                 manifest[name] = self._write_tall(label, value, client)
             else:
-                arr = np.asarray(value)
-                self._save(label, arr)
-                manifest[name] = {
-                    "kind": "npy",
-                    "label": label,
-                    "shape": list(arr.shape),
-                    "dtype": arr.dtype.str,
-                }
+                manifest[name] = self._write_npy(name, label, value)
         write_private(
             os.path.join(self.path, _SKETCHES_FILE),
             json.dumps({"sketches": manifest}, indent=2).encode(),
         )
+
+    def _write_npy(self, name: str, label: str, value: Any) -> dict[str, Any]:
+        """Write one in-memory sketch; the very same array recorded before (a
+        two-pass job records ``Z`` after each pass) keeps its file and entry."""
+        prev = self._written.get(name)
+        if prev is not None and prev[0]() is value:
+            return prev[1]
+        arr = np.asarray(value)
+        self._save(label, arr)
+        entry = {
+            "kind": "npy", "label": label,
+            "shape": list(arr.shape), "dtype": arr.dtype.str,
+        }  # fmt: skip
+        if isinstance(value, np.ndarray):
+            self._written[name] = (weakref.ref(value), entry)
+        return entry
 
     def _write_tall(self, label: str, Y: da.Array, client: Any) -> dict[str, Any]:
         rows = int(max(Y.chunks[0]))

@@ -512,3 +512,26 @@ def test_over_budget_run_leaves_no_journal(data: np.ndarray, tmp_path: Path) -> 
         api.factorize(data, RANK, **_kw(True, "spectral"), out=out, ledger=book)
     assert not os.path.lexists(default_journal_path(out))
     assert book.releases == ()
+
+
+def test_a_sketch_recorded_again_as_the_same_array_is_not_rewritten(
+    tmp_path: Path,
+) -> None:
+    """A two-pass job records Z after pass 1 and again with Y: Z's file stays
+    (the same inode, never replaced); an equal-valued *new* array is written
+    again (negative control: identity, not a guess from the values, decides)."""
+    rng = np.random.default_rng(2)
+    z = rng.standard_normal((5, 7))
+    tall = da.from_array(rng.standard_normal((60, 3)), chunks=(20, 3))
+    j = FileJournal.create(tmp_path / "j", {"kind": "t"}, noise_key=None)
+    j.record_sketches({"Z": z})
+    path = tmp_path / "j" / "exact-Z.npy"
+    first = path.stat().st_ino
+    j.record_sketches({"Z": z, "Y": tall})
+    assert path.stat().st_ino == first
+    got = j.load_sketches()
+    assert got is not None
+    assert got["Z"].tobytes() == z.tobytes()
+    assert set(got) == {"Z", "Y"}
+    j.record_sketches({"Z": z.copy(), "Y": tall})
+    assert path.stat().st_ino != first  # write_private replaces the file

@@ -451,7 +451,7 @@ def run_two_pass(
         right = (("Y", DenseOperator(Vk)),)
         y_exact = source.sketch(_request(plan, input_dtype, right=right))["Y"]
         if journal is not None:
-            # the manifest names both; Z is written again with the same bytes
+            # the manifest names both; Z's file, written after pass 1, is kept
             journal.record(SKETCHES, {"Z": z_exact, "Y": y_exact})
     del z_exact, exact
     with one_blas_thread():
