@@ -35,7 +35,7 @@ import zarr
 from distributed import Client, LocalCluster
 
 import pipeline
-from pipeline.io.csr import write_csr
+from pipeline.io.csr import WRITE_CODEC, write_csr
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_lrf import CpuMeter
@@ -59,10 +59,26 @@ def _bands(m: int, n: int, density: float, seed: int) -> Any:
 
 
 def csr_store(m: int, n: int, density: float) -> str:
+    """The CSR store of the matrix, written by ``write_csr`` (again when a
+    store kept from an earlier run has another codec than it writes now)."""
     path = os.path.join(WORK, f"sparse_{m}x{n}_d{density:g}.zarr")
-    if not os.path.exists(path):
-        write_csr(path, _bands(m, n, density, 0), shape=(m, n))
+    if not os.path.exists(path) or not _current_codec(path):
+        write_csr(path, _bands(m, n, density, 0), shape=(m, n), overwrite=True)
     return path
+
+
+def _current_codec(path: str) -> bool:
+    codecs = zarr.open_group(path, mode="r")["indices"].metadata.codecs
+
+    def config(codec: Any) -> dict[str, Any]:  # the type size follows the dtype
+        return {k: v for k, v in codec.to_dict().items() if k != "typesize"} | {
+            "configuration": {
+                k: v for k, v in codec.to_dict()["configuration"].items()
+                if k != "typesize"
+            }
+        }  # fmt: skip
+
+    return len(codecs) == 2 and config(codecs[1]) == config(WRITE_CODEC)
 
 
 def dense_chunk_rows(n: int) -> int:
