@@ -33,17 +33,21 @@ def fsync_tree(root: str) -> None:
         fsync_path(dirpath)
 
 
-def write_private(path: str, data: bytes) -> None:
+def write_private(path: str, data: bytes, *more: bytes | memoryview) -> None:
     """Replace ``path`` by ``data`` atomically, mode 0600, durably.
 
     The bytes go to ``<path>.tmp-<random>`` first (created 0600, whatever the
     umask), are fsynced, renamed over ``path``, and the directory is fsynced.
+    ``more``: buffers written after ``data`` (e.g. an array's memory, not
+    copied into one ``bytes`` first).
     """
     tmp = f"{path}.tmp-{uuid.uuid4().hex}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _FILE_MODE)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+            for buf in more:
+                f.write(buf)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
