@@ -197,21 +197,29 @@ def _fits(sizes: dict[str, int]) -> str | None:
 
 
 def stored_band_bytes(
-    reader: Any, row_chunks: Sequence[int], bands: Sequence[tuple[int, int]]
+    reader: Any,
+    row_chunks: Sequence[int],
+    bands: Sequence[tuple[int, int]],
+    *,
+    value_bytes: int = 0,
 ) -> list[int] | None:
     """The bytes of each band of a CSR store as a pass holds it (values, column
     indices, row pointers), or None when ``reader`` is not a CSR store's.
 
     ``bands`` are ranges ``[a, b)`` of the row chunks ``row_chunks``; only the
-    row pointers at the bands' edges are read. A count of the data: for
-    :func:`plan_cache` only, never published.
+    row pointers at the bands' edges are read. ``value_bytes``: the values
+    counted at least this wide (a band held once prepared, in float64). A
+    count of the data: for :func:`plan_cache` only, never published.
     """
     if not hasattr(reader, "row_pointers"):
         return None
     offsets = np.cumsum((0, *row_chunks))
     edges = sorted({int(offsets[i]) for band in bands for i in band})
     at = {r: int(reader.row_pointers(r, r)[0]) for r in edges}
-    entry = np.dtype(reader.dtype).itemsize + np.dtype(reader.indices.dtype).itemsize
+    entry = (
+        max(np.dtype(reader.dtype).itemsize, value_bytes)
+        + np.dtype(reader.indices.dtype).itemsize
+    )
     return [
         (at[int(offsets[b])] - at[int(offsets[a])]) * entry
         + (int(offsets[b] - offsets[a]) + 1) * 8

@@ -53,7 +53,12 @@ from pipeline.io.chunkio import release_read_buffers
 from pipeline.linalg.clipping import sparse_sumsq
 from pipeline.mechanisms.clipping import scale_factors_from_sumsq
 from pipeline.params import PrivacyUnit
-from pipeline.sketches.apply import PassRequest, block_partials
+from pipeline.sketches.apply import (
+    PassRequest,
+    band_local_clip,
+    block_partials,
+    prepare_sparse_band,
+)
 from pipeline.sketches.operators import SketchOperator
 
 #: Fan-in of every reduction tree.
@@ -541,6 +546,9 @@ class DaskSource:
         self._secrets: list[str] = []
         self.cache_plan: CachePlan = self._plan_cache(cache)
         self._held: da.Array | None = None
+        # None: the held bands are raw; else the request whose preparation
+        # (clipping, dtype) they hold (a sparse input's: prepare_sparse_band)
+        self._held_for: PassRequest | None = None
 
     @property
     def shape(self) -> Shape2D:
@@ -563,7 +571,9 @@ class DaskSource:
         if not self.dense:  # stored sizes: a count of the data, never published
             sizes = None
             if A.numblocks[1] == 1:
-                sizes = stored_band_bytes(self.reader, A.chunks[0], row_bands(A.chunks))
+                sizes = stored_band_bytes(
+                    self.reader, A.chunks[0], row_bands(A.chunks), value_bytes=8
+                )  # held prepared: the values in float64 at most
             return plan_cache(mode, sizes, limits, dense=False)
         itemsize = np.dtype(A.dtype).itemsize
         width = max(A.chunks[1])
@@ -574,9 +584,16 @@ class DaskSource:
         ]
         return plan_cache(mode, public, limits)
 
-    def _hold(self, bands: list[tuple[int, int]]) -> None:
+    def _hold(self, bands: list[tuple[int, int]], request: PassRequest) -> None:
         """Submit the bands as tasks whose results the client holds (once: the
-        first pass computes them, the later ones find them in memory)."""
+        first pass computes them, the later ones find them in memory).
+
+        A sparse input's bands are held prepared for ``request`` (non-finite
+        individuals zeroed, clipped, in its dtype: :class:`PreparedBand`) when
+        each band can be prepared alone: the later passes that prepare them the
+        same way (the two-pass release's second pass, with the same clipping)
+        go straight to their products; another pass reads its bands again.
+        """
         if not self.cache_plan.used or self._held is not None:
             return
         A = self.A
@@ -586,15 +603,41 @@ class DaskSource:
         if self.reader is not None:
             rkey = task_name("band-reader")
             layer[rkey] = _Holder(self.reader)
+        prepare = (
+            not self.dense
+            and A.numblocks[1] == 1
+            and band_local_clip(request.clip, True, len(bands) == 1)
+        )
         for i, band in enumerate(bands):
             for c in range(A.numblocks[1]):
-                layer[(name, i, c)] = self._band_source(band, c, rkey, keep=True)
+                src = self._band_source(band, c, rkey, keep=True)
+                if prepare:
+                    # a band read for this task alone is prepared in place
+                    src = (
+                        prepare_sparse_band, src, request.clip, request.compute_dtype,
+                        _band_where(band[0], band[1] - 1, c), rkey is not None,
+                    )  # fmt: skip
+                layer[(name, i, c)] = src
         brows = tuple(sum(A.chunks[0][a:b]) for a, b in bands)
         held = da.Array(
             layer_graph(name, layer, dependencies=[A]), name,
             chunks=(brows, A.chunks[1]), meta=A._meta,
         )  # fmt: skip
         self._held = self.client.persist(held)
+        self._held_for = request if prepare else None
+
+    def _held_serves(self, request: PassRequest | None) -> bool:
+        """Whether the held bands serve a pass with ``request`` (None: one that
+        needs the raw values, e.g. for norms)."""
+        if self._held is None:
+            return False
+        if self._held_for is None:
+            return True
+        return request is not None and (
+            request.clip == self._held_for.clip
+            and np.dtype(request.compute_dtype)
+            == np.dtype(self._held_for.compute_dtype)
+        )
 
     def _deps(self) -> list[da.Array]:
         """The collections a pass graph depends on: ``A``, and the held bands."""
@@ -703,7 +746,7 @@ class DaskSource:
                 where = _band_where(band[0], band[1] - 1, c)
                 src = (
                     (self._held.name, i, c)
-                    if self._held is not None
+                    if self._held is not None and self._held_serves(None)
                     else self._band_source(band, c, rkey)
                 )
                 layer[(nname, i, c)] = (_block_sumsq, src, axis, where)
@@ -734,10 +777,11 @@ class DaskSource:
         for i, (a, b) in enumerate(bands):
             for c in range(A.numblocks[1]):
                 common = (request, scales[0].get(i), scales[1].get(c))
-                if self.reader is None or self._held is not None:
+                held = self._held is not None and self._held_serves(request)
+                if self.reader is None or held:
                     src = (
                         (self._held.name, i, c)
-                        if self._held is not None
+                        if held and self._held is not None
                         else self._band_source((a, b), c, None)
                     )
                     layer[(pname, i, c)] = (
@@ -780,9 +824,11 @@ class DaskSource:
             # the sum over them: no local QR, the post-processing runs TSQR instead
             request = dataclasses.replace(request, local_qr=())
         layer: dict[Any, Any] = {}
-        self._hold(bands)
+        self._hold(bands, request)
         rkey = None
-        if self.reader is not None and self._held is None:
+        if self.reader is not None and not (
+            self._held_serves(request) and self._held_serves(None)
+        ):
             rkey = task_name("reader")
             layer[rkey] = _Holder(self.reader)
         row_keys, col_keys = self._scale_keys(request, layer, bands, rkey)

@@ -199,7 +199,7 @@ def _clip_vectors(
 
 
 def block_partials(
-    block: FloatArray,
+    block: Any,
     row0: int,
     col0: int,
     request: PassRequest,
@@ -213,12 +213,13 @@ def block_partials(
 
     Parameters
     ----------
-    block : ndarray or scipy.sparse matrix of shape (b_rows, b_cols)
+    block : ndarray, scipy.sparse matrix or PreparedBand of shape (b_rows, b_cols)
         ``A[row0:row0 + b_rows, col0:col0 + b_cols]``. A sparse block (e.g. a
         CSR row band) is handled on its stored entries, in O(non-zeros), and
         never densified; its partials equal those of ``block.toarray()`` up to
         the rounding of a different summation order
-        (:mod:`~pipeline.sketches.sparse_band`).
+        (:mod:`~pipeline.sketches.sparse_band`). A :class:`PreparedBand` is
+        already cleared and clipped as ``request`` asks: straight to the products.
     row0, col0 : int
         Offsets of the block in ``A``.
     request : PassRequest
@@ -246,6 +247,10 @@ def block_partials(
     clipped rows). The partials are as sensitive as the data: they are only
     ever summed, then noised by the algorithm.
     """
+    if isinstance(block, PreparedBand):
+        if not block.serves(request) or row_scale is not None or col_scale is not None:
+            raise ValueError(f"{where} was prepared for another clipping or dtype.")
+        return _sparse_products(block.matrix, row0, col0, request, where, left_blocks)
     if sp.issparse(block):
         return _sparse_partials(
             block, row0, col0, request, (row_scale, col_scale), where, left_blocks
@@ -541,21 +546,94 @@ def _sparse_partials(
     (:func:`~pipeline.linalg.clipping.sparse_clip`,
     :mod:`~pipeline.sketches.sparse_band`); no dense block of the input is formed.
     """
-    dt = request.compute_dtype
+    a = _prepared_csr(block, request.clip, request.compute_dtype, scales, where)
+    return _sparse_products(a, row0, col0, request, where, given)
+
+
+def _prepared_csr(
+    block: Any,
+    clip: ClipSpec | None,
+    dt: Any,
+    scales: tuple[FloatArray | None, FloatArray | None],
+    where: str,
+    *,
+    owned: bool = False,
+) -> Any:
+    """The CSR ``block`` with values of dtype ``dt``, its non-finite individuals
+    zeroed and clipped; ``owned``: its values may be changed in place (a band
+    read for this step alone), else they are copied first."""
     if not np.issubdtype(block.dtype, np.number) or np.issubdtype(
         block.dtype, np.complexfloating
     ):
         raise NonFiniteInputError(f"{where} has non-numeric dtype {block.dtype}.")
     src = sp.csr_matrix(block)  # no copy for a CSR matrix
-    # this task's own values (zeroed and clipped in place below); the structure
+    # this step's own values (zeroed and clipped in place below); the structure
     # is shared, since no step changes it
-    a = sp.csr_matrix(
-        (np.array(src.data, dtype=dt, copy=True), src.indices, src.indptr),
-        shape=src.shape,
-    )
-    sparse_zero_non_finite(a, None if request.clip is None else request.clip.unit)
+    values = src.data
+    if not (owned and values.dtype == dt and values.flags.writeable):
+        values = np.array(values, dtype=dt, copy=True)
+    a = sp.csr_matrix((values, src.indices, src.indptr), shape=src.shape)
+    sparse_zero_non_finite(a, None if clip is None else clip.unit)
     with np.errstate(over="ignore"):
-        sparse_clip(a, request.clip, *scales)
+        sparse_clip(a, clip, *scales)
+    return a
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedBand:
+    """A sparse row band of ``A`` already cleared of its non-finite individuals
+    and clipped (:func:`prepare_sparse_band`): what a job holds in worker
+    memory between passes that all prepare it the same way, so a later pass
+    goes straight to the products (:func:`block_partials`).
+
+    Attributes
+    ----------
+    matrix : scipy.sparse.csr_matrix
+        The prepared band, values of dtype ``dtype``.
+    clip : ClipSpec or None
+    dtype : numpy.dtype
+    """
+
+    matrix: Any
+    clip: ClipSpec | None
+    dtype: np.dtype
+
+    def serves(self, request: PassRequest) -> bool:
+        """Whether ``request`` prepares its band as this one was."""
+        return (
+            request.clip == self.clip and np.dtype(request.compute_dtype) == self.dtype
+        )
+
+
+def band_local_clip(clip: ClipSpec | None, whole_rows: bool, one_band: bool) -> bool:
+    """Whether a band can be prepared alone: its individuals lie within it
+    (entries; whole rows; columns only when the band holds every row)."""
+    if clip is None or clip.unit is PrivacyUnit.ENTRY:
+        return True
+    return whole_rows if clip.unit is PrivacyUnit.ROW else one_band
+
+
+def prepare_sparse_band(
+    block: Any, clip: ClipSpec | None, dtype: Any, where: str, owned: bool = False
+) -> PreparedBand:
+    """A sparse band prepared for every pass that clips with ``clip`` in
+    ``dtype`` (:class:`PreparedBand`): the values :func:`block_partials` would
+    compute from it, bit for bit; ``owned``: the band was read for this call
+    alone, and is prepared in place."""
+    a = _prepared_csr(block, clip, dtype, (None, None), where, owned=owned)
+    return PreparedBand(matrix=a, clip=clip, dtype=np.dtype(dtype))
+
+
+def _sparse_products(
+    a: Any,
+    row0: int,
+    col0: int,
+    request: PassRequest,
+    where: str,
+    given: Mapping[str, Any] | None,
+) -> tuple[FloatArray, ...]:
+    """The partials of a prepared sparse block ``a``."""
+    dt = request.compute_dtype
     x, xr0, xc0 = (a.T, col0, row0) if request.transpose else (a, row0, col0)
     xr1, xc1 = xr0 + x.shape[0], xc0 + x.shape[1]
     out: list[FloatArray] = []

@@ -167,3 +167,53 @@ def test_a_csr_store_is_read_once_by_the_power_method(
     assert auto.report["cluster"]["n_graph_tasks"] is None
     np.testing.assert_array_equal(auto.components, never.components)
     np.testing.assert_array_equal(auto.eigenvalues, never.eigenvalues)
+
+
+@pytest.mark.timeout(180)
+def test_prepared_bands_serve_only_passes_that_prepare_them_alike(
+    client: Client, store: Any, global_seed: int
+) -> None:
+    """A sparse input's bands are held already clipped for the first pass's
+    request: a later pass that clips alike reads nothing and gets the bits of
+    a source that holds nothing; a pass that clips otherwise reads its bands
+    again (negative control: the held bands, clipped at 0.3, would shrink the
+    rows whose norms lie between 0.3 and 1)."""
+    from pipeline.execution.source import DaskSource
+    from pipeline.io.inputs import open_input
+    from pipeline.params import ClipSpec, PrivacyUnit
+    from pipeline.sketches.apply import PassRequest
+    from pipeline.sketches.dense import DenseOperator
+
+    V = np.linalg.qr(np.random.default_rng(global_seed).standard_normal((N, 4)))[0]
+
+    def request(c: float) -> PassRequest:
+        return PassRequest(
+            transpose=False, clip=ClipSpec(clip_norm=c, unit=PrivacyUnit.ROW),
+            compute_dtype=np.float64, right=(("Y", DenseOperator(V)),),
+        )  # fmt: skip
+
+    def run(source: DaskSource, c: float) -> np.ndarray:
+        return np.asarray(source.sketch(request(c))["Y"])
+
+    group, marks = store()
+    A, info = open_input(group, unit=None)
+    held = DaskSource(A, client, reader=info.reader, cache="auto")
+    try:
+        first = run(held, 0.3)
+        assert _reads(marks) > 0
+        again = run(held, 0.3)
+        assert _reads(marks) == 0  # served by the prepared bands
+        other = run(held, 1.0)
+        assert _reads(marks) > 0  # clipped otherwise: read again
+    finally:
+        held.close()
+    group, _ = store()
+    A, info = open_input(group, unit=None)
+    plain = DaskSource(A, client, reader=info.reader, cache="never")
+    try:
+        want = {c: run(plain, c) for c in (0.3, 1.0)}
+    finally:
+        plain.close()
+    assert first.tobytes() == again.tobytes() == want[0.3].tobytes()
+    assert other.tobytes() == want[1.0].tobytes()
+    assert not np.allclose(want[0.3], want[1.0])  # the clippings differ here
