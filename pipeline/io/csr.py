@@ -67,6 +67,7 @@ from pipeline.errors import StoreLayoutError
 from pipeline.io import objectstore
 from pipeline.io.chunkio import plain_layout, read_range
 from pipeline.io.nodes import open_node
+from pipeline.linalg.compiled import COMPILED_ENTRIES, index_fault
 
 __all__ = [
     "CSR_ENCODING",
@@ -180,8 +181,8 @@ class CsrReader:
         return self._read(self.indptr, r0, r1 + 1, "indptr").astype(np.int64)
 
     def read_indices(self, p0: int, p1: int) -> np.ndarray:
-        """``indices[p0:p1]`` as int64."""
-        return self._read(self.indices, p0, p1, "indices").astype(np.int64)
+        """``indices[p0:p1]``, in their stored integer dtype."""
+        return self._read(self.indices, p0, p1, "indices")
 
     def band(self, r0: int, r1: int) -> sp.csr_matrix:
         """Rows ``[r0, r1)`` as a CSR matrix of shape (r1 - r0, n), dtype of ``data``.
@@ -320,21 +321,36 @@ def _validate_indices(
         for q0 in range(int(ptr[0]), int(ptr[-1]), step):
             q1 = min(q0 + step, int(ptr[-1]))
             idx = reader.read_indices(q0, q1)
-            if idx.min() < 0 or idx.max() >= n:
+            starts = ptr[(ptr >= q0) & (ptr < q1)] - q0  # where a row starts
+            fault = (
+                index_fault(idx, starts, prev, n)
+                if q1 - q0 >= COMPILED_ENTRIES
+                else _index_fault(idx, starts, prev, n)
+            )
+            if fault == 1:
                 raise _refuse(
                     what, f"column indices must be in [0, shape[1]) = [0, {n})"
                 )
-            ok = np.empty(q1 - q0, dtype=bool)
-            ok[0] = idx[0] > prev
-            np.greater(idx[1:], idx[:-1], out=ok[1:])
-            ok[ptr[(ptr >= q0) & (ptr < q1)] - q0] = True  # where a row starts
-            if not ok.all():
+            if fault == 2:
                 raise _refuse(
                     what,
                     "column indices must be sorted and unique within each row "
                     "(call X.sum_duplicates() before writing)",
                 )
             prev = int(idx[-1])
+
+
+def _index_fault(idx: np.ndarray, starts: np.ndarray, prev: int, n: int) -> int:
+    """:func:`~pipeline.linalg.compiled.index_fault` in numpy, for pieces
+    too small to repay loading the compiled loop: 1 for an index outside
+    ``[0, n)``, else 2 for one not greater than its predecessor in its row."""
+    if idx.min() < 0 or idx.max() >= n:
+        return 1
+    ok = np.empty(idx.shape[0], dtype=bool)
+    ok[0] = idx[0] > prev
+    np.greater(idx[1:], idx[:-1], out=ok[1:])
+    ok[starts] = True
+    return 0 if ok.all() else 2
 
 
 def open_csr(

@@ -1,5 +1,5 @@
 """Compiled loops over a CSR band, where numpy has no fast form: the sparse sign
-product and the clipping of rows.
+product, the clipping of rows and the check of a store's column indices.
 
 Problem. ``G^T X`` for a sparse sign operator (``zeta`` entries ``+-c`` per row of
 ``G``) and a CSR band ``X`` adds each stored entry's ``zeta`` terms
@@ -41,6 +41,10 @@ entry with three band-sized temporaries; the loops walk each row's entries in
 place, in the order ``bincount`` adds them (one sequential sum per row, onto
 zero), so the norms, hence the factors and the clipped values, have the same
 bits (:data:`COMPILED_ENTRIES`).
+
+Checking a CSR store's column indices (:func:`index_fault`, pieces of at least
+:data:`COMPILED_ENTRIES` entries): the same verdict as numpy's range test then
+order test, the range first, without their temporaries.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ __all__ = [
     "COMPILED_ENTRIES",
     "COMPILED_TERMS",
     "TARGETS_FROM_COLUMNS",
+    "index_fault",
     "row_sumsq",
     "scale_rows",
     "sign_csr_into",
@@ -136,17 +141,48 @@ def _scale_rows(data: Any, indptr: Any, factors: Any) -> None:  # pragma: no cov
             data[p] *= f
 
 
+def _index_fault(idx: Any, starts: Any, prev: int, n: int) -> int:  # pragma: no cover
+    if idx.shape[0] == 0:
+        return 0
+    if idx.min() < 0 or idx.max() >= n:
+        return 1
+    k, m = 0, starts.shape[0]
+    if idx[0] <= prev and not (m > 0 and starts[0] == 0):
+        return 2
+    for p in range(1, idx.shape[0]):
+        if idx[p] <= idx[p - 1]:  # allowed where a row starts only
+            while k < m and starts[k] < p:
+                k += 1
+            if not (k < m and starts[k] == p):
+                return 2
+    return 0
+
+
 @functools.cache
-def _compiled(name: str) -> Callable[..., None]:
+def _compiled(name: str) -> Callable[..., Any]:
     """The loop ``name`` compiled, made once per process (numba compiles it on
     the first call, or loads it from its cache on disk)."""
     import numba  # heavy: numba, 0.2 s with the cached loop
 
-    loops: dict[str, Callable[..., None]] = {
+    loops: dict[str, Callable[..., Any]] = {
         "rows": _sign_rows, "targets": _sign_targets,
-        "sumsq": _row_sumsq, "scale": _scale_rows,
+        "sumsq": _row_sumsq, "scale": _scale_rows, "index": _index_fault,
     }  # fmt: skip
     return numba.njit(cache=True, nogil=True)(loops[name])
+
+
+def index_fault(idx: Any, starts: Any, prev: int, n: int) -> int:
+    """The first fault of a piece of a CSR store's column indices: 1 when an
+    index is outside ``[0, n)``, else 2 when one is not greater than its
+    predecessor in its row, else 0. ``starts``: the positions in the piece
+    where a row starts (sorted); ``prev``: the index before the piece (checked
+    against the first entry unless a row starts there). The range, then the
+    order, without a temporary (the numpy check in ``pipeline.io.csr`` makes
+    three of the piece's size): 2.0 against 4.2 ms for the 2.7e6 indices of
+    one band of a 1% store, 20000 columns."""
+    return int(
+        _compiled("index")(idx, np.asarray(starts, dtype=np.int64), int(prev), int(n))
+    )
 
 
 def row_sumsq(x: Any) -> FloatArray:

@@ -153,7 +153,7 @@ BOUNDARY: dict[str, str] = {
     "numcodecs": "heavy: zarr's codecs",
     "fsspec": "heavy: zarr's storage layer",
     "dp_accounting": "heavy: 2-3 s",
-    "numba": "heavy: 0.2 s with its cached loop; large CSR sparse sign products only",
+    "numba": "heavy: 0.2 s with its cached loop; large CSR bands and index checks only",
     "matplotlib": "heavy and optional: `dplr show` only",
     "s3fs": "optional: object stores",
     "dask_jobqueue": "optional: batch clusters",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -249,6 +250,50 @@ def test_malformed_store_refused_in_one_line(tmp_path: Path, case: str) -> None:
     # no stored value, position or count: only the declared shape's numbers
     for shown in ("5.5", "6.5", "7.5", "nnz"):
         assert shown not in msg
+
+
+@pytest.mark.parametrize(
+    "case", [c for c in sorted(MALFORMED) if "index" in c or "in a row" in c]
+)
+def test_the_compiled_index_check_refuses_alike(
+    tmp_path: Path, case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pieces of at least COMPILED_ENTRIES indices are checked by a compiled
+    loop: the same refusal as the numpy check (forced here on every piece)."""
+    kwargs, rule = MALFORMED[case]
+    path = _raw(tmp_path / "bad.zarr", **kwargs)
+    monkeypatch.setattr(csr, "COMPILED_ENTRIES", 1)
+    with pytest.raises(StoreLayoutError, match=re.escape(rule)):
+        open_csr(path)
+    open_csr(_raw(tmp_path / "ok.zarr"))  # negative control: a valid store opens
+
+
+def test_compiled_and_numpy_index_checks_agree(global_seed: int) -> None:
+    """The compiled check of one piece (pipeline.linalg.compiled.index_fault)
+    against the numpy one, on 3000 random pieces: indices in and out of
+    range, sorted, shuffled and duplicated, row starts anywhere, either
+    dtype; both kinds of fault occur (so the comparison can fail)."""
+    from pipeline.linalg.compiled import index_fault
+
+    rng = np.random.default_rng(global_seed)
+    seen = set()
+    for _ in range(3000):
+        size, n = int(rng.integers(1, 40)), int(rng.integers(3, 30))
+        dtype = np.int32 if rng.random() < 0.5 else np.int64
+        idx = np.sort(rng.integers(0, n, size)).astype(dtype)
+        starts = np.unique(rng.integers(0, size, int(rng.integers(0, 5))))
+        if rng.random() < 0.8:
+            starts = np.unique(np.r_[0, starts])
+        r = rng.random()
+        if r < 0.3:
+            idx[rng.integers(0, size)] = rng.integers(-3, n + 3)
+        elif r < 0.6:
+            idx = rng.permutation(idx)
+        prev = int(rng.integers(-1, n))
+        got = index_fault(idx, starts, prev, n)
+        assert got == csr._index_fault(idx, starts, prev, n)
+        seen.add(got)
+    assert seen == {0, 1, 2}
 
 
 def test_valid_store_and_nonfinite_data_open(tmp_path: Path) -> None:
