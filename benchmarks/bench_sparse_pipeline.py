@@ -106,15 +106,27 @@ def best(fn: Any, repeat: int) -> tuple[float, Any]:
     """The best wall time of ``repeat`` runs, and the last result; the CPU
     seconds of this process tree (client, scheduler, workers) of that best run
     are kept in :data:`CPU` (less sensitive to other processes than wall time)."""
-    times, cpus, out = [], [], None
+    ((t, out),) = best_interleaved([fn], repeat)
+    return t, out
+
+
+def best_interleaved(fns: list[Any], repeat: int) -> list[tuple[float, Any]]:
+    """:func:`best` of each of ``fns``, their runs taken in turn (A B A B ...),
+    so that a slower spell of the machine falls on all of them alike; their
+    CPU seconds are appended to :data:`CPU` in the order of ``fns``."""
+    times: list[list[float]] = [[] for _ in fns]
+    cpus: list[list[float]] = [[] for _ in fns]
+    outs: list[Any] = [None for _ in fns]
     for _ in range(repeat):
-        s = METER.start()
-        out = fn()
-        got = METER.stop(s)
-        times.append(got["wall"])
-        cpus.append(got["own_cpu_s"])
-    CPU.append(cpus[int(np.argmin(times))])
-    return min(times), out
+        for i, fn in enumerate(fns):
+            s = METER.start()
+            outs[i] = fn()
+            got = METER.stop(s)
+            times[i].append(got["wall"])
+            cpus[i].append(got["own_cpu_s"])
+    for t, c in zip(times, cpus, strict=True):
+        CPU.append(c[int(np.argmin(t))])
+    return [(min(t), out) for t, out in zip(times, outs, strict=True)]
 
 
 def main() -> None:
@@ -155,13 +167,17 @@ def main() -> None:
             )
             rows.append((f"one pass (non-private spectral), {name}", t))
         results = {}
-        for name, path in (("CSR", high), ("dense", dense)):
-            t, f = best(
+        pair = (("CSR", high), ("dense", dense))
+        timed = best_interleaved(
+            [
                 lambda p=path: pipeline.factorize(
                     p, k, algorithm=args.algorithm, budget=(1e6, 0.5), **private
-                ),
-                args.repeat,
-            )
+                )
+                for _, path in pair
+            ],
+            args.repeat,
+        )
+        for (name, _), (t, f) in zip(pair, timed, strict=True):
             results[name] = f
             rows.append((f"private {args.algorithm}, density {args.high:g}, {name}", t))
         t, _ = best(
@@ -214,7 +230,9 @@ def write_report(
             f"`python benchmarks/bench_sparse_pipeline.py {argv}`\n\n"
             f"{datetime.date.today()}; {os.cpu_count()} CPUs; best of {args.repeat} "
             "runs per row (wall seconds, and the CPU seconds of that run's process "
-            "tree).\n\n```\n" + "\n".join(lines) + "\n```\n"
+            "tree); the private CSR and dense runs taken in turn.\n\n```\n"
+            + "\n".join(lines)
+            + "\n```\n"
         )
 
 
