@@ -58,6 +58,7 @@ from pipeline.sketches.apply import (
     band_local_clip,
     block_partials,
     prepare_sparse_band,
+    prepared_alike,
 )
 from pipeline.sketches.operators import SketchOperator
 
@@ -606,7 +607,7 @@ class DaskSource:
         prepare = (
             not self.dense
             and A.numblocks[1] == 1
-            and band_local_clip(request.clip, True, len(bands) == 1)
+            and band_local_clip(request.clip, len(bands) == 1)
         )
         for i, band in enumerate(bands):
             for c in range(A.numblocks[1]):
@@ -633,10 +634,9 @@ class DaskSource:
             return False
         if self._held_for is None:
             return True
-        return request is not None and (
-            request.clip == self._held_for.clip
-            and np.dtype(request.compute_dtype)
-            == np.dtype(self._held_for.compute_dtype)
+        held = self._held_for
+        return request is not None and prepared_alike(
+            request, held.clip, held.compute_dtype
         )
 
     def _deps(self) -> list[da.Array]:

@@ -600,17 +600,20 @@ class PreparedBand:
 
     def serves(self, request: PassRequest) -> bool:
         """Whether ``request`` prepares its band as this one was."""
-        return (
-            request.clip == self.clip and np.dtype(request.compute_dtype) == self.dtype
-        )
+        return prepared_alike(request, self.clip, self.dtype)
 
 
-def band_local_clip(clip: ClipSpec | None, whole_rows: bool, one_band: bool) -> bool:
-    """Whether a band can be prepared alone: its individuals lie within it
-    (entries; whole rows; columns only when the band holds every row)."""
-    if clip is None or clip.unit is PrivacyUnit.ENTRY:
+def prepared_alike(request: PassRequest, clip: ClipSpec | None, dtype: Any) -> bool:
+    """Whether ``request`` prepares a band as ``clip`` and ``dtype`` do."""
+    return request.clip == clip and np.dtype(request.compute_dtype) == np.dtype(dtype)
+
+
+def band_local_clip(clip: ClipSpec | None, one_band: bool) -> bool:
+    """Whether a full-width band can be prepared alone: its individuals lie
+    within it (entries, rows; columns only when the band holds every row)."""
+    if clip is None or clip.unit is not PrivacyUnit.COLUMN:
         return True
-    return whole_rows if clip.unit is PrivacyUnit.ROW else one_band
+    return one_band
 
 
 def prepare_sparse_band(
