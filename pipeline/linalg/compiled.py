@@ -45,6 +45,20 @@ bits (:data:`COMPILED_ENTRIES`).
 Checking a CSR store's column indices (:func:`index_fault`, pieces of at least
 :data:`COMPILED_ENTRIES` entries): the same verdict as numpy's range test then
 order test, the range first, without their temporaries.
+
+A dense band of at least :data:`COMPILED_ENTRIES` entries
+(:func:`pipeline.sketches.apply.block_partials`): its rows' squared norms
+(:func:`dense_row_sumsq`, in the one order of
+:func:`pipeline.linalg.clipping.dense_row_sumsq`, each row copied to float64
+while it is in cache when a product needs the copy) and the sparse sign product
+``G^T X`` read from the stored float32 or float64 rows (:func:`sign_dense_into`,
+scipy's terms in scipy's order); a pass whose only product is ``G^T X`` gets
+each row's norm, clip factor and product in one loop. On one thread, a
+10000 x 1000 float32 band, v = 100, zeta = 8: the clipped ``G^T X`` in 17 ms
+against 26 ms for the cast, the norms and scipy's product.
+
+The loops share two helpers (``_add_row``, ``_row_sq``), which numba compiles
+into each loop that calls them once :func:`_numba` has registered them.
 """
 
 from __future__ import annotations
@@ -60,11 +74,14 @@ from pipeline._types import FloatArray
 __all__ = [
     "COMPILED_ENTRIES",
     "COMPILED_TERMS",
+    "LANES",
     "TARGETS_FROM_COLUMNS",
+    "dense_row_sumsq",
     "index_fault",
     "row_sumsq",
     "scale_rows",
     "sign_csr_into",
+    "sign_dense_into",
 ]
 
 #: Expanded terms (stored entries times operator entries) from which a product
@@ -81,6 +98,18 @@ TARGETS_FROM_COLUMNS = 8192
 #: Stored entries from which a float64 CSR band's rows are clipped by the
 #: compiled loops: 2^20, about 7 ms of the numpy path, on the same reasoning.
 COMPILED_ENTRIES = 1 << 20
+#: Running sums of a dense row's squares (:func:`dense_row_sumsq`): eight, over
+#: the columns ``j = r (mod 8)``, so the loop is not one chain of dependent adds.
+LANES = 8
+
+
+def _add_row(
+    out: Any, t: int, w: float, data: Any, indices: Any, p0: int, p1: int
+) -> None:  # pragma: no cover
+    # out[t] += w x_i for the stored entries p0:p1 of row i (a helper of the loops
+    # below, compiled with them: _compiled registers it first)
+    for p in range(p0, p1):
+        out[t, indices[p]] += w * data[p]
 
 
 def _sign_rows(
@@ -95,10 +124,7 @@ def _sign_rows(
     rows = xptr.shape[0] - 1
     for i in range(rows):
         for e in range(indptr[i], indptr[i + 1]):
-            t = targets[e]
-            w = weights[e]
-            for p in range(xptr[i], xptr[i + 1]):
-                out[t, indices[p]] += w * data[p]
+            _add_row(out, targets[e], weights[e], data, indices, xptr[i], xptr[i + 1])
 
 
 def _sign_targets(
@@ -119,9 +145,7 @@ def _sign_targets(
             e = cursor[t]
             while e < gptr[t + 1] and sources[e] < stop:
                 i = sources[e]
-                w = weights[e]
-                for p in range(xptr[i], xptr[i + 1]):
-                    out[t, indices[p]] += w * data[p]
+                _add_row(out, t, weights[e], data, indices, xptr[i], xptr[i + 1])
                 e += 1
             cursor[t] = e
 
@@ -139,6 +163,70 @@ def _scale_rows(data: Any, indptr: Any, factors: Any) -> None:  # pragma: no cov
         f = factors[i]
         for p in range(indptr[i], indptr[i + 1]):
             data[p] *= f
+
+
+def _row_sq(x: Any, i: int) -> float:  # pragma: no cover - a compiled helper
+    # the squares of row i in float64: LANES running sums over j = r (mod 8), each
+    # in increasing j onto zero, added pairwise, then the last n mod 8 in order
+    n = x.shape[1]
+    body = n - n % 8
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
+    for j in range(0, body, 8):
+        v0, v1 = np.float64(x[i, j]), np.float64(x[i, j + 1])
+        v2, v3 = np.float64(x[i, j + 2]), np.float64(x[i, j + 3])
+        v4, v5 = np.float64(x[i, j + 4]), np.float64(x[i, j + 5])
+        v6, v7 = np.float64(x[i, j + 6]), np.float64(x[i, j + 7])
+        a0 += v0 * v0
+        a1 += v1 * v1
+        a2 += v2 * v2
+        a3 += v3 * v3
+        a4 += v4 * v4
+        a5 += v5 * v5
+        a6 += v6 * v6
+        a7 += v7 * v7
+    s = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
+    for j in range(body, n):
+        v = np.float64(x[i, j])
+        s += v * v
+    return s
+
+
+def _dense_sumsq(x: Any, out: Any, copy: Any, into: Any) -> None:  # pragma: no cover
+    for i in range(x.shape[0]):
+        out[i] = _row_sq(x, i)
+        if copy:  # the row is in the core's cache now
+            for j in range(x.shape[1]):
+                into[i, j] = x[i, j]
+
+
+def _sign_dense(
+    x: Any,
+    cols: Any,
+    weights: Any,
+    factors: Any,
+    clip: Any,
+    piece: Any,
+    out: Any,
+) -> int:  # pragma: no cover - runs compiled; tested against the numpy path
+    # clip = (C, shrink): each row's factor from its norm, written to factors; a
+    # row whose squares are not finite stops the loop before out is touched
+    rows, n = x.shape
+    piece[:, :] = 0.0
+    for i in range(rows):
+        if clip[0] > 0.0:
+            s = _row_sq(x, i)
+            if not np.isfinite(s):
+                return i
+            norm = np.sqrt(s)
+            factors[i] = (clip[0] / norm) * clip[1] if norm > clip[0] else 1.0
+        f = factors[i]
+        for e in range(cols.shape[1]):
+            t = cols[i, e]
+            w = weights[i, e] * f
+            for j in range(n):
+                piece[t, j] += w * np.float64(x[i, j])
+    out += piece
+    return -1
 
 
 def _index_fault(idx: Any, starts: Any, prev: int, n: int) -> int:  # pragma: no cover
@@ -159,16 +247,27 @@ def _index_fault(idx: Any, starts: Any, prev: int, n: int) -> int:  # pragma: no
 
 
 @functools.cache
+def _numba() -> Any:
+    """numba, imported once per process, with the helpers the loops call
+    registered (compiled into each loop that calls them)."""
+    import numba  # heavy: numba, 0.2 s with the cached loop
+    from numba.extending import register_jitable
+
+    for helper in (_add_row, _row_sq):
+        register_jitable(helper)
+    return numba
+
+
+@functools.cache
 def _compiled(name: str) -> Callable[..., Any]:
     """The loop ``name`` compiled, made once per process (numba compiles it on
     the first call, or loads it from its cache on disk)."""
-    import numba  # heavy: numba, 0.2 s with the cached loop
-
     loops: dict[str, Callable[..., Any]] = {
         "rows": _sign_rows, "targets": _sign_targets,
         "sumsq": _row_sumsq, "scale": _scale_rows, "index": _index_fault,
+        "dense_sumsq": _dense_sumsq, "sign_dense": _sign_dense,
     }  # fmt: skip
-    return numba.njit(cache=True, nogil=True)(loops[name])
+    return _numba().njit(cache=True, nogil=True)(loops[name])  # type: ignore[no-any-return]
 
 
 def index_fault(idx: Any, starts: Any, prev: int, n: int) -> int:
@@ -198,6 +297,56 @@ def scale_rows(x: Any, factors: FloatArray) -> None:
     CSR band ``x`` by ``factors[i]``."""
     f = np.asarray(factors, dtype=np.float64)
     _compiled("scale")(x.data, x.indptr.astype(np.int64, copy=False), f)
+
+
+def dense_row_sumsq(x: FloatArray, into: FloatArray | None = None) -> FloatArray:
+    """Per row of the C-contiguous float32 or float64 matrix ``x``: the sum of
+    its entries' squares in float64, in the order of
+    :func:`pipeline.linalg.clipping.dense_row_sumsq` (the same bits). ``into``:
+    a float64 array of ``x``'s shape that also receives ``x``'s values, each
+    row copied while it is in the core's cache."""
+    out: FloatArray = np.empty(x.shape[0], dtype=np.float64)
+    copy = into is not None
+    _compiled("dense_sumsq")(x, out, copy, into if copy else out[:0].reshape(0, 0))
+    return out
+
+
+def sign_dense_into(
+    out: FloatArray,
+    x: FloatArray,
+    cols: Any,
+    weights: FloatArray,
+    factors: FloatArray,
+    *,
+    scratch: FloatArray | None = None,
+    clip: tuple[float, float] | None = None,
+) -> bool:
+    """``out += G^T diag(factors) X`` for the rows ``X`` (C-contiguous, float32
+    or float64) of a dense band and the sparse sign operator's entries over
+    them: row ``i`` of ``X`` feeds rows ``cols[i]`` of ``G^T`` with weights
+    ``weights[i]`` (both of shape (rows, zeta)).
+
+    The product is formed onto zero (in ``scratch``, of ``out``'s shape, if
+    given), then added to ``out``; each of its entries receives
+    ``fl(fl(weights[i, e] factors[i]) x_ij)`` for the rows ``i`` in increasing
+    order, which is what scipy's CSC times dense product of the float64 rows
+    adds (the same bits), without their float64 copy.
+
+    ``clip``: ``(C, shrink)``; ``factors`` (float64, writable) is overwritten
+    with each row's clip factor, computed from its squared norm
+    (:func:`pipeline.linalg.clipping.dense_row_sumsq`'s bits) as
+    :func:`~pipeline.linalg.clipping.scale_factors_from_sumsq` does
+    (``fl(fl(C / norm) shrink)`` above ``C``, else 1), while the row is in the
+    core's cache. Returns False, with ``out`` untouched, when a
+    row's squares are not finite (NaN, Inf, or an overflow): the caller clears
+    or clips such rows first. True otherwise.
+    """
+    piece = np.empty_like(out) if scratch is None else scratch
+    stopped = _compiled("sign_dense")(
+        x, np.asarray(cols, dtype=np.int64), np.asarray(weights, dtype=np.float64),
+        factors, np.array(clip or (0.0, 1.0), dtype=np.float64), piece, out,
+    )  # fmt: skip
+    return bool(stopped < 0)
 
 
 def sign_csr_into(out: FloatArray, x: Any, g_t: Any) -> None:

@@ -28,12 +28,16 @@ import scipy.sparse as sp
 from pipeline._types import FloatArray
 from pipeline.errors import NonFiniteInputError
 from pipeline.linalg.clipping import (
+    CLIP_SHRINK,
     clip_by_peak,
+    dense_row_sumsq,
     scale_factors_from_sumsq,
     sparse_clip,
     sparse_zero_non_finite,
+    stored_float,
     zero_non_finite,
 )
+from pipeline.linalg.compiled import COMPILED_ENTRIES, sign_dense_into
 from pipeline.params import ClipSpec, PrivacyUnit
 from pipeline.sketches.operators import SketchOperator
 from pipeline.sketches.sparse import SparseSignOperator
@@ -325,39 +329,87 @@ def _right_factor(
 
 
 class _LeftFactor:
-    """``G[start:stop].T`` of one band, applied piece by piece: ``piece(x, a, b)``
-    is ``G[start + a:start + b].T @ x``, with the operator made once per band."""
+    """``G[start:stop].T`` of one band, applied piece by piece: ``add_piece(z, x,
+    a, b)`` adds ``G[start + a:start + b].T @ x`` to ``z``, with the operator
+    made once per band. ``fast``: a sparse sign operator's product of a C-contiguous
+    float32 or float64 piece runs in a compiled loop on the stored rows
+    (:func:`pipeline.linalg.compiled.sign_dense_into`: the same bits as scipy's
+    product of their float64 copy, without the copy)."""
 
-    def __init__(self, op: SketchOperator, start: int, stop: int, dt: type) -> None:
+    def __init__(
+        self, op: SketchOperator, start: int, stop: int, dt: type, fast: bool = False
+    ) -> None:
         self.dim = op.dim
         self.sparse = isinstance(op, SparseSignOperator)
+        self.fast = fast and self.sparse and dt == np.float64
+        self.ones = np.ones(stop - start) if self.fast else np.ones(0)
+        self.scratch: FloatArray | None = None  # the compiled product's
         if isinstance(op, SparseSignOperator):
             cols, vals = op.structure(start, stop)
             self.zeta = op.zeta
+            self.cols2d = cols
+            self.vals2d: FloatArray = vals.astype(dt, copy=False)
             self.cols = cols.ravel()
-            self.vals: FloatArray = vals.astype(dt, copy=False).ravel()
+            self.vals: FloatArray = self.vals2d.ravel()
             self.indptr = np.arange(0, cols.size + 1, op.zeta, dtype=np.int64)
         else:
             self.block = op.left_block(start, stop, dt)
 
-    def piece(
-        self, x: FloatArray, a: int, b: int, factors: FloatArray | None = None
-    ) -> FloatArray:
-        """``G[start + a:start + b].T @ diag(factors) @ x`` (``factors``: the
+    def add_piece(
+        self,
+        z: FloatArray,
+        x: FloatArray,
+        a: int,
+        b: int,
+        factors: FloatArray | None = None,
+    ) -> None:
+        """``z += G[start + a:start + b].T @ diag(factors) @ x`` (``factors``: the
         rows' clip factors, applied to the operator's entries: O(rows zeta) or
         O(rows dim) instead of a pass over the rows)."""
+        if self.fast and stored_float(x):
+            f = self.ones[: b - a] if factors is None else factors
+            self._compiled(z, x, a, b, f, None)
+            return
         if not self.sparse:
             g = self.block[:, a:b]
-            return np.asarray((g if factors is None else g * factors) @ x)
-        z = self.zeta
-        vals = self.vals[a * z : b * z]
+            z += np.asarray((g if factors is None else g * factors) @ x)
+            return
+        k = self.zeta
+        vals = self.vals[a * k : b * k]
         if factors is not None:
-            vals = vals * np.repeat(factors, z)
+            vals = vals * np.repeat(factors, k)
         g_t = sp.csc_array(
-            (vals, self.cols[a * z : b * z], self.indptr[: b - a + 1]),
+            (vals, self.cols[a * k : b * k], self.indptr[: b - a + 1]),
             shape=(self.dim, b - a),
         )
-        return np.asarray(g_t @ x)
+        z += np.asarray(g_t @ x)
+
+    def add_clipped_piece(
+        self, z: FloatArray, raw: FloatArray, a: int, b: int, clip_norm: float
+    ) -> bool:
+        """:meth:`add_piece` of the stored rows ``raw`` clipped to norm
+        ``clip_norm``, their norms and factors computed in the product's loop
+        (the bits of :func:`_prepare_piece` then :meth:`add_piece`). False, with
+        ``z`` untouched, when a row's squares are not finite: the piece then
+        takes :func:`_prepare_piece`, which clears or clips such rows."""
+        factors = np.empty(b - a)
+        return self._compiled(z, raw, a, b, factors, (clip_norm, CLIP_SHRINK))
+
+    def _compiled(
+        self,
+        z: FloatArray,
+        x: FloatArray,
+        a: int,
+        b: int,
+        factors: FloatArray,
+        clip: tuple[float, float] | None,
+    ) -> bool:
+        if self.scratch is None or self.scratch.shape != z.shape:
+            self.scratch = np.empty_like(z)
+        return sign_dense_into(
+            z, x, self.cols2d[a:b], self.vals2d[a:b], factors,
+            scratch=self.scratch, clip=clip,
+        )  # fmt: skip
 
     def whole(self) -> Any:
         """``G[start:stop].T``, the operator's ``left_block`` of the band, from the
@@ -373,34 +425,49 @@ def _prepare_piece(
     buf: FloatArray,
     request: PassRequest,
     row_scale: FloatArray | None,
+    *,
+    fast: bool,
+    cast: bool,
 ) -> tuple[FloatArray, FloatArray | None]:
-    """Rows ``raw`` cast into ``buf``, their non-finite individuals zeroed, and
-    clipped (:func:`block_partials`'s steps, on one piece).
+    """Rows ``raw`` cleared of their non-finite individuals and clipped
+    (:func:`block_partials`'s steps, on one piece), cast into ``buf``.
 
     Returns ``(x, f)``: the clipped rows are ``x * f[:, None]`` (``f`` None:
     ``x`` itself). The factors of whole rows are returned rather than applied --
     the products take them on their small side (the operator's entries, the
     product's rows), as the PCA kernels do -- so a clipped row costs no pass
-    over its entries.
+    over its entries. Their norms come from the stored values, exactly
+    converted (:func:`~pipeline.linalg.clipping.dense_row_sumsq`, while the
+    rows are cast when ``cast``); whole rows of finite float32 or float64
+    entries (the common case) are returned uncast when ``cast`` is False, for
+    products that take them as they are. ``fast``: in compiled loops.
     """
-    x = buf[: raw.shape[0]]
-    np.copyto(x, raw, casting="unsafe")
     clip = request.clip
-    if clip is not None and clip.unit is PrivacyUnit.ROW and row_scale is None:
+    x = buf[: raw.shape[0]]
+    if clip is None or clip.unit is not PrivacyUnit.ROW or row_scale is not None:
+        np.copyto(x, raw, casting="unsafe")
+        zeroed = zero_non_finite(x, None if clip is None else clip.unit)
+        if zeroed is not x:
+            x[...] = zeroed
+        # entries, or the factors of rows split over column chunks: applied to
+        # the rows themselves (such a row's squares may overflow, and so may its
+        # unclipped products)
         with np.errstate(over="ignore"):
-            return x, _row_factors(x, clip.clip_norm)
-    zeroed = zero_non_finite(x, None if clip is None else clip.unit)
-    if zeroed is not x:
-        x[...] = zeroed
-    # entries, or the factors of rows split over column chunks: applied to the
-    # rows themselves (such a row's squares may overflow, and so may its
-    # unclipped products)
+            return clip_block(x, clip, row_scale, None, inplace=True), None
+    if stored_float(raw):
+        sumsq = dense_row_sumsq(raw, fast=fast, into=x if cast else None)
+        if np.isfinite(sumsq).all():
+            return (x if cast else raw), _factors(sumsq, clip.clip_norm)
+        if not cast:
+            np.copyto(x, raw)
+    else:
+        np.copyto(x, raw, casting="unsafe")
     with np.errstate(over="ignore"):
-        return clip_block(x, clip, row_scale, None, inplace=True), None
+        return x, _row_factors(x, clip.clip_norm, fast)
 
 
-def _row_factors(x: FloatArray, clip_norm: float) -> FloatArray | None:
-    """The clip factors of the whole rows ``x`` (None: no row is clipped).
+def _row_factors(x: FloatArray, clip_norm: float, fast: bool) -> FloatArray | None:
+    """The clip factors of the whole float64 rows ``x`` (None: no row is clipped).
 
     Finite squared norms (the common case) mean finite entries and no
     overflow: the norms are the non-finite check. Otherwise the rows holding
@@ -409,18 +476,23 @@ def _row_factors(x: FloatArray, clip_norm: float) -> FloatArray | None:
     (:func:`~pipeline.linalg.clipping.clip_by_peak`, factor 1); every other
     row gets the same factor either way.
     """
-    sumsq = np.einsum("ij,ij->i", x, x, dtype=np.float64)
+    sumsq = dense_row_sumsq(x, fast=fast)
     if not np.isfinite(sumsq).all():
         zeroed = zero_non_finite(x, PrivacyUnit.ROW)
         if zeroed is not x:
             x[...] = zeroed
-            sumsq = np.einsum("ij,ij->i", x, x, dtype=np.float64)
+            sumsq = dense_row_sumsq(x, fast=fast)
         huge = np.flatnonzero(np.isposinf(sumsq))
         if huge.size:
             x[huge] = clip_by_peak(x[huge], clip_norm)
             sumsq[huge] = 0.0
+    return _factors(sumsq, clip_norm)
+
+
+def _factors(sumsq: FloatArray, clip_norm: float) -> FloatArray | None:
+    """The clip factors of rows of squared norms ``sumsq`` (None: none is below 1)."""
     f = scale_factors_from_sumsq(sumsq, clip_norm)
-    return f.astype(x.dtype, copy=False) if (f < 1.0).any() else None
+    return f if (f < 1.0).any() else None
 
 
 def _scaled_rows(y: FloatArray, f: FloatArray | None) -> FloatArray:
@@ -454,8 +526,22 @@ def _fused_partials(
     n, width = a.shape
     dt = request.compute_dtype
     xr1, xc1 = row0 + n, col0 + width
+    fast = n * width >= COMPILED_ENTRIES
     rights = [_right_factor(op, col0, xc1, dt) for _, op in request.right]
-    lefts = [_LeftFactor(op, row0, xr1, dt) for _, op in request.left]
+    lefts = [_LeftFactor(op, row0, xr1, dt, fast) for _, op in request.left]
+    # the stored rows serve as they are when every product takes them so
+    cast = bool(request.right or request.two_sided) or not all(g.fast for g in lefts)
+    # one sparse sign product of whole stored rows: norms, factors and product
+    # in one loop over each row
+    c = 0.0 if request.clip is None else request.clip.clip_norm
+    fused = (
+        not cast
+        and len(lefts) == 1
+        and request.clip is not None
+        and request.clip.unit is PrivacyUnit.ROW
+        and row_scale is None
+        and stored_float(a)
+    )
     # two-sided: S first (a sum over pieces, then T) or T first (X T per piece,
     # then S), chosen from the band's shape as the whole-band kernel does
     s_first = [
@@ -473,18 +559,20 @@ def _fused_partials(
     buf = np.empty((min(step, n), width), dtype=dt)
     for p0 in range(0, n, step):
         p1 = min(p0 + step, n)
-        x, f = _prepare_piece(
-            a[p0:p1], buf, request, None if row_scale is None else row_scale[p0:p1]
-        )
+        if fused and lefts[0].add_clipped_piece(left_out[0], a[p0:p1], p0, p1, c):
+            continue
+        scale = None if row_scale is None else row_scale[p0:p1]
+        x, f = _prepare_piece(a[p0:p1], buf, request, scale, fast=fast, cast=cast)
         for right, y in zip(rights, right_out, strict=True):
             y[p0:p1] = _scaled_rows(right(x), f)
         for g, z in zip(lefts, left_out, strict=True):
-            z += g.piece(x, p0, p1, f)
+            g.add_piece(z, x, p0, p1, f)
         for i, first in enumerate(s_first):
             if first:
-                two_out[i] += s_lefts[i].piece(x, p0, p1, f)
+                s_lefts[i].add_piece(two_out[i], x, p0, p1, f)
             else:
-                two_out[i] += s_lefts[i].piece(_scaled_rows(t_rights[i](x), f), p0, p1)
+                y = _scaled_rows(t_rights[i](x), f)
+                s_lefts[i].add_piece(two_out[i], y, p0, p1)
     out = right_out + left_out
     for i, (_, _, t_op) in enumerate(request.two_sided):
         w = two_out[i]

@@ -251,3 +251,131 @@ def test_split_row_factors_apply_before_the_products(rng: np.random.Generator) -
     for name, g in zip(req.names, got, strict=True):
         assert np.isfinite(g).all(), name
         assert (np.abs(g - want[name]) <= bound[name]).all(), name
+
+
+# -- the compiled loops: the numpy path's bits --------------------------------
+
+
+def _hostile_band(rng: np.random.Generator, m: int, n: int, dtype: type) -> np.ndarray:
+    """:func:`_band` with a NaN row, an Inf row and, in float64, a row whose
+    squares overflow."""
+    band = _band(rng, m, n).astype(dtype)
+    band[70, 3] = np.nan
+    band[149, 0] = -np.inf
+    if dtype == np.float64:
+        band[37] = np.linspace(1e300, -3e300, n)
+    return band
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("sketches", ["all", "left", "right"])
+def test_compiled_loops_give_the_numpy_bits(
+    rng: np.random.Generator,
+    small_pieces: int,
+    monkeypatch: pytest.MonkeyPatch,
+    dtype: type,
+    sketches: str,
+) -> None:
+    """The compiled norms, clip factors and sparse sign products (the norms and
+    product fused in one loop for a pass whose only product is ``S X``) give
+    the partials of the numpy path bit for bit, rows to clear, to clip by peak
+    and to clip by factor included: which one runs depends on the band's size
+    alone and never changes a release."""
+    m, n = 150, 43  # 43 columns: five lanes of 8 and a tail of 3
+    full = _request(m, n, ClipSpec(unit=PrivacyUnit.ROW, clip_norm=1.0))
+    req = {
+        "all": full,
+        "left": PassRequest(transpose=False, clip=full.clip, left=full.left[:1]),
+        "right": PassRequest(transpose=False, clip=full.clip, right=full.right),
+    }[sketches]
+    band = _hostile_band(rng, m, n, dtype)
+    want = block_partials(band, 0, 0, req)
+    monkeypatch.setattr(apply, "COMPILED_ENTRIES", 0)
+    got = block_partials(band, 0, 0, req)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+    # negative control: norms summed in another order (einsum's) move some clip
+    # factor by an ulp, and the comparison sees it
+    monkeypatch.setattr(
+        apply,
+        "dense_row_sumsq",
+        lambda x, fast=False, into=None: (
+            np.copyto(into, x) if into is not None else None,
+            np.einsum("ij,ij->i", x, x, dtype=np.float64),
+        )[1],
+    )
+    monkeypatch.setattr(apply, "COMPILED_ENTRIES", 10**12)
+    other = block_partials(band, 0, 0, req)
+    assert any(not np.array_equal(o, w) for o, w in zip(other, want, strict=True))
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 16, 43, 1000])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_row_norms_one_order_compiled_or_not(
+    rng: np.random.Generator, n: int, dtype: type
+) -> None:
+    """dense_row_sumsq's compiled loop and numpy path: the same bits (NaN and Inf
+    rows too), the copy they make is the rows' float64 values, and the sums are
+    within gamma_n of the exact ones (Higham, eq. 3.5; exact: math.fsum)."""
+    import math
+
+    from pipeline.linalg.clipping import dense_row_sumsq
+
+    x = (rng.standard_normal((40, n)) * rng.choice([1e-20, 1.0, 1e20], (40, 1))).astype(
+        dtype
+    )
+    x[3, 0], x[5, -1] = np.nan, np.inf
+    into_a, into_b = np.empty((40, n)), np.empty((40, n))
+    a = dense_row_sumsq(x, into=into_a)
+    b = dense_row_sumsq(x, fast=True, into=into_b)
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(into_b, x.astype(np.float64))
+    np.testing.assert_array_equal(into_a, into_b)
+    np.testing.assert_array_equal(dense_row_sumsq(x, fast=True), b)
+    x64 = x.astype(np.float64)
+    for i in range(40):
+        if np.isfinite(x64[i]).all():
+            exact = math.fsum(v * v for v in x64[i].tolist())
+            assert abs(b[i] - exact) <= gamma(n + 1) * exact, i
+    assert np.isnan(b[3])
+    assert np.isposinf(b[5])
+
+
+def test_a_non_finite_row_stops_the_fused_loop_before_it_adds(
+    rng: np.random.Generator,
+) -> None:
+    """The fused norms-and-product loop stops at a row whose squares are not
+    finite and leaves the output as it was; without such a row it adds the
+    product of the clipped rows (within the rounding bound of the plain
+    computation)."""
+    from pipeline.linalg.clipping import CLIP_SHRINK
+    from pipeline.linalg.compiled import sign_dense_into
+
+    m, n, d = 60, 33, 7
+    x = _band(rng, m, n)
+    cols = np.stack([rng.choice(d, 3, replace=False) for _ in range(m)])
+    weights = rng.choice([-1.0, 1.0], (m, 3)) / np.sqrt(3)
+    out = rng.standard_normal((d, n))
+    before = out.copy()
+    assert sign_dense_into(out, x, cols, weights, np.empty(m), clip=(1.0, CLIP_SHRINK))
+    g = np.zeros((d, m))
+    for i in range(m):
+        g[cols[i], i] = weights[i]
+    x64 = x.astype(np.float64)
+    clipped = (
+        x64 * scale_factors_from_sumsq(np.einsum("ij,ij->i", x64, x64), 1.0)[:, None]
+    )
+    err = np.abs(out - before - g @ clipped)
+    assert (
+        err <= 2 * gamma(m + 2) * (np.abs(g) @ np.abs(clipped) + np.abs(before))
+    ).all()
+    bad = x.copy()
+    bad[40, 2] = np.nan
+    kept = out.copy()
+    assert not sign_dense_into(
+        out, bad, cols, weights, np.empty(m), clip=(1.0, CLIP_SHRINK)
+    )
+    np.testing.assert_array_equal(out, kept)
+    # negative control: the product without the clip is outside the bound
+    err = np.abs(out - before - g @ x64)
+    assert not (err <= 2 * gamma(m + 2) * (np.abs(g) @ np.abs(clipped))).all()
