@@ -186,7 +186,10 @@ def _kept_rows(
     reader: Any, cuts: tuple[int, ...], cols: tuple[int, int], first: int, c: int
 ) -> Any:
     """:func:`_read_rows` as a band kept in worker memory: never a view of the
-    thread's read buffer (which the next read overwrites)."""
+    thread's read buffer (which the next read overwrites): a one-chunk band is
+    decoded straight into an array of its own where the reader can."""
+    if len(cuts) == 2 and hasattr(reader, "owned_block"):
+        return reader.owned_block((cuts[0], cuts[1]), cols)
     block = _read_rows(reader, cuts, cols, first, c)
     if isinstance(block, np.ndarray) and block.base is not None:
         return np.array(block, copy=True)

@@ -156,10 +156,22 @@ class _CheckedReads:
         thread**: a pass task uses it and drops it. Any other block is read
         through zarr.
         """
+        return self._block(rows, cols, own=False)
+
+    def owned_block(self, rows: tuple[int, int], cols: tuple[int, int]) -> np.ndarray:
+        """:meth:`block` in an array of its own, never a view of a read buffer:
+        a band held in worker memory. A chunk of a plain local store is decoded
+        straight into it (no copy of the decoded chunk)."""
+        block = self._block(rows, cols, own=True)
+        return block if block.flags.c_contiguous else np.ascontiguousarray(block)
+
+    def _block(
+        self, rows: tuple[int, int], cols: tuple[int, int], *, own: bool
+    ) -> np.ndarray:
         key = (slice(*rows), slice(*cols))
         lay = self.layout
         if lay is None:
-            return self[key]
+            return self[key]  # zarr's fresh array
         (r0, r1), (c0, c1) = rows, cols
         cr, cc = lay.chunks
         i, j = divmod(r0, cr), divmod(c0, cc)
@@ -171,15 +183,21 @@ class _CheckedReads:
         ):
             return self[key]
         try:
-            chunk = self._read_chunk(lay, (i[0], j[0]))
+            chunk = self._read_chunk(lay, (i[0], j[0]), own)
         except Exception as exc:  # noqa: BLE001 - as zarr's codecs: many types
             raise self._error(key, exc) from None
         return chunk[: r1 - r0, : c1 - c0]
 
     @staticmethod
-    def _read_chunk(lay: PlainLayout, coords: tuple[int, int]) -> np.ndarray:
+    def _read_chunk(
+        lay: PlainLayout, coords: tuple[int, int], own: bool = False
+    ) -> np.ndarray:
         nbytes = lay.chunk_nbytes
         raw = _chunk_bytes(lay.store, lay.key(coords))
+        if own:
+            chunk = np.empty(lay.chunks, dtype=lay.dtype)
+            decode_chunk(lay, raw, chunk.reshape(-1).view(np.uint8))
+            return chunk
         out = np.frombuffer(
             thread_buffer("chunk", nbytes), dtype=np.uint8, count=nbytes
         )

@@ -105,6 +105,31 @@ def test_the_buffer_is_reused_so_a_block_is_valid_until_the_next_read(tmp_path: 
     np.testing.assert_array_equal(first, z[64:128])
 
 
+@pytest.mark.parametrize("name", list(PLAIN) + list(THROUGH_ZARR))
+def test_an_owned_block_is_zarrs_and_outlives_later_reads(tmp_path: Path, name: str) -> None:
+    """``owned_block`` (a band held in worker memory) gives zarr's values bit for
+    bit in a C-contiguous array of its own, decoded straight into it: a later
+    read on the same thread leaves it as it was."""
+    dtype, chunks, kw = {**PLAIN, **THROUGH_ZARR}[name]
+    z = _store(tmp_path / "a.zarr", dtype, chunks, **kw)
+    _, info = open_input(os.fspath(tmp_path / "a.zarr"), unit=None)
+    reader = info.reader
+    held = []
+    for rows, cols in _blocks(chunks):
+        block = reader.owned_block(rows, cols)
+        assert block.flags.c_contiguous
+        held.append((rows, cols, block))
+        reader.block((0, chunks[0]), (0, chunks[1]))  # the thread's buffer, reused
+    for rows, cols, block in held:
+        np.testing.assert_array_equal(block, z[slice(*rows), slice(*cols)])
+    # negative control: a block (not owned) of the first chunk, read before
+    # another chunk, shows the later chunk (the buffer the owned blocks avoid)
+    if reader.layout is not None:
+        first = reader.block((0, chunks[0]), (0, chunks[1]))
+        reader.block((chunks[0], 2 * chunks[0]), (0, chunks[1]))
+        assert not np.array_equal(first, z[0 : chunks[0], 0 : chunks[1]])
+
+
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "grown"])
 @pytest.mark.parametrize("compressed", [True, False])
 def test_a_damaged_chunk_gives_the_one_line_error(
