@@ -180,15 +180,17 @@ def sparse_tile(op: SparseSignOperator, tile: int) -> tuple[IntArray, FloatArray
     )
     rng = np.random.Generator(np.random.Philox(seq))
     b, z, d = op.tile_size, op.zeta, op.dim
-    first, second = np.triu_indices(z, 1)
     cols = rng.integers(0, d, size=(b, z), dtype=np.int64)
     redo = np.arange(b)
     while redo.size:
-        sub = cols[redo]
-        redo = redo[(sub[:, first] == sub[:, second]).any(axis=1)]
+        # a row repeats a column when two neighbours of its sorted copy are equal
+        # (no (rows, zeta^2) temporaries: they cost a worker fresh pages each tile)
+        sub = np.sort(cols[redo], axis=1)
+        redo = redo[(sub[:, 1:] == sub[:, :-1]).any(axis=1)]
         cols[redo] = rng.integers(0, d, size=(redo.size, z), dtype=np.int64)
     signs = rng.integers(0, 2, size=(b, z), dtype=np.int8)
-    vals = (2.0 * signs - 1.0) / np.sqrt(z)
+    c = 1.0 / np.sqrt(z)
+    vals: FloatArray = np.array([-c, c])[signs]  # the entries +-1/sqrt(zeta)
     return cols, vals
 
 
