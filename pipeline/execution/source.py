@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TextIO, cast
 
 import dask.array as da
+import dask.core
 import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
@@ -525,6 +526,11 @@ class DaskSource:
         the bands' sizes and the workers' memory limits, before anything is
         read (``always`` raises when they cannot fit). :attr:`cache_plan` says
         what was decided; :meth:`close` releases the bands.
+    gather_tall : bool
+        The job returns its tall results in client memory (no output store):
+        :meth:`tall_matmul` of a tall object kept in worker memory then gathers
+        its blocks and multiplies them here, block by block (the products the
+        workers would make, without a round of tasks before the gather).
     """
 
     def __init__(
@@ -536,8 +542,10 @@ class DaskSource:
         reader: Any = None,
         scratch: str | os.PathLike[str] | None = None,
         cache: str = "never",
+        gather_tall: bool = False,
     ) -> None:
         self.A = A
+        self.gather_tall = gather_tall
         self.reader = reader
         self.scratch = None if scratch is None else os.fspath(scratch)
         self.client = client
@@ -1117,7 +1125,14 @@ class DaskSource:
         (R_host,) = gather_blocks(self.client, [R_final], persisted=True)
         return Q2, R_host
 
-    def tall_matmul(self, Q: Any, M: FloatArray) -> da.Array:
+    def tall_matmul(self, Q: Any, M: FloatArray) -> Any:
+        if self.gather_tall and self.scratch is None and _persisted(Q):
+            # kept in worker memory: its blocks come here anyway
+            (q,) = gather_blocks(self.client, [Q], persisted=True)
+            offs = _offsets(Q.chunks[0])
+            return np.concatenate(
+                [_block_matmul(q[a:b], M) for a, b in itertools.pairwise(offs)]
+            )
         if isinstance(Q, _LocalQ) and not isinstance(Q.blocks, list):
             qname = task_name("local-q-matmul")
             layer: dict[Any, Any] = {
@@ -1317,6 +1332,14 @@ def _block_local_q2(q: FloatArray, q2: FloatArray, M: FloatArray) -> FloatArray:
     if q.shape[0] < q.shape[1]:
         return q2 @ M
     return q @ (q2 @ M)
+
+
+def _persisted(x: Any) -> bool:
+    """Whether ``x`` is a dask array whose every block is a future (persisted)."""
+    if not isinstance(x, da.Array):
+        return False
+    keys = {f.key for f in futures_of(x)}
+    return all(key in keys for key in dask.core.flatten(x.__dask_keys__()))
 
 
 def _block_matmul(q: FloatArray, M: FloatArray) -> FloatArray:

@@ -264,6 +264,7 @@ class LrfJob:
             source = self.source = DaskSource(
                 self.array, client, progress=job.runtime.progress,
                 reader=self.info.reader, scratch=tmp, cache=job.runtime.cache,
+                gather_tall=job.spec.out is None,
             )  # fmt: skip
             self.cluster["cache"] = source.cache_plan.to_dict()
             yield source

@@ -12,7 +12,9 @@ validates (finite values) and clips (privacy unit) each block before any product
 (a whole row's clip factor may multiply the operator's entries or the row's product
 instead of its entries: the same product, ``S diag(f) X = S (diag(f) X)``). A dense
 band is handled in cache-sized pieces of rows, with no float64 copy of the band
-(:data:`PIECE_BYTES`).
+(:data:`PIECE_BYTES`); from :data:`COMPILED_ENTRIES` entries on, its norms and its
+sparse sign products run in compiled loops on the stored rows
+(:mod:`pipeline.linalg.compiled`: the same bits as the numpy path).
 """
 
 from __future__ import annotations
@@ -518,7 +520,12 @@ def _fused_partials(
     the products' small side, :func:`_prepare_piece`), and multiplied while it
     is in cache: the right sketches' rows are written out, the left and
     two-sided ones summed over the pieces in a fixed order. No band-sized
-    temporary is formed. The result equals the whole-band computation up to
+    temporary is formed. A band of at least :data:`COMPILED_ENTRIES` entries
+    takes the compiled loops (the same bits): its norms and sparse sign
+    products read the stored float32 or float64 rows, which are cast only for
+    the products that need float64 rows; a pass whose only product is one
+    sparse sign ``G^T X`` of whole clipped rows gets each row's norm, factor and
+    product in one loop (:meth:`_LeftFactor.add_clipped_piece`). The result equals the whole-band computation up to
     rounding: a different summation order of the left products (a sum of sums
     over the pieces) and one more rounding per term where a row factor
     multiplies an operator entry or a product instead of the row's entries.

@@ -70,6 +70,42 @@ def test_same_release_for_two_chunkings_and_in_memory(
     assert rel_diff(low_rank_product(other.U, other.S, other.V), ref_L) > 1e-3
 
 
+@pytest.mark.timeout(180)
+def test_a_release_returned_in_memory_is_the_published_one(
+    client: Client, tmp_path: Path, global_seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without an output store the tall ``U`` comes back to the client, where the
+    last product (``U = Y W``, block by block) is made from the gathered blocks
+    of the noisy ``Y`` instead of in a round of worker tasks: the same products
+    of the same blocks, so the same bits as the release written by the workers
+    to a store (this machine, one BLAS thread on both sides)."""
+    from pipeline.execution import source
+
+    A = seeded_matrix(global_seed, M, N)
+    path = write_matrix(tmp_path / "A.zarr", A, (64, N))
+    ledger = tmp_path / "ledger.json"
+    out = tmp_path / "rel.zarr"
+    stored = factorize(path, RANK, out=out, ledger=ledger, **_kw())
+    rel = read_release(out)
+    gathered = []
+    real = source.gather_blocks
+
+    def spy(client_: Any, arrays: Any, *, persisted: bool = False) -> Any:
+        gathered.append(persisted)
+        return real(client_, arrays, persisted=persisted)
+
+    monkeypatch.setattr(source, "gather_blocks", spy)
+    returned = factorize(path, RANK, ledger=ledger, **_kw())
+    for name in ("U", "S", "V"):
+        np.testing.assert_array_equal(getattr(returned, name), getattr(rel, name))
+    np.testing.assert_array_equal(stored.S, rel.S)
+    # the client-side product ran: its gather of the kept noisy Y is the job's last
+    assert gathered[-1] is True
+    # negative control: another noise seed moves U
+    other = factorize(path, RANK, ledger=ledger, **{**_kw(), "insecure_noise_seed": NOISE_SEED + 1})
+    assert not np.array_equal(other.U, rel.U)
+
+
 # ---------------------------------------------------------------------------
 # a real process killed at a crash point between the passes
 # ---------------------------------------------------------------------------
