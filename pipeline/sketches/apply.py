@@ -19,6 +19,7 @@ sparse sign products run in compiled loops on the stored rows
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -563,7 +564,7 @@ def _fused_partials(
         for (_, s, t), first in zip(request.two_sided, s_first, strict=True)
     ]
     step = piece_rows(width)
-    buf = np.empty((min(step, n), width), dtype=dt)
+    buf = _piece_buffer(min(step, n), width, dt)
     for p0 in range(0, n, step):
         p1 = min(p0 + step, n)
         if fused and lefts[0].add_clipped_piece(left_out[0], a[p0:p1], p0, p1, c):
@@ -591,6 +592,22 @@ def _fused_partials(
         if any(name == lname for _, lname in request.local_qr)
     }
     return _finish_partials(out, left_blocks, request, where)
+
+
+_PIECES = threading.local()
+
+
+def _piece_buffer(rows: int, width: int, dtype: Any) -> FloatArray:
+    """A (rows, width) array of ``dtype`` in memory this thread keeps for the
+    pieces of its bands (at most :data:`PIECE_BYTES` and one row): a band's
+    pieces then never take fresh pages from the system, as an array made per
+    band does where the allocator returns freed memory at once (dask's workers
+    set ``MALLOC_TRIM_THRESHOLD_``)."""
+    size = rows * width * np.dtype(dtype).itemsize
+    held = getattr(_PIECES, "buf", None)
+    if held is None or held.nbytes < size:
+        held = _PIECES.buf = np.empty(max(size, PIECE_BYTES), dtype=np.uint8)
+    return held[:size].view(dtype).reshape(rows, width)
 
 
 def _finish_partials(
