@@ -607,7 +607,8 @@ def _piece_buffer(rows: int, width: int, dtype: Any) -> FloatArray:
     held = getattr(_PIECES, "buf", None)
     if held is None or held.nbytes < size:
         held = _PIECES.buf = np.empty(max(size, PIECE_BYTES), dtype=np.uint8)
-    return held[:size].view(dtype).reshape(rows, width)
+    out: FloatArray = held[:size].view(dtype).reshape(rows, width)
+    return out
 
 
 def _finish_partials(
