@@ -251,7 +251,7 @@ def _numba() -> Any:
     """numba, imported once per process, with the helpers the loops call
     registered (compiled into each loop that calls them)."""
     import numba  # heavy: numba, 0.2 s with the cached loop
-    from numba.extending import register_jitable
+    from numba.extending import register_jitable  # heavy: numba, as above
 
     for helper in (_add_row, _row_sq):
         register_jitable(helper)
