@@ -1129,10 +1129,10 @@ class DaskSource:
         if self.gather_tall and self.scratch is None and _persisted(Q):
             # kept in worker memory: its blocks come here anyway
             (q,) = gather_blocks(self.client, [Q], persisted=True)
-            offs = _offsets(Q.chunks[0])
-            return np.concatenate(
-                [_block_matmul(q[a:b], M) for a, b in itertools.pairwise(offs)]
-            )
+            out = np.empty((q.shape[0], M.shape[1]))
+            for a, b in itertools.pairwise(_offsets(Q.chunks[0])):
+                np.matmul(q[a:b], M, out=out[a:b])
+            return out
         if isinstance(Q, _LocalQ) and not isinstance(Q.blocks, list):
             qname = task_name("local-q-matmul")
             layer: dict[Any, Any] = {
