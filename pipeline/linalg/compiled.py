@@ -341,6 +341,8 @@ def sign_dense_into(
     row's squares are not finite (NaN, Inf, or an overflow): the caller clears
     or clips such rows first. True otherwise.
     """
+    if clip is not None and not clip[0] > 0.0:
+        raise ValueError("a clip norm is positive.")
     piece = np.empty_like(out) if scratch is None else scratch
     stopped = _compiled("sign_dense")(
         x, np.asarray(cols, dtype=np.int64), np.asarray(weights, dtype=np.float64),
