@@ -223,9 +223,11 @@ def _sign_dense(
         for e in range(cols.shape[1]):
             t = cols[i, e]
             w = weights[i, e] * f
-            for j in range(n):
-                piece[t, j] += w * np.float64(x[i, j])
-    out += piece
+            for j in range(n):  # in the weights' precision (x is exactly converted)
+                piece[t, j] += w * x[i, j]
+    for t in range(piece.shape[0]):  # onto the float64 sum of the pieces
+        for j in range(n):
+            out[t, j] += piece[t, j]
     return -1
 
 
@@ -326,11 +328,12 @@ def sign_dense_into(
     them: row ``i`` of ``X`` feeds rows ``cols[i]`` of ``G^T`` with weights
     ``weights[i]`` (both of shape (rows, zeta)).
 
-    The product is formed onto zero (in ``scratch``, of ``out``'s shape, if
-    given), then added to ``out``; each of its entries receives
+    The product is formed onto zero in the precision of ``weights`` and
+    ``factors`` (one dtype; in ``scratch``, of ``out``'s shape and that dtype,
+    if given), then added to ``out`` (float64); each of its entries receives
     ``fl(fl(weights[i, e] factors[i]) x_ij)`` for the rows ``i`` in increasing
-    order, which is what scipy's CSC times dense product of the float64 rows
-    adds (the same bits), without their float64 copy.
+    order, which is what scipy's CSC times dense product of the rows in that
+    precision adds (the same bits), without a copy of the rows.
 
     ``clip``: ``(C, shrink)``; ``factors`` (float64, writable) is overwritten
     with each row's clip factor, computed from its squared norm
@@ -343,10 +346,12 @@ def sign_dense_into(
     """
     if clip is not None and not clip[0] > 0.0:
         raise ValueError("a clip norm is positive.")
-    piece = np.empty_like(out) if scratch is None else scratch
+    if np.dtype(weights.dtype) != np.dtype(factors.dtype):
+        raise ValueError("the weights and the factors have one dtype.")
+    piece = np.empty(out.shape, weights.dtype) if scratch is None else scratch
     stopped = _compiled("sign_dense")(
-        x, np.asarray(cols, dtype=np.int64), np.asarray(weights, dtype=np.float64),
-        factors, np.array(clip or (0.0, 1.0), dtype=np.float64), piece, out,
+        x, np.asarray(cols, dtype=np.int64), weights, factors,
+        np.array(clip or (0.0, 1.0), dtype=np.float64), piece, out,
     )  # fmt: skip
     return bool(stopped < 0)
 

@@ -346,8 +346,8 @@ class _LeftFactor:
     ) -> None:
         self.dim = op.dim
         self.sparse = isinstance(op, SparseSignOperator)
-        self.fast = fast and self.sparse and dt == np.float64
-        self.ones = np.ones(stop - start) if self.fast else np.ones(0)
+        self.fast = fast and self.sparse
+        self.ones: FloatArray = np.ones(stop - start if self.fast else 0, dtype=dt)
         self.scratch: FloatArray | None = None  # the compiled product's
         if isinstance(op, SparseSignOperator):
             cols, vals = op.structure(start, stop)
@@ -410,7 +410,7 @@ class _LeftFactor:
         clip: tuple[float, float] | None,
     ) -> bool:
         if self.scratch is None or self.scratch.shape != z.shape:
-            self.scratch = np.empty_like(z)
+            self.scratch = np.empty(z.shape, dtype=self.vals2d.dtype)
         return sign_dense_into(
             z, x, self.cols2d[a:b], self.vals2d[a:b], factors,
             scratch=self.scratch, clip=clip,
@@ -448,6 +448,10 @@ def _prepare_piece(
     products that take them as they are. ``fast``: in compiled loops.
     """
     clip = request.clip
+    if clip is None and raw.dtype == buf.dtype:
+        # nothing to clip or cast: the stored rows, or a copy of them with the
+        # rows holding NaN/Inf zeroed
+        return zero_non_finite(raw, None), None
     x = buf[: raw.shape[0]]
     if clip is None or clip.unit is not PrivacyUnit.ROW or row_scale is not None:
         np.copyto(x, raw, casting="unsafe")
