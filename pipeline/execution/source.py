@@ -51,7 +51,7 @@ from pipeline.execution.cache import (
 from pipeline.execution.progress import show_progress
 from pipeline.execution.secrets import install_secret, remove_secret
 from pipeline.io.chunkio import release_read_buffers
-from pipeline.linalg.clipping import sparse_sumsq
+from pipeline.linalg.clipping import CLIP_SHRINK, sparse_sumsq
 from pipeline.mechanisms.clipping import scale_factors_from_sumsq
 from pipeline.params import PrivacyUnit
 from pipeline.sketches.apply import (
@@ -445,7 +445,7 @@ def _scale_from(parts: list[FloatArray], clip_norm: float) -> FloatArray:
         total = sum(
             np.ldexp(p[2][huge], 2 * (ep - top)) for p, ep in zip(parts, e, strict=True)
         )
-        ratio = clip_norm * (1.0 - 4.0 * np.finfo(np.float64).eps) / np.sqrt(total)
+        ratio = clip_norm * CLIP_SHRINK / np.sqrt(total)
         small = np.ldexp(ratio, -top)
         # a subnormal factor is rounded to nearest: step down so it never exceeds C
         sub = small < np.finfo(np.float64).tiny

@@ -22,12 +22,15 @@ from pipeline.linalg.compiled import COMPILED_ENTRIES, LANES, row_sumsq, scale_r
 from pipeline.params import ClipSpec, PrivacyUnit
 
 __all__ = [
+    "CLIP_SHRINK",
     "ClipSpec",
     "clip_by_peak",
+    "dense_row_sumsq",
     "scale_factors_from_sumsq",
     "sparse_clip",
     "sparse_sumsq",
     "sparse_zero_non_finite",
+    "stored_float",
     "zero_non_finite",
 ]
 
@@ -210,9 +213,7 @@ def clip_by_peak(vectors: FloatArray, clip_norm: float) -> FloatArray:
         peak = np.abs(x).max(axis=1, keepdims=True)
         scaled = x / peak
         sn = np.sqrt(np.einsum("ij,ij->i", scaled, scaled))[:, None]
-        out: FloatArray = scaled * (
-            clip_norm * (1.0 - 4.0 * np.finfo(np.float64).eps) / sn
-        )
+        out: FloatArray = scaled * (clip_norm * CLIP_SHRINK / sn)
         return out
 
 
