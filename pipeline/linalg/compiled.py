@@ -57,6 +57,15 @@ each row's norm, clip factor and product in one loop. On one thread, a
 10000 x 1000 float32 band, v = 100, zeta = 8: the clipped ``G^T X`` in 17 ms
 against 26 ms for the cast, the norms and scipy's product.
 
+Drawing a tile of a sparse sign operator
+(:func:`pipeline.sketches.sparse.sparse_tile`): each round of draws asks which rows
+still repeat a column (:func:`repeated_rows`, one pass over the rows with a stamp
+per column, against numpy's gather, sort and compare). The answer decides what is
+drawn next, so the loop must find exactly numpy's rows, and does; it is taken
+only in a process that has already loaded numba for another loop (:func:`loaded`):
+a tile costs well under a millisecond either way (1024 rows, zeta = 8: 206 against
+278 us at dim 100, 543 against 878 us at dim 21, where a tile takes 40 rounds).
+
 The loops share two helpers (``_add_row``, ``_row_sq``), which numba compiles
 into each loop that calls them once :func:`_numba` has registered them.
 """
@@ -78,6 +87,8 @@ __all__ = [
     "TARGETS_FROM_COLUMNS",
     "dense_row_sumsq",
     "index_fault",
+    "loaded",
+    "repeated_rows",
     "row_sumsq",
     "scale_rows",
     "sign_csr_into",
@@ -248,6 +259,23 @@ def _index_fault(idx: Any, starts: Any, prev: int, n: int) -> int:  # pragma: no
     return 0
 
 
+def _repeated_rows(cols: Any, rows: Any, dim: int, out: Any) -> int:  # pragma: no cover
+    # the rows r of `rows` (in order) with two equal entries in cols[r] (all in
+    # [0, dim)), into out: each entry stamps its column with its row's turn
+    seen = np.full(dim, -1, dtype=np.int64)
+    k = 0
+    for turn in range(rows.shape[0]):
+        r = rows[turn]
+        for a in range(cols.shape[1]):
+            c = cols[r, a]
+            if seen[c] == turn:
+                out[k] = r
+                k += 1
+                break
+            seen[c] = turn
+    return k
+
+
 @functools.cache
 def _numba() -> Any:
     """numba, imported once per process, with the helpers the loops call
@@ -268,8 +296,26 @@ def _compiled(name: str) -> Callable[..., Any]:
         "rows": _sign_rows, "targets": _sign_targets,
         "sumsq": _row_sumsq, "scale": _scale_rows, "index": _index_fault,
         "dense_sumsq": _dense_sumsq, "sign_dense": _sign_dense,
+        "repeats": _repeated_rows,
     }  # fmt: skip
     return _numba().njit(cache=True, nogil=True)(loops[name])  # type: ignore[no-any-return]
+
+
+def loaded() -> bool:
+    """Whether this process has loaded numba for these loops (a large enough
+    product took one): then a small loop costs nothing more to load."""
+    return _numba.cache_info().currsize > 0
+
+
+def repeated_rows(cols: Any, rows: Any, dim: int) -> Any:
+    """The rows ``r`` of ``rows`` (int64, in their order) whose entries
+    ``cols[r]`` (int64, in ``[0, dim)``) are not all distinct: what
+    :func:`pipeline.sketches.sparse.sparse_tile` draws again. One call instead
+    of numpy's gather, sort and compare per round of draws (a tile of 1024 rows
+    at dim 21, zeta 8 takes 40 rounds)."""
+    out = np.empty(rows.shape[0], dtype=np.int64)
+    k = _compiled("repeats")(cols, rows, int(dim), out)
+    return out[:k]
 
 
 def index_fault(idx: Any, starts: Any, prev: int, n: int) -> int:

@@ -45,6 +45,7 @@ import scipy.sparse as sp
 
 from pipeline._sealed import Sealed, unseal
 from pipeline._types import FloatArray, IntArray
+from pipeline.linalg import compiled
 from pipeline.params import DEFAULT_TILE_SIZE
 from pipeline.sketches.gaussian import tile_groups
 
@@ -181,17 +182,26 @@ def sparse_tile(op: SparseSignOperator, tile: int) -> tuple[IntArray, FloatArray
     rng = np.random.Generator(np.random.Philox(seq))
     b, z, d = op.tile_size, op.zeta, op.dim
     cols = rng.integers(0, d, size=(b, z), dtype=np.int64)
-    redo = np.arange(b)
+    # the compiled check where this process already loaded the compiled loops,
+    # else numpy's: the same rows either way, so the same draws
+    repeats = compiled.repeated_rows if compiled.loaded() else _repeated_rows
+    redo = repeats(cols, np.arange(b, dtype=np.int64), d)
     while redo.size:
-        # a row repeats a column when two neighbours of its sorted copy are equal
-        # (no (rows, zeta^2) temporaries: they cost a worker fresh pages each tile)
-        sub = np.sort(cols[redo], axis=1)
-        redo = redo[(sub[:, 1:] == sub[:, :-1]).any(axis=1)]
         cols[redo] = rng.integers(0, d, size=(redo.size, z), dtype=np.int64)
+        redo = repeats(cols, redo, d)
     signs = rng.integers(0, 2, size=(b, z), dtype=np.int8)
     c = 1.0 / np.sqrt(z)
-    vals: FloatArray = np.array([-c, c])[signs]  # the entries +-1/sqrt(zeta)
+    vals: FloatArray = np.where(signs == 1, c, -c)  # the entries +-1/sqrt(zeta)
     return cols, vals
+
+
+def _repeated_rows(cols: IntArray, rows: IntArray, dim: int) -> IntArray:
+    """The rows of ``rows`` whose columns in ``cols`` repeat: two neighbours of
+    the row's sorted copy are equal (no (rows, zeta^2) temporaries: they cost a
+    worker fresh pages each tile); ``dim`` as for the compiled check."""
+    sub = np.sort(cols[rows], axis=1)
+    found: IntArray = rows[(sub[:, 1:] == sub[:, :-1]).any(axis=1)]
+    return found
 
 
 __all__ = ["DEFAULT_NNZ", "SparseSignOperator", "sparse_tile"]

@@ -18,6 +18,7 @@ from scipy import stats
 from pipeline.algorithms.base import ArraySource, ReleaseHooks
 from pipeline.algorithms.lrf import plan_lrf, run_lrf
 from pipeline.errors import InvalidParameterError
+from pipeline.linalg import compiled
 from pipeline.params import Algorithm, LrfParams, OperatorKind
 from pipeline.sketches.apply import PassRequest, block_partials
 from pipeline.sketches.gaussian import GaussianOperator, OperatorCode
@@ -143,6 +144,42 @@ def test_golden_tile_digest() -> None:
     cols, vals = sparse_tile(op, 2)
     np.testing.assert_array_equal(cols[0], [0, 1, 3, 4])
     np.testing.assert_array_equal(vals[0], [-0.5, 0.5, 0.5, -0.5])
+
+
+@pytest.mark.parametrize(("dim", "nnz"), [(9, 4), (21, 8), (181, 8), (5, 8), (8, 8), (2, 1)])
+def test_the_compiled_repeat_check_draws_the_same_tiles(
+    dim: int, nnz: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Which rows are drawn again decides the stream: the compiled check (taken
+    once the process has loaded the compiled loops) and numpy's give the same
+    tiles, bit for bit, including dim = zeta (every row a permutation)."""
+    op = SparseSignOperator(root=ROOT, code=12, length=4096, dim=dim, nnz=nnz, tile_size=256)
+    tiles = {}
+    for loaded in (False, True):
+        monkeypatch.setattr(compiled, "loaded", lambda loaded=loaded: loaded)
+        tiles[loaded] = [sparse_tile(op, g) for g in range(6)]
+    for (c0, v0), (c1, v1) in zip(tiles[False], tiles[True], strict=True):
+        np.testing.assert_array_equal(c0, c1)
+        np.testing.assert_array_equal(v0, v1)
+
+
+def test_repeated_rows_finds_every_repeat(rng: np.random.Generator) -> None:
+    """The compiled check against numpy's sort-and-compare on random rows, on a
+    subset of rows in their order; planted repeats at the two ends of a row."""
+    dim = 12
+    cols = rng.integers(0, dim, size=(400, 8), dtype=np.int64)
+    cols[:50] = np.arange(8) + rng.integers(0, dim - 7, size=(50, 1))  # distinct
+    cols[10, 7] = cols[10, 0]  # far apart: missed by a neighbours-only check
+    rows = np.sort(rng.choice(400, size=300, replace=False)).astype(np.int64)
+    rows = np.union1d(rows, [10, 11]).astype(np.int64)
+    found = compiled.repeated_rows(cols, rows, dim)
+    distinct = np.array([len(set(cols[r])) == cols.shape[1] for r in rows])
+    np.testing.assert_array_equal(found, rows[~distinct])
+    assert 10 in found
+    assert 11 not in found
+    # negative control: comparing neighbours without sorting misses row 10
+    neighbours = rows[(cols[rows, 1:] == cols[rows, :-1]).any(axis=1)]
+    assert 10 not in neighbours
 
 
 def test_tile_is_reproducible_and_repr_hides_root() -> None:
