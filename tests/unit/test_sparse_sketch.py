@@ -164,8 +164,8 @@ def test_the_compiled_repeat_check_draws_the_same_tiles(
 
 
 def test_repeated_rows_finds_every_repeat(rng: np.random.Generator) -> None:
-    """The compiled check against numpy's sort-and-compare on random rows, on a
-    subset of rows in their order; planted repeats at the two ends of a row."""
+    """The compiled check against a set of each row's columns, on random rows
+    (a subset of them, in their order); planted repeats at the two ends of a row."""
     dim = 12
     cols = rng.integers(0, dim, size=(400, 8), dtype=np.int64)
     cols[:50] = np.arange(8) + rng.integers(0, dim - 7, size=(50, 1))  # distinct
